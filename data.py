@@ -1,0 +1,233 @@
+"""
+Corpora and tokenizers: text -> token ids in uint16/uint32 memmaps, and random batches from them.
+
+prepare() writes <data_dir>/<name>-<tokenizer>/ with train.bin, val.bin (the first 90% and the last 10%
+of the tokens) and meta.json; get_batch() samples (x, y) from them. As a script it prepares one corpus:
+    python data.py --dataset=builtin --tokenizer=byte
+Datasets: builtin (the running Python's standard library source, no download), shakespeare (tiny
+Shakespeare, downloaded once), or a path to a text file or a folder of text files.
+Tokenizers: byte (every byte is a token, vocab 256) and gpt2 (GPT-2 BPE, vocab 50257).
+"""
+import argparse
+import hashlib
+import json
+import os
+import platform
+import sys
+import sysconfig
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import tiktoken
+import torch
+from tiktoken_ext.openai_public import r50k_pat_str
+
+SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+TOKENIZERS = ("byte", "gpt2")
+
+
+class DataError(Exception):
+    """A problem with the data that a person can fix; the message is one line saying what and how."""
+
+
+def get_tokenizer(name):
+    if name == "byte":
+        # 256 single-byte ranks and no merges: each UTF-8 byte is its own token and its id is the byte
+        return tiktoken.Encoding(name="byte", pat_str=r50k_pat_str, special_tokens={},
+                                 mergeable_ranks={bytes([i]): i for i in range(256)})
+    if name == "gpt2":
+        try:
+            # r50k_base is GPT-2's BPE (same ranks, split pattern and <|endoftext|> = 50256) stored as one
+            # .tiktoken file; the "gpt2" name needs two other files, which the shared offline cache lacks
+            return tiktoken.get_encoding("r50k_base")
+        except Exception as e:
+            raise DataError(f"could not load the gpt2 tokenizer ({type(e).__name__}); offline, set "
+                            "TIKTOKEN_CACHE_DIR to a folder holding GPT-2's cached ranks (tiktoken's cache), "
+                            "e.g. ../shared/tiktoken") from e
+    raise DataError(f"--tokenizer={name} is not a tokenizer; choose one of {', '.join(TOKENIZERS)}")
+
+
+def token_dtype(vocab_size):
+    # ids run from 0 to vocab_size - 1; uint16 holds up to 65535
+    return np.uint16 if vocab_size <= 65536 else np.uint32
+
+
+def skipped(name):
+    # installed packages are not the stdlib, and tests are mostly fixtures and asserts
+    return name in ("site-packages", "dist-packages", "test", "tests", "idle_test") or name.startswith("test_")
+
+
+def read_text(path):
+    # bytes, then decode: text mode would turn \r\n into \n and the tokens would not decode to the file
+    return Path(path).read_bytes().decode("utf-8", errors="replace")
+
+
+def builtin_files():
+    """The stdlib's own *.py files, without installed packages and tests: (root, sorted relative paths)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not skipped(d)]  # in place: os.walk does not descend into them
+        rel = Path(dirpath).relative_to(root)
+        files += [(rel / f).as_posix() for f in filenames if f.endswith(".py") and not skipped(f)]
+    return root, sorted(files)
+
+
+def folder_files(root):
+    """The texts of the files under root that are UTF-8 text (decode strictly, hold no NUL byte), in sorted
+    path order; hidden files and folders (names starting with '.') are skipped."""
+    texts = []
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if not path.is_file() or any(p.startswith(".") for p in rel.parts):
+            continue
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if "\0" not in text:
+            texts.append(text)
+    return texts
+
+
+def download(url, path):
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            write_atomic(path, r.read())
+    except (OSError, ValueError) as e:
+        raise DataError(f"could not download {url} ({getattr(e, 'reason', e)}); without network, put tiny "
+                        f"Shakespeare's input.txt at {path} by hand and run again") from e
+
+
+def corpus_name(dataset):
+    if dataset in ("builtin", "shakespeare"):
+        return dataset
+    path = Path(dataset).resolve()
+    # the hash keeps two different paths with the same basename apart
+    return f"{path.name}-{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+
+
+def read_corpus(dataset, data_dir, url):
+    """Returns (text, source): the corpus as one string and a description of what was read."""
+    if dataset == "builtin":
+        root, files = builtin_files()
+        text = "\n".join(read_text(root / f) for f in files)
+        return text, dict(dataset="builtin", path=str(root), files=len(files), python=platform.python_version())
+    if dataset == "shakespeare":
+        url = url or SHAKESPEARE_URL
+        path = Path(data_dir) / "shakespeare" / "input.txt"
+        download(url, path)
+        return read_text(path), dict(dataset="shakespeare", path=str(path), url=url, files=1)
+    path = Path(dataset).resolve()
+    if not path.exists():
+        raise DataError(f"--dataset={dataset}: no such file or folder; use builtin, shakespeare, "
+                        "or a path to a text file or a folder of text files")
+    if path.is_file():
+        return read_text(path), dict(dataset=dataset, path=str(path), files=1)
+    texts = folder_files(path)
+    return "\n".join(texts), dict(dataset=dataset, path=str(path), files=len(texts))
+
+
+def unigram_entropy(ids, vocab_size):
+    """Entropy in nats/token of the empirical unigram distribution: the loss of the best model that
+    ignores context, so a model must get below it to have learned anything from context."""
+    counts = np.bincount(ids, minlength=vocab_size)
+    p = counts[counts > 0] / len(ids)
+    return float(-(p * np.log(p)).sum())
+
+
+def write_atomic(path, data):
+    # a temporary name in the same folder, then a rename: readers see the whole file or none of it
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def prepare(dataset="builtin", tokenizer="byte", data_dir="data", url=None):
+    """Tokenizes the corpus into <data_dir>/<name>-<tokenizer>/ unless its meta.json exists; returns the folder."""
+    if url is not None and dataset != "shakespeare":
+        raise DataError(f"--url only applies to --dataset=shakespeare, not --dataset={dataset}")
+    folder = Path(data_dir) / f"{corpus_name(dataset)}-{tokenizer}"
+    if (folder / "meta.json").exists():
+        return str(folder)
+    enc = get_tokenizer(tokenizer)  # before reading the corpus, so a bad name fails at once
+    text, source = read_corpus(dataset, data_dir, url)
+    if not text.strip():
+        raise DataError(f"--dataset={dataset} holds no text (files read: {source['files']}); "
+                        "give a non-empty UTF-8 text file or a folder holding some")
+    vocab_size = enc.n_vocab
+    dtype = token_dtype(vocab_size)
+    # encode_ordinary: "<|endoftext|>" in a source file is plain text, not a special token
+    ids = np.array(enc.encode_ordinary(text), dtype=dtype)
+    n_train = len(ids) * 9 // 10  # integer arithmetic: no float rounding in the split
+    train, val = ids[:n_train], ids[n_train:]
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomic(folder / "train.bin", train)
+    write_atomic(folder / "val.bin", val)
+    meta = dict(tokenizer=tokenizer, vocab_size=vocab_size, dtype=np.dtype(dtype).name,
+                train_tokens=len(train), val_tokens=len(val), source=source,
+                unigram_entropy=unigram_entropy(val, vocab_size))
+    write_atomic(folder / "meta.json", json.dumps(meta, indent=2).encode())  # last: its presence means complete
+    return str(folder)
+
+
+def load_meta(folder):
+    path = Path(folder) / "meta.json"
+    if not path.exists():
+        raise DataError(f"{folder} is not a prepared dataset (no meta.json); run python data.py --dataset=...")
+    return json.loads(path.read_text())
+
+
+def check_length(meta, block_size):
+    for split in ("train", "val"):
+        n = meta[f"{split}_tokens"]
+        if n <= block_size:
+            raise DataError(f"the {split} split has {n} tokens, too few for --block_size={block_size} (it needs "
+                            "more than block_size); use a smaller --block_size or a bigger corpus")
+
+
+def get_batch(folder, split, batch_size, block_size, generator, device):
+    """x: batch_size random windows of block_size tokens from split; y: the same windows one token later."""
+    dtype = load_meta(folder)["dtype"]
+    # a fresh memmap every call, as in nanoGPT: a long-lived one grows the process's memory
+    data = np.memmap(os.path.join(folder, f"{split}.bin"), dtype=dtype, mode="r")
+    ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator).tolist()
+    x = torch.from_numpy(np.stack([data[i:i + block_size] for i in ix]).astype(np.int64))
+    y = torch.from_numpy(np.stack([data[i + 1:i + 1 + block_size] for i in ix]).astype(np.int64))
+    if torch.device(device).type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
+
+
+def fail(message):
+    print(f"data.py: {' '.join(str(message).split())}", file=sys.stderr)
+    sys.exit(2)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Tokenize a corpus into train.bin/val.bin/meta.json.",
+                                     allow_abbrev=False)
+    parser.add_argument("--dataset", default="builtin",
+                        help="builtin, shakespeare, or a path to a text file or a folder of text files")
+    parser.add_argument("--tokenizer", default="byte", help=" or ".join(TOKENIZERS))
+    parser.add_argument("--data_dir", default="data", help="where the prepared folders go")
+    parser.add_argument("--url", default=None, help="where to download shakespeare from (file:// works)")
+    parser.error = fail  # one line and exit code 2 instead of argparse's usage block
+    args = parser.parse_args(argv)
+    try:
+        folder = prepare(args.dataset, args.tokenizer, args.data_dir, args.url)
+        meta = load_meta(folder)
+    except (DataError, OSError) as e:
+        fail(e)
+    print(f"{folder}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens ({meta['dtype']}), "
+          f"vocab {meta['vocab_size']}, {meta['source']['files']} files read")
+    print(f"unigram entropy of val: {meta['unigram_entropy']:.4f} nats/token")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""configurable.txt agrees with the code, and train.py's flags parse (or fail with one line) as documented."""
+
+import dataclasses
+import os
+import re
+import typing
+
+import pytest
+
+import train
+from model import GPTConfig, PRESETS
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def read_catalog():
+    """{flag: (default, allowed)} from configurable.txt; columns are separated by two or more spaces."""
+    rows = {}
+    with open(os.path.join(HERE, "configurable.txt")) as f:
+        for line in f:
+            if not line.strip() or line.startswith("#"):
+                continue
+            columns = re.split(r"\s{2,}", line.strip())
+            assert len(columns) == 5, f"configurable.txt: expected 5 columns in {line!r}"
+            name, default, allowed = columns[:3]
+            assert name not in rows, f"configurable.txt lists {name} twice"
+            rows[name] = (default, allowed)
+    return rows
+
+
+def code_flags():
+    """{flag: (default, type)} from GPTConfig and TrainConfig."""
+    types = train.flag_types()
+    defaults = {f.name: f.default for cls in (GPTConfig, train.TrainConfig) for f in dataclasses.fields(cls)}
+    return {name: (defaults[name], types[name][1]) for name in types}
+
+
+def test_catalog_lists_exactly_the_flags_of_the_code():
+    catalog, code = set(read_catalog()), set(code_flags())
+    assert not code - catalog, f"flags missing from configurable.txt: {sorted(code - catalog)}"
+    assert not catalog - code, f"configurable.txt lists flags the code lacks: {sorted(catalog - code)}"
+
+
+def test_catalog_defaults_match_the_code():
+    catalog = read_catalog()
+    for name, (default, _) in code_flags().items():
+        assert catalog[name][0] == str(default), f"{name}: catalog says {catalog[name][0]}, code says {default}"
+
+
+def test_catalog_allowed_values_match_the_code():
+    catalog = read_catalog()
+    for name, (default, kind) in code_flags().items():
+        allowed = catalog[name][1]
+        optional = typing.get_origin(kind) is typing.Union
+        if optional:
+            assert "None" in allowed, f"{name} accepts None; configurable.txt should say so"
+            kind = next(a for a in typing.get_args(kind) if a is not type(None))
+        choices = train.allowed_values(name, kind)
+        if choices is not None:
+            values = [v for v in allowed.split("|") if not (optional and v == "None")]
+            assert values == choices, f"{name}: catalog allows {allowed}, code allows {choices}"
+        elif kind is bool:
+            assert allowed == "bool", name
+        elif kind in (int, float):
+            assert allowed.startswith(kind.__name__), f"{name}: allowed values should start with {kind.__name__}"
+
+
+def test_every_preset_names_real_flags_and_is_in_the_catalog():
+    names = set(GPTConfig.field_names())
+    for preset, flags in PRESETS.items():
+        assert set(flags) <= names, f"preset {preset} sets unknown flags {set(flags) - names}"
+        GPTConfig(**flags)
+
+
+def test_flag_syntaxes_parse_to_typed_values():
+    given = train.parse_flags(["--norm=rmsnorm", "--n_layer", "3", "--scale_heads", "--bias=False",
+                               "--lr=3e-4", "--init_std=None", "--compile"])
+    assert given == {"norm": "rmsnorm", "n_layer": 3, "scale_heads": True, "bias": False, "lr": 3e-4,
+                     "init_std": None, "compile": True}
+
+
+def test_preset_applies_first_and_explicit_flags_override():
+    model_cfg, _ = train.build_configs(train.parse_flags(["--preset=normformer", "--scale_heads=False"]))
+    assert model_cfg.scale_attn and model_cfg.scale_fc and not model_cfg.scale_heads
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--nrom=layernorm"], "unknown flag --nrom; did you mean --norm"),
+    (["--norm=groupnorm"], "--norm=groupnorm is not allowed; choose one of layernorm, rmsnorm"),
+    (["--n_layer=abc"], "--n_layer=abc is not a valid int"),
+    (["--bias=maybe"], "--bias=maybe is not a boolean"),
+    (["--lr"], "--lr needs a value"),
+    (["norm=layernorm"], "unexpected argument"),
+    (["--preset=gpt5"], "--preset=gpt5 is not allowed; choose one of baseline"),
+])
+def test_bad_flags_are_one_clear_line(argv, expected):
+    with pytest.raises(train.UsageError) as error:
+        train.build_configs(train.parse_flags(argv))
+    assert expected in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--n_embd=30", "--n_head=4"], "--n_embd=30 must be divisible by --n_head=4"),
+    (["--layout=post", "--scale_resids"], "--scale_resids"),
+    (["--init=xavier", "--init_std=0.1"], "--init_std"),
+    (["--pn_alpha_fwd=1.5"], "--pn_alpha_fwd=1.5 must be in (0, 1)"),
+])
+def test_meaningless_combinations_fail_at_config_time(argv, expected):
+    with pytest.raises(train.UsageError) as error:
+        train.build_configs(train.parse_flags(argv))
+    assert expected in str(error.value)

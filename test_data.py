@@ -1,0 +1,315 @@
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tiktoken
+import torch
+
+import data
+
+HERE = Path(__file__).resolve().parent
+SHARED_TIKTOKEN = HERE.parent / "shared" / "tiktoken"
+TEXT = "Héllo, wörld — 日本語 🙂\n\tdef f(x):\n    return x ** 2  # <|endoftext|> stays plain text\r\n"
+
+
+@pytest.fixture
+def gpt2_ranks(monkeypatch):
+    # CI sets TIKTOKEN_CACHE_DIR; a developer's checkout has the same ranks at ../shared/tiktoken
+    if "TIKTOKEN_CACHE_DIR" not in os.environ:
+        if not SHARED_TIKTOKEN.is_dir():
+            pytest.skip("no GPT-2 ranks: set TIKTOKEN_CACHE_DIR to tiktoken's cache")
+        monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(SHARED_TIKTOKEN))
+
+
+def entropy_by_hand(tokens):
+    counts = Counter(tokens)
+    n = len(tokens)
+    return -sum(c / n * math.log(c / n) for c in counts.values())
+
+
+def read_bin(path, dtype):
+    return np.fromfile(path, dtype=dtype).tolist()
+
+
+def test_byte_tokenizer_ids_are_utf8_bytes_and_round_trip():
+    enc = data.get_tokenizer("byte")
+    ids = enc.encode_ordinary(TEXT)
+    assert ids == list(TEXT.encode("utf-8"))
+    assert enc.decode(ids) == TEXT
+    assert enc.n_vocab == 256
+
+
+def test_gpt2_tokenizer(gpt2_ranks):
+    enc = data.get_tokenizer("gpt2")
+    assert enc.encode_ordinary("hello world") == [31373, 995]
+    assert enc.n_vocab == 50257
+    ids = enc.encode_ordinary(TEXT)
+    assert 50256 not in ids  # "<|endoftext|>" in the text is not the special token
+    assert enc.decode(ids) == TEXT
+
+
+def test_gpt2_without_ranks_is_a_data_error(tmp_path, monkeypatch):
+    downloads = []
+
+    def offline(blobpath):
+        downloads.append(blobpath)
+        raise ConnectionError(f"no network in this test: {blobpath}")
+
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))  # empty: no cached ranks
+    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})  # forget encodings loaded by earlier tests
+    monkeypatch.setattr(tiktoken.load, "read_file", offline)  # what tiktoken calls to download
+    with pytest.raises(data.DataError) as e:
+        data.get_tokenizer("gpt2")
+    assert "TIKTOKEN_CACHE_DIR" in str(e.value) and "\n" not in str(e.value)
+    assert downloads  # the cache was missed and the download was the stub, not the network
+
+
+def test_unknown_tokenizer_lists_the_choices():
+    with pytest.raises(data.DataError, match="byte, gpt2"):
+        data.get_tokenizer("sentencepiece")
+
+
+def test_token_dtype():
+    assert data.token_dtype(256) == np.uint16
+    assert data.token_dtype(50257) == np.uint16
+    assert data.token_dtype(65536) == np.uint16  # largest id 65535 still fits
+    assert data.token_dtype(65537) == np.uint32
+    assert data.token_dtype(100277) == np.uint32
+
+
+def test_uint32_folder_round_trips_through_get_batch(tmp_path, monkeypatch):
+    # no shipped tokenizer needs uint32, so force it to check that meta.json and get_batch follow the dtype
+    monkeypatch.setattr(data, "token_dtype", lambda vocab_size: np.uint32)
+    src = tmp_path / "corpus.txt"
+    src.write_text("abcdefghij" * 10)
+    folder = data.prepare(str(src), "byte", data_dir=str(tmp_path / "data"))
+    assert data.load_meta(folder)["dtype"] == "uint32"
+    assert (Path(folder) / "train.bin").stat().st_size == 4 * 90
+    x, y = data.get_batch(folder, "train", 4, 10, torch.Generator().manual_seed(0), "cpu")
+    assert bytes(x[0].tolist()) in b"abcdefghij" * 9 and torch.equal(y[:, :-1], x[:, 1:])
+
+
+def test_prepare_file(tmp_path):
+    text = (TEXT * 20)[:500]
+    corpus = text.encode("utf-8")
+    src = tmp_path / "corpus.txt"
+    src.write_bytes(corpus)
+    folder = Path(data.prepare(str(src), "byte", data_dir=str(tmp_path / "data")))
+    assert folder.parent == tmp_path / "data" and folder.name.startswith("corpus.txt-")
+    n = len(corpus)
+    n_train = n * 9 // 10
+    assert (folder / "train.bin").stat().st_size == 2 * n_train  # two bytes a token: uint16
+    assert (folder / "val.bin").stat().st_size == 2 * (n - n_train)
+    train = read_bin(folder / "train.bin", np.uint16)
+    val = read_bin(folder / "val.bin", np.uint16)
+    assert bytes(train + val) == corpus
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["tokenizer"] == "byte" and meta["vocab_size"] == 256 and meta["dtype"] == "uint16"
+    assert meta["train_tokens"] == n_train and meta["val_tokens"] == n - n_train
+    assert meta["source"]["path"] == str(src) and meta["source"]["files"] == 1
+    assert meta["unigram_entropy"] == pytest.approx(entropy_by_hand(list(corpus[n_train:])), rel=1e-12)
+    assert data.load_meta(folder) == meta
+
+
+def test_prepare_file_gpt2(tmp_path, gpt2_ranks):
+    src = tmp_path / "corpus.txt"
+    src.write_text(TEXT * 30, encoding="utf-8")
+    folder = data.prepare(str(src), "gpt2", data_dir=str(tmp_path / "data"))
+    meta = data.load_meta(folder)
+    assert meta["vocab_size"] == 50257 and meta["dtype"] == "uint16"
+    train = read_bin(Path(folder) / "train.bin", np.uint16)
+    val = read_bin(Path(folder) / "val.bin", np.uint16)
+    assert tiktoken.get_encoding("r50k_base").decode(train + val) == TEXT * 30
+    assert meta["train_tokens"] == len(train) and meta["val_tokens"] == len(val)
+    assert len(train) == (len(train) + len(val)) * 9 // 10
+    assert meta["unigram_entropy"] == pytest.approx(entropy_by_hand(val), rel=1e-12)
+
+
+def test_prepare_folder_joins_sorted_text_files(tmp_path):
+    root = tmp_path / "books"
+    (root / "sub").mkdir(parents=True)
+    (root / ".git").mkdir()
+    (root / "a.txt").write_text("alpha Ω\n", encoding="utf-8")
+    (root / "sub" / "b.md").write_text("beta", encoding="utf-8")
+    (root / "z.txt").write_text("zeta 🙂", encoding="utf-8")
+    (root / ".hidden.txt").write_text("hidden", encoding="utf-8")
+    (root / ".git" / "config").write_text("hidden too", encoding="utf-8")
+    (root / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))  # not valid UTF-8
+    (root / "blob.bin").write_bytes(b"ab\x00cd")  # valid UTF-8 but binary
+    folder = data.prepare(str(root), "byte", data_dir=str(tmp_path / "data"))
+    meta = data.load_meta(folder)
+    tokens = read_bin(Path(folder) / "train.bin", np.uint16) + read_bin(Path(folder) / "val.bin", np.uint16)
+    assert bytes(tokens).decode("utf-8") == "alpha Ω\n\nbeta\nzeta 🙂"
+    assert meta["source"]["files"] == 3
+
+
+def test_same_basename_different_paths_do_not_collide(tmp_path):
+    for d in ("one", "two"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "corpus.txt").write_text(f"text of {d}\n" * 5)
+    one = data.prepare(str(tmp_path / "one" / "corpus.txt"), data_dir=str(tmp_path / "data"))
+    two = data.prepare(str(tmp_path / "two" / "corpus.txt"), data_dir=str(tmp_path / "data"))
+    assert one != two
+    assert data.load_meta(one)["source"]["path"] != data.load_meta(two)["source"]["path"]
+
+
+def test_prepare_skips_a_complete_folder(tmp_path):
+    src = tmp_path / "corpus.txt"
+    src.write_text("first version\n" * 10)
+    folder = data.prepare(str(src), data_dir=str(tmp_path / "data"))
+    src.write_text("second, longer version\n" * 10)
+    assert data.prepare(str(src), data_dir=str(tmp_path / "data")) == folder
+    assert data.load_meta(folder)["train_tokens"] + data.load_meta(folder)["val_tokens"] == 140
+    assert not [p.name for p in Path(folder).iterdir() if p.name.endswith(".tmp")]
+
+
+def test_shakespeare_downloads_once(tmp_path, monkeypatch):
+    src = tmp_path / "tiny.txt"
+    src.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 10)
+    expected = src.read_text()
+    opened = []
+    urlopen = data.urllib.request.urlopen
+    monkeypatch.setattr(data.urllib.request, "urlopen", lambda url, **kw: opened.append(url) or urlopen(url, **kw))
+    data_dir = tmp_path / "data"
+    folder = data.prepare("shakespeare", "byte", data_dir=str(data_dir), url=src.as_uri())
+    assert Path(folder) == data_dir / "shakespeare-byte"
+    assert (data_dir / "shakespeare" / "input.txt").read_text() == expected
+    src.unlink()
+    (Path(folder) / "meta.json").unlink()  # force a second preparation, which must reuse input.txt
+    folder = data.prepare("shakespeare", "byte", data_dir=str(data_dir), url=src.as_uri())
+    assert opened == [src.as_uri()]
+    meta = data.load_meta(folder)
+    assert meta["train_tokens"] + meta["val_tokens"] == len(expected.encode())
+
+
+def test_shakespeare_failed_download_says_where_to_put_the_file(tmp_path):
+    with pytest.raises(data.DataError) as e:
+        data.prepare("shakespeare", data_dir=str(tmp_path / "data"), url=(tmp_path / "missing.txt").as_uri())
+    assert str(tmp_path / "data" / "shakespeare" / "input.txt") in str(e.value) and "\n" not in str(e.value)
+
+
+def test_builtin_file_list():
+    root, files = data.builtin_files()
+    assert data.builtin_files() == (root, files)
+    assert files == sorted(files) and len(set(files)) == len(files)
+    assert "os.py" in files and "json/__init__.py" in files
+    for f in files:
+        parts = f.split("/")
+        assert f.endswith(".py") and "site-packages" not in parts and "dist-packages" not in parts
+        assert not any(p in ("test", "tests", "idle_test") or p.startswith("test_") for p in parts), f
+    assert sum((root / f).stat().st_size for f in files) > 5_000_000
+
+
+def test_prepare_builtin(tmp_path):
+    root, files = data.builtin_files()
+    corpus = "\n".join((root / f).read_bytes().decode("utf-8", "replace") for f in files).encode("utf-8")
+    folder = data.prepare("builtin", "byte", data_dir=str(tmp_path))
+    meta = data.load_meta(folder)
+    assert Path(folder) == tmp_path / "builtin-byte"
+    assert meta["train_tokens"] + meta["val_tokens"] == len(corpus)
+    assert meta["train_tokens"] == len(corpus) * 9 // 10
+    assert meta["source"]["files"] == len(files) and meta["source"]["path"] == str(root)
+    val = np.fromfile(Path(folder) / "val.bin", dtype=np.uint16)
+    assert bytes(val.astype(np.uint8)) == corpus[meta["train_tokens"]:]
+    assert 0 < meta["unigram_entropy"] < math.log(256)
+
+
+def test_empty_and_missing_corpus(tmp_path):
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "nothing").mkdir()
+    for path in (tmp_path / "empty.txt", tmp_path / "nothing"):
+        with pytest.raises(data.DataError, match="holds no text"):
+            data.prepare(str(path), data_dir=str(tmp_path / "data"))
+    with pytest.raises(data.DataError, match="no such file"):
+        data.prepare(str(tmp_path / "absent.txt"), data_dir=str(tmp_path / "data"))
+
+
+@pytest.fixture
+def letters(tmp_path):
+    rng = random.Random(1)
+    text = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(5000))
+    src = tmp_path / "letters.txt"
+    src.write_text(text)
+    return data.prepare(str(src), "byte", data_dir=str(tmp_path / "data")), text.encode()
+
+
+def test_get_batch_windows_and_shift(letters):
+    folder, corpus = letters
+    g = torch.Generator().manual_seed(0)
+    B, T = 5, 17
+    x, y = data.get_batch(folder, "train", B, T, g, "cpu")
+    assert x.shape == y.shape == (B, T) and x.dtype == y.dtype == torch.int64
+    assert torch.equal(y[:, :-1], x[:, 1:])
+    train = corpus[:len(corpus) * 9 // 10]
+    for row in range(B):
+        assert bytes(x[row].tolist()) + bytes([y[row, -1].item()]) in train  # a real window of T + 1 tokens
+    xv, yv = data.get_batch(folder, "val", B, T, g, torch.device("cpu"))
+    for row in range(B):
+        assert bytes(xv[row].tolist()) + bytes([yv[row, -1].item()]) in corpus[len(train):]
+
+
+def test_get_batch_is_reproducible_from_generator_state(letters):
+    folder, _ = letters
+    g = torch.Generator().manual_seed(1234)
+    state = g.get_state()
+    x1, y1 = data.get_batch(folder, "train", 8, 16, g, "cpu")
+    x2, y2 = data.get_batch(folder, "train", 8, 16, g, "cpu")
+    assert not torch.equal(x1, x2)  # the generator advanced
+    g.set_state(state)
+    x3, y3 = data.get_batch(folder, "train", 8, 16, g, "cpu")
+    assert torch.equal(x1, x3) and torch.equal(y1, y3)
+
+
+def test_check_length():
+    meta = dict(train_tokens=900, val_tokens=100)
+    data.check_length(meta, 99)
+    with pytest.raises(data.DataError) as e:
+        data.check_length(meta, 100)
+    assert "val" in str(e.value) and "100 tokens" in str(e.value) and "block_size=100" in str(e.value)
+    with pytest.raises(data.DataError, match="train split has 900 tokens"):
+        data.check_length(meta, 1000)
+
+
+def run_cli(tmp_path, *args):
+    return subprocess.run([sys.executable, str(HERE / "data.py"), *args, f"--data_dir={tmp_path / 'data'}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+
+
+def test_cli_prepares_and_summarizes(tmp_path):
+    (tmp_path / "corpus.txt").write_text("to be or not to be\n" * 50)
+    r = run_cli(tmp_path, "--dataset", "corpus.txt", "--tokenizer", "byte")
+    assert r.returncode == 0, r.stderr
+    assert "855 train and 95 val tokens" in r.stdout and "nats/token" in r.stdout
+    assert len(list((tmp_path / "data").glob("corpus.txt-*/meta.json"))) == 1
+
+
+def test_cli_error_is_one_line_exit_2(tmp_path):
+    r = run_cli(tmp_path, "--dataset=absent.txt", "--bogus=1")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("data.py: "), r.stderr
+    assert "--bogus" in r.stderr and "Traceback" not in r.stderr and r.stdout == ""
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--dataset=absent.txt"], "no such file"),
+    (["--dataset=empty.txt"], "holds no text"),
+    (["--dataset=corpus.txt", "--tokenizer=bpe"], "byte, gpt2"),
+    (["--dataset=corpus.txt", "--bogus=1"], "--bogus"),
+    (["--dataset=corpus.txt", "--url=file:///x"], "--url only applies"),
+])
+def test_cli_errors(tmp_path, monkeypatch, capsys, args, says):
+    # in-process to keep the suite fast; the subprocess test above covers the real exit
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "corpus.txt").write_text("some text\n")
+    with pytest.raises(SystemExit) as e:
+        data.main([*args, f"--data_dir={tmp_path / 'data'}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("data.py: ") and says in err, err
+    assert not list(tmp_path.rglob("meta.json"))

@@ -1,0 +1,159 @@
+"""train.py end to end on a tiny corpus: exact resume, DDP, mixed precision, checkpoints, bad input."""
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import model
+import train
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
+        "--log_interval=1", "--warmup_iters=3", "--lr=3e-3"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """About 20 KB of text from a small vocabulary: learnable structure, prepared in well under a second."""
+    rng = random.Random(0)
+    words = ["norm", "layer", "gamma", "beta", "residual", "attention", "head", "scale", "spike", "loss"]
+    text = "\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(300))
+    path = tmp_path_factory.mktemp("corpus") / "tiny.txt"
+    path.write_text(text)
+    return str(path)
+
+
+def run(corpus, tmp_path, *flags):
+    """train.main in this process; returns its exit code."""
+    return train.main([f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'out'}",
+                       *TINY, *flags])
+
+
+def events(out_dir, kind):
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return [e for e in map(json.loads, f) if e["event"] == kind]
+
+
+def test_run_writes_config_log_and_checkpoint(corpus, tmp_path):
+    assert run(corpus, tmp_path, "--max_iters=6", "--eval_interval=3") == 0
+    out = tmp_path / "out"
+    config = json.loads((out / "config.json").read_text())
+    assert config["model"]["n_layer"] == 2 and config["train"]["max_iters"] == 6
+    assert config["model"]["vocab_size"] == 256 and config["train"]["dtype"] == "float32"  # auto on CPU
+    assert [e["step"] for e in events(out, "train")] == [1, 2, 3, 4, 5, 6]
+    assert [e["step"] for e in events(out, "eval")] == [0, 3, 6]
+    first = events(out, "train")[0]
+    assert {"loss", "lr", "grad_norm", "ms_per_step", "tokens_per_s"} <= set(first)
+    checkpoint = torch.load(out / "ckpt.pt", weights_only=True)
+    assert checkpoint["step"] == 6
+    assert not os.path.exists(out / "ckpt.pt.tmp")
+
+
+def test_resume_continues_exactly(corpus, tmp_path):
+    """Ten steps, stop, resume for ten more == twenty steps in one go (fp32 CPU; dropout on, so the RNG
+    state must come back too)."""
+    common = ["--dropout=0.1", "--lr_decay_iters=20", "--eval_interval=5"]
+    assert run(corpus, tmp_path / "whole", *common, "--max_iters=20") == 0
+    assert run(corpus, tmp_path / "split", *common, "--max_iters=10") == 0
+    assert run(corpus, tmp_path / "split", "--resume", "--max_iters=20") == 0
+    whole = events(tmp_path / "whole" / "out", "train")
+    split = events(tmp_path / "split" / "out", "train")
+    assert [e["step"] for e in split] == list(range(1, 21))
+    assert [e["loss"] for e in split] == [e["loss"] for e in whole]
+    whole_eval = events(tmp_path / "whole" / "out", "eval")
+    split_eval = events(tmp_path / "split" / "out", "eval")
+    assert [(e["step"], e["val_loss"]) for e in split_eval] == [(e["step"], e["val_loss"]) for e in whole_eval]
+
+
+def test_resume_refuses_to_change_the_model(corpus, tmp_path, capsys):
+    assert run(corpus, tmp_path, "--max_iters=2", "--eval_interval=2") == 0
+    assert run(corpus, tmp_path, "--resume", "--n_layer=3") == 2
+    assert "--n_layer differ from the checkpoint" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_mixed_precision_trains_on_cpu(corpus, tmp_path, dtype):
+    assert run(corpus, tmp_path, f"--dtype={dtype}", "--max_iters=8", "--eval_interval=8") == 0
+    losses = [e["loss"] for e in events(tmp_path / "out", "train")]
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+    scaler = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["scaler"]
+    assert bool(scaler) == (dtype == "float16")  # a GradScaler only for float16
+
+
+def test_a_diverged_run_keeps_the_last_good_checkpoint(corpus, tmp_path, monkeypatch, capsys):
+    assert run(corpus, tmp_path, "--max_iters=4", "--eval_interval=2") == 0
+    good = (tmp_path / "out" / "ckpt.pt").read_bytes()
+    forward = model.GPT.forward
+
+    def poisoned(self, idx, targets=None):
+        logits, loss = forward(self, idx, targets)
+        return logits, loss * float("nan")
+
+    monkeypatch.setattr(model.GPT, "forward", poisoned)
+    assert run(corpus, tmp_path, "--resume", "--max_iters=8") == 1
+    assert "the last good checkpoint is kept" in capsys.readouterr().out
+    assert (tmp_path / "out" / "ckpt.pt").read_bytes() == good
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--dataset=/no/such/corpus"], "/no/such/corpus"),
+    (["--block_size=100000"], "block"),
+    (["--resume"], "no checkpoint"),
+    (["--grad_accum=0"], "--grad_accum=0 must be a positive integer"),
+    (["--vocab_size=100"], "smaller than the tokenizer's 256"),
+    (["--device=tpu"], "--device=tpu is not a device"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(corpus, tmp_path, capsys, flags, expected):
+    code = train.main([f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'out'}",
+                       *TINY, "--max_iters=1", *flags])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("train.py: ") and expected in err
+
+
+def test_empty_corpus_and_unloadable_tokenizer(tmp_path, capsys, monkeypatch):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    assert train.main([f"--dataset={empty}", f"--data_dir={tmp_path / 'data'}"]) == 2
+    assert capsys.readouterr().err.startswith("train.py: ")
+    text = tmp_path / "some.txt"
+    text.write_text("some text " * 100)
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "no-ranks-here"))
+    monkeypatch.setattr("tiktoken.load.read_file", lambda *a, **k: (_ for _ in ()).throw(OSError("offline")))
+    monkeypatch.setattr("tiktoken.registry.ENCODINGS", {})
+    assert train.main([f"--dataset={text}", "--tokenizer=gpt2", f"--data_dir={tmp_path / 'data'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "TIKTOKEN_CACHE_DIR" in err
+
+
+def test_bad_flag_from_the_shell_prints_no_traceback():
+    result = subprocess.run([sys.executable, os.path.join(HERE, "train.py"), "--norm=groupnorm"],
+                            capture_output=True, text=True, cwd=HERE)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "train.py: --norm=groupnorm is not allowed; choose one of layernorm, rmsnorm, cogview, batchnorm, pnv, "
+        "powernorm, none"]
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "powernorm"])
+def test_two_process_ddp_keeps_ranks_identical(corpus, tmp_path, norm):
+    """torchrun with 2 gloo processes: training proceeds, and the weights and (batch-statistic) buffers of
+    both ranks agree after the steps (SPEC §1: rank 0's running statistics win)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               os.path.join(HERE, "train.py"), f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}",
+               f"--out_dir={tmp_path / 'out'}", *TINY, f"--norm={norm}", "--grad_accum=4", "--max_iters=6",
+               "--eval_interval=3", "--pn_warmup=8"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=HERE, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    evals = events(tmp_path / "out", "eval")
+    assert [e["step"] for e in evals] == [0, 3, 6]
+    assert all(e["rank_spread"] == 0.0 for e in evals)
+    losses = [e["loss"] for e in events(tmp_path / "out", "train")]
+    assert losses[-1] < losses[0]
