@@ -18,7 +18,7 @@ def read_catalog():
     rows = {}
     with open(os.path.join(HERE, "configurable.txt")) as f:
         for line in f:
-            if not line.strip() or line.startswith("#"):
+            if not line.strip() or line.startswith("#") or line.startswith("preset="):
                 continue
             columns = re.split(r"\s{2,}", line.strip())
             assert len(columns) == 5, f"configurable.txt: expected 5 columns in {line!r}"
@@ -65,7 +65,27 @@ def test_catalog_allowed_values_match_the_code():
             assert allowed.startswith(kind.__name__), f"{name}: allowed values should start with {kind.__name__}"
 
 
-def test_every_preset_names_real_flags_and_is_in_the_catalog():
+def read_catalog_presets():
+    """{preset: {flag: text}} from the `preset=NAME  flags  source` lines of configurable.txt."""
+    presets = {}
+    with open(os.path.join(HERE, "configurable.txt")) as f:
+        for line in f:
+            if line.startswith("preset="):
+                name, settings, source = re.split(r"\s{2,}", line.strip())
+                assert source, f"preset {name} needs a source"
+                pairs = [] if settings.startswith("(none") else [kv.split("=") for kv in settings.split()]
+                presets[name.removeprefix("preset=")] = dict(pairs)
+    return presets
+
+
+def test_catalog_presets_match_the_code():
+    catalog = read_catalog_presets()
+    assert list(catalog) == list(PRESETS)
+    for name, flags in PRESETS.items():
+        assert catalog[name] == {k: str(v) for k, v in flags.items()}, f"preset {name} differs from the catalog"
+
+
+def test_every_preset_names_real_flags():
     names = set(GPTConfig.field_names())
     for preset, flags in PRESETS.items():
         assert set(flags) <= names, f"preset {preset} sets unknown flags {set(flags) - names}"

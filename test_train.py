@@ -12,6 +12,7 @@ import torch
 
 import model
 import train
+from norms import NORMS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
@@ -141,7 +142,15 @@ def test_bad_flag_from_the_shell_prints_no_traceback():
         "powernorm, none"]
 
 
-@pytest.mark.parametrize("norm", ["layernorm", "powernorm"])
+@pytest.mark.parametrize("norm", NORMS)
+def test_every_norm_trains(corpus, tmp_path, norm):
+    """Every --norm value fills every norm slot and trains; PowerNorm switches out of warmup mid-run."""
+    assert run(corpus, tmp_path, f"--norm={norm}", "--max_iters=12", "--eval_interval=12", "--pn_warmup=4") == 0
+    losses = [e["loss"] for e in events(tmp_path / "out", "train")]
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("norm", ["batchnorm", "powernorm"])
 def test_two_process_ddp_keeps_ranks_identical(corpus, tmp_path, norm):
     """torchrun with 2 gloo processes: training proceeds, and the weights and (batch-statistic) buffers of
     both ranks agree after the steps (SPEC §1: rank 0's running statistics win)."""
