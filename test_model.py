@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import norms
 from model import GPT, GPTConfig, PRESETS
 
 
@@ -51,6 +52,20 @@ def perturb_(module, seed=7, scale=0.3):
 
 
 # 1. forward
+
+ALL_SLOTS = dict(scale_attn=True, scale_fc=True, ffn_out_norm=True, qkv_norm=True, embed_norm=True)
+
+
+@pytest.mark.parametrize("kind", norms.NORMS)
+def test_every_norm_slot_uses_the_chosen_norm(kind):
+    """SPEC §1: --norm fills every slot. Per block: attn_norm, ffn_norm, attn_out_norm, fc_norm, ffn_out_norm
+    and three qkv norms (8); plus embed_norm and the final norm of the pre layout."""
+    chosen = type(norms.make_norm(kind, 8))
+    norm_classes = tuple(type(norms.make_norm(k, 8)) for k in norms.NORMS)
+    model = build(norm=kind, **ALL_SLOTS)
+    slots = [m for m in model.modules() if isinstance(m, norm_classes)]
+    assert len(slots) == 8 * TINY["n_layer"] + 2
+    assert all(type(m) is chosen for m in slots)
 
 def test_forward_logits_shape_and_initial_loss_is_ln_vocab():
     model = build(dtype=torch.float32, n_embd=48)

@@ -72,6 +72,12 @@ def test_resume_continues_exactly(corpus, tmp_path):
     assert [(e["step"], e["val_loss"]) for e in split_eval] == [(e["step"], e["val_loss"]) for e in whole_eval]
 
 
+def test_a_new_run_starts_a_new_log(corpus, tmp_path):
+    assert run(corpus, tmp_path, "--max_iters=3", "--eval_interval=3") == 0
+    assert run(corpus, tmp_path, "--max_iters=2", "--eval_interval=2") == 0
+    assert [e["step"] for e in events(tmp_path / "out", "train")] == [1, 2]
+
+
 def test_resume_refuses_to_change_the_model(corpus, tmp_path, capsys):
     assert run(corpus, tmp_path, "--max_iters=2", "--eval_interval=2") == 0
     assert run(corpus, tmp_path, "--resume", "--n_layer=3") == 2

@@ -310,6 +310,8 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
             if "cuda" in rng and device_type == "cuda":
                 torch.cuda.set_rng_state(rng["cuda"])
     if master:
+        if not checkpoint:
+            open(log_path, "w").close()  # a new run starts a new log; a resumed one appends to its own
         with open(os.path.join(tc.out_dir, "config.json"), "w") as f:
             json.dump({"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(tc),
                        "world_size": world_size, "data": meta, "torch": torch.__version__}, f, indent=2)
