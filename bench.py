@@ -1,0 +1,128 @@
+"""
+Speed and memory of the variants, side by side in one run: one training step (forward, backward, AdamW)
+of each variant, interleaved round by round so that drift in the machine's load hits them all alike, and
+reported as the median time and as a ratio to the first variant (the baseline).
+    python bench.py                                    # every --norm, the quickstart model, on CPU here
+    python bench.py --variants=presets --n_layer=12 --n_head=12 --n_embd=768 --block_size=1024 \
+        --batch_size=16 --compile                      # GPT-2 small shape on a GPU
+Model and system flags are train.py's (configurable.txt); bench.py adds --variants, --rounds and --steps.
+On CUDA it also reports the memory a step allocates on top of the resident weights and optimizer states
+(activations and workspaces) and the achieved TFLOP/s (6N + 12 L T d FLOPs per token, as in nanoGPT).
+Absolute times only mean something on a GPU with nothing else running; on a shared CPU read the ratios.
+"""
+
+import dataclasses
+import statistics
+import sys
+import time
+
+import torch
+
+import train
+from model import GPT, GPTConfig, PRESETS
+from norms import NORMS
+
+VARIANTS = {
+    "norms": {f"norm={kind}": {"norm": kind} for kind in NORMS},
+    "presets": {f"preset={name}": flags for name, flags in PRESETS.items()},
+    "attention": {"attn_impl=sdpa": {"attn_impl": "sdpa"}, "attn_impl=manual": {"attn_impl": "manual"}},
+}
+
+
+def parse(argv):
+    """bench.py's own three flags, then train.py's parser for the rest (same syntax, same errors)."""
+    own = {"variants": "norms", "rounds": "5", "steps": "5"}
+    rest = []
+    for arg in argv:
+        name, _, value = arg.removeprefix("--").partition("=")
+        if name in own:
+            own[name] = value
+        else:
+            rest.append(arg)
+    if own["variants"] not in VARIANTS:
+        raise train.UsageError(f"--variants={own['variants']} is not allowed; choose one of {', '.join(VARIANTS)}")
+    if not (own["rounds"].isdigit() and own["steps"].isdigit() and int(own["rounds"]) and int(own["steps"])):
+        raise train.UsageError("--rounds and --steps must be positive integers")
+    given = train.parse_flags(rest)
+    model_cfg, tc = train.build_configs(given)
+    return VARIANTS[own["variants"]], int(own["rounds"]), int(own["steps"]), given, model_cfg, tc
+
+
+class Variant:
+    """One model, its optimizer and a fixed batch, ready to time training steps."""
+
+    def __init__(self, model_cfg, tc, device, dtype):
+        torch.manual_seed(tc.seed)
+        self.model = GPT(model_cfg).to(device)
+        self.flops_per_token = 6 * self.model.num_params() + 12 * model_cfg.n_layer * model_cfg.block_size * model_cfg.n_embd
+        self.step_model = torch.compile(self.model) if tc.compile else self.model
+        self.optimizer = train.configure_optimizer(self.model, tc, device.split(":")[0])
+        shape = (tc.batch_size, model_cfg.block_size)
+        self.x = torch.randint(0, model_cfg.vocab_size, shape, device=device)
+        self.y = torch.randint(0, model_cfg.vocab_size, shape, device=device)
+        self.autocast = torch.autocast(device.split(":")[0], dtype=dtype, enabled=dtype != torch.float32)
+        self.times, self.step_bytes = [], 0
+
+    def step(self):
+        with self.autocast:
+            loss = self.step_model(self.x, self.y)[1]
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def synchronize(device):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def main(argv):
+    try:
+        variants, rounds, steps, given, base_cfg, tc = parse(argv)
+        explicit = {k: v for k, v in given.items() if k in GPTConfig.__dataclass_fields__}
+        # each variant's flags, then the ones given on the command line, as --preset works in train.py
+        configs = {name: dataclasses.replace(base_cfg, **{**flags, **explicit}) for name, flags in variants.items()}
+    except (train.UsageError, ValueError) as e:
+        print(f"bench.py: {e}", file=sys.stderr)
+        return 2
+    if tc.compile:
+        # every variant recompiles the same Block.forward; past the default limit dynamo would fall back to eager
+        torch._dynamo.config.recompile_limit = 8 * len(configs)
+    device = "cuda" if tc.device == "auto" and torch.cuda.is_available() else tc.device.replace("auto", "cpu")
+    dtype_name = tc.dtype if tc.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
+    dtype = getattr(torch, dtype_name)
+    cuda = device.startswith("cuda")
+    runs = {}
+    for name, cfg in configs.items():
+        runs[name] = Variant(cfg, tc, device, dtype)
+        runs[name].step()  # warm up: allocator, kernels, torch.compile
+    tokens = tc.batch_size * base_cfg.block_size * steps
+    for _ in range(rounds):
+        for run in runs.values():
+            if cuda:
+                resident = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+            synchronize(device)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                run.step()
+            synchronize(device)
+            run.times.append((time.perf_counter() - t0) / steps)
+            if cuda:
+                run.step_bytes = max(run.step_bytes, torch.cuda.max_memory_allocated() - resident)
+    print(f"device {device} {dtype_name}, compile {tc.compile}, batch {tc.batch_size} x {base_cfg.block_size}, "
+          f"{rounds} rounds x {steps} steps, torch {torch.__version__}")
+    baseline = statistics.median(next(iter(runs.values())).times)
+    header = f"{'variant':<28}{'ms/step':>10}{'ratio':>8}{'tokens/s':>12}"
+    print(header + (f"{'step MiB':>10}{'TFLOP/s':>9}" if cuda else ""))
+    for name, run in runs.items():
+        ms = statistics.median(run.times)
+        line = f"{name:<28}{ms * 1000:>10.1f}{ms / baseline:>8.2f}{tokens / steps / ms:>12,.0f}"
+        if cuda:
+            line += f"{run.step_bytes / 2**20:>10,.0f}{run.flops_per_token * tokens / steps / ms / 1e12:>9.1f}"
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
