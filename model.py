@@ -226,30 +226,26 @@ class Block(nn.Module):
         self.attn_layer_scale = nn.Parameter(torch.full((d,), cfg.layer_scale_init)) if cfg.layer_scale else None
         self.ffn_layer_scale = nn.Parameter(torch.full((d,), cfg.layer_scale_init)) if cfg.layer_scale else None
 
-    def attn_branch(self, x):
-        y = self.attn(self.attn_norm(x) if self.layout == "pre" else x)
-        if self.attn_out_norm is not None:
-            y = self.attn_out_norm(y)
-        if self.attn_layer_scale is not None:
-            y = y * self.attn_layer_scale
-        return y
-
-    def ffn_branch(self, x):
-        y = self.mlp(self.ffn_norm(x) if self.layout == "pre" else x)
-        if self.ffn_out_norm is not None:
-            y = self.ffn_out_norm(y)
-        if self.ffn_layer_scale is not None:
-            y = y * self.ffn_layer_scale
+    def branch(self, x, sublayer, in_norm, out_norm, layer_scale):
+        """Branch(x) of either sublayer: its input norm (pre layout only), the sublayer itself, then the
+        optional output norm (sandwich / post-attn LN) and LayerScale."""
+        y = sublayer(in_norm(x) if self.layout == "pre" else x)
+        if out_norm is not None:
+            y = out_norm(y)
+        if layer_scale is not None:
+            y = y * layer_scale
         return y
 
     def forward(self, x):
+        attn = (self.attn, self.attn_norm, self.attn_out_norm, self.attn_layer_scale)
+        ffn = (self.mlp, self.ffn_norm, self.ffn_out_norm, self.ffn_layer_scale)
         if self.layout == "pre":
-            x = x + self.attn_branch(x)
+            x = x + self.branch(x, *attn)
             residual = x * self.resid_scale if self.resid_scale is not None else x
-            return residual + self.ffn_branch(x)
+            return residual + self.branch(x, *ffn)
         # post and deepnorm: the norm comes after the residual sum; alpha is 1 for post
-        x = self.attn_norm(self.alpha * x + self.attn_branch(x))
-        return self.ffn_norm(self.alpha * x + self.ffn_branch(x))
+        x = self.attn_norm(self.alpha * x + self.branch(x, *attn))
+        return self.ffn_norm(self.alpha * x + self.branch(x, *ffn))
 
 
 def sinusoidal_positions(T, d, device):

@@ -115,6 +115,7 @@ def test_a_diverged_run_keeps_the_last_good_checkpoint(corpus, tmp_path, monkeyp
     (["--grad_accum=0"], "--grad_accum=0 must be a positive integer"),
     (["--vocab_size=100"], "smaller than the tokenizer's 256"),
     (["--device=tpu"], "--device=tpu is not a device"),
+    (["--lr=-1"], "--lr=-1.0 must be > 0"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(corpus, tmp_path, capsys, flags, expected):
     code = train.main([f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'out'}",
@@ -122,6 +123,14 @@ def test_bad_input_is_one_line_and_exit_code_2(corpus, tmp_path, capsys, flags, 
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("train.py: ") and expected in err
+
+
+def test_a_damaged_checkpoint_is_one_line(corpus, tmp_path, capsys):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "ckpt.pt").write_bytes(b"not a checkpoint")
+    assert run(corpus, tmp_path, "--resume") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot read" in err
 
 
 def test_empty_corpus_and_unloadable_tokenizer(tmp_path, capsys, monkeypatch):

@@ -151,8 +151,10 @@ def check_train_config(tc, world_size):
             raise UsageError(f"--{name}={getattr(tc, name)} must be a positive integer")
     if tc.grad_accum % world_size:
         raise UsageError(f"--grad_accum={tc.grad_accum} must be divisible by the number of processes ({world_size})")
-    if tc.warmup_iters < 0 or tc.lr <= 0 or tc.min_lr < 0:
-        raise UsageError("--warmup_iters and --min_lr must be >= 0 and --lr > 0")
+    for name, ok, allowed in (("warmup_iters", tc.warmup_iters >= 0, ">= 0"), ("lr", tc.lr > 0, "> 0"),
+                              ("min_lr", tc.min_lr >= 0, ">= 0")):
+        if not ok:
+            raise UsageError(f"--{name}={getattr(tc, name)} must be {allowed}")
     if tc.device != "auto" and tc.device.split(":")[0] not in ("cpu", "cuda", "mps"):
         raise UsageError(f"--device={tc.device} is not a device; choose auto, cpu, cuda, cuda:N or mps")
 
@@ -238,7 +240,11 @@ def setup(argv):
     if resume_from:
         if not os.path.exists(resume_from):
             raise UsageError(f"--resume: no checkpoint at {resume_from} (start without --resume to train from scratch)")
-        checkpoint = torch.load(resume_from, map_location="cpu", weights_only=True)
+        try:
+            checkpoint = torch.load(resume_from, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise UsageError(f"--resume: cannot read {resume_from} ({type(e).__name__}); it is not a nanonorm "
+                             "checkpoint, or it is damaged") from None
         saved = checkpoint["model_config"]
         changed = [k for k in given if k in saved and given[k] != saved[k]]
         if changed:
