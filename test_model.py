@@ -497,7 +497,7 @@ def test_preset_overfits_a_fixed_batch(preset):
 # Dynamo tracing with fullgraph=True is what model.py can break (a graph break on a flag, Python on tensor
 # values); inductor's C++ code generation takes 20-35 s per graph on 2 cores, so it runs only on request.
 BACKENDS = ["aot_eager", pytest.param("inductor", marks=pytest.mark.skipif(
-    not os.environ.get("NANONORM_TEST_INDUCTOR"), reason="slow on CPU; set NANONORM_TEST_INDUCTOR=1"))]
+    not os.environ.get("NANONORM_INDUCTOR"), reason="slow on CPU; set NANONORM_INDUCTOR=1"))]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -42,18 +42,30 @@ def events(out_dir, kind):
 
 
 def test_run_writes_config_log_and_checkpoint(corpus, tmp_path):
-    assert run(corpus, tmp_path, "--max_iters=6", "--eval_interval=3") == 0
+    assert run(corpus, tmp_path, "--max_iters=6", "--eval_interval=3", "--preset=normformer", "--scale_heads=False") == 0
     out = tmp_path / "out"
     config = json.loads((out / "config.json").read_text())
     assert config["model"]["n_layer"] == 2 and config["train"]["max_iters"] == 6
+    # the resolved config: the preset's flags, with the explicit override on top
+    assert config["model"]["scale_attn"] and config["model"]["scale_fc"] and not config["model"]["scale_heads"]
     assert config["model"]["vocab_size"] == 256 and config["train"]["dtype"] == "float32"  # auto on CPU
     assert [e["step"] for e in events(out, "train")] == [1, 2, 3, 4, 5, 6]
     assert [e["step"] for e in events(out, "eval")] == [0, 3, 6]
     first = events(out, "train")[0]
     assert {"loss", "lr", "grad_norm", "ms_per_step", "tokens_per_s"} <= set(first)
     checkpoint = torch.load(out / "ckpt.pt", weights_only=True)
-    assert checkpoint["step"] == 6
+    assert checkpoint["step"] == 6 and checkpoint["model_config"] == config["model"]
     assert not os.path.exists(out / "ckpt.pt.tmp")
+
+
+def test_gpt2_tokenizer_pads_the_model_vocab(corpus, tmp_path, monkeypatch):
+    shared = os.path.join(HERE, "..", "shared", "tiktoken")
+    if not os.environ.get("TIKTOKEN_CACHE_DIR") and not os.path.isdir(shared):
+        pytest.skip("GPT-2's BPE ranks are not available offline (set TIKTOKEN_CACHE_DIR)")
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", os.environ.get("TIKTOKEN_CACHE_DIR") or shared)
+    assert run(corpus, tmp_path, "--tokenizer=gpt2", "--max_iters=2", "--eval_interval=2") == 0
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["data"]["vocab_size"] == 50257 and config["model"]["vocab_size"] == 50304  # 64 * 786
 
 
 def test_resume_continues_exactly(corpus, tmp_path):
