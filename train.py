@@ -11,6 +11,7 @@ and out_dir/ckpt.pt (atomically, at each eval); --resume continues from it exact
 import contextlib
 import dataclasses
 import difflib
+import hashlib
 import json
 import math
 import os
@@ -174,8 +175,9 @@ def get_lr(step, tc):
 def batch_generator(*stream):
     """A fresh generator per batch, seeded from (seed, rank, step, micro-step). The batches of a step are
     then a function of the step alone, so the step is the data position a checkpoint needs to resume.
-    hash() of a tuple of ints is the same in every Python process (only str hashing is randomized)."""
-    return torch.Generator().manual_seed(hash(stream) % (2**63))
+    sha256, not hash(): the same seeds on every machine and Python version."""
+    digest = hashlib.sha256(repr(stream).encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
 
 
 EVAL_STREAM = -1  # in place of the step: eval batches are the same at every eval, and differ from training's
@@ -328,6 +330,7 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
         model = torch.compile(model)
     if ddp:
         model = DDP(model, device_ids=[int(device.split(":")[1])] if device_type == "cuda" else None)
+    eval_model = model.module if ddp else model  # compiled if --compile; no DDP wrapper, as nothing syncs
     autocast = torch.autocast(device_type, dtype=getattr(torch, tc.dtype), enabled=tc.dtype != "float32")
 
     def get_batch(split, *stream):
@@ -348,7 +351,7 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
             for i in range(tc.eval_iters):
                 x, y = get_batch(split, EVAL_STREAM, i)
                 with autocast:
-                    total += raw_model(x, y)[1].float()
+                    total += eval_model(x, y)[1].float()
             if ddp:
                 dist.all_reduce(total)
             losses[split] = total.item() / (tc.eval_iters * world_size)
