@@ -276,10 +276,10 @@ def setup(argv):
         # torchrun sets OMP_NUM_THREADS=1 per process: give each process its share of the cores instead
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // local_world_size))
     if rank == 0:
-        folder = data.prepare(tc.dataset, tc.tokenizer, tc.data_dir)
+        data.prepare(tc.dataset, tc.tokenizer, tc.data_dir)
     if ddp:
         dist.barrier()  # the other processes wait until process 0 has prepared the data
-    folder = data.prepare(tc.dataset, tc.tokenizer, tc.data_dir)
+    folder = data.prepare(tc.dataset, tc.tokenizer, tc.data_dir)  # prepared now: this only finds the folder
     meta = data.load_meta(folder)
     data.check_length(meta, model_cfg.block_size)
     padded_vocab = 64 * math.ceil(meta["vocab_size"] / 64)  # a multiple of 64 is faster on GPUs (nanoGPT)
