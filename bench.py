@@ -11,7 +11,6 @@ On CUDA it also reports the memory a step allocates on top of the resident weigh
 Absolute times only mean something on a GPU with nothing else running; on a shared CPU read the ratios.
 """
 
-import dataclasses
 import statistics
 import sys
 import time
@@ -19,18 +18,19 @@ import time
 import torch
 
 import train
-from model import GPT, GPTConfig, PRESETS
+from model import GPT, PRESETS
 from norms import NORMS
 
 VARIANTS = {
     "norms": {f"norm={kind}": {"norm": kind} for kind in NORMS},
-    "presets": {f"preset={name}": flags for name, flags in PRESETS.items()},
+    "presets": {f"preset={name}": {"preset": name} for name in PRESETS},
     "attention": {"attn_impl=sdpa": {"attn_impl": "sdpa"}, "attn_impl=manual": {"attn_impl": "manual"}},
 }
 
 
 def parse(argv):
-    """bench.py's own three flags, then train.py's parser for the rest (same syntax, same errors)."""
+    """bench.py's own three flags, then train.py's parser for the rest (same syntax, same errors).
+    Each variant's flags go in before the explicit ones, so the command line overrides them, as with --preset."""
     own = {"variants": "norms", "rounds": "5", "steps": "5"}
     rest = []
     for arg in argv:
@@ -44,8 +44,9 @@ def parse(argv):
     if not (own["rounds"].isdigit() and own["steps"].isdigit() and int(own["rounds"]) and int(own["steps"])):
         raise train.UsageError("--rounds and --steps must be positive integers")
     given = train.parse_flags(rest)
-    model_cfg, tc = train.build_configs(given)
-    return VARIANTS[own["variants"]], int(own["rounds"]), int(own["steps"]), given, model_cfg, tc
+    configs = {name: train.build_configs({**flags, **given}) for name, flags in VARIANTS[own["variants"]].items()}
+    device, tc = train.resolve_device(next(iter(configs.values()))[1])
+    return {name: model_cfg for name, (model_cfg, _) in configs.items()}, int(own["rounds"]), int(own["steps"]), device, tc
 
 
 class Variant:
@@ -78,25 +79,21 @@ def synchronize(device):
 
 def main(argv):
     try:
-        variants, rounds, steps, given, base_cfg, tc = parse(argv)
-        explicit = {k: v for k, v in given.items() if k in GPTConfig.__dataclass_fields__}
-        # each variant's flags, then the ones given on the command line, as --preset works in train.py
-        configs = {name: dataclasses.replace(base_cfg, **{**flags, **explicit}) for name, flags in variants.items()}
-    except (train.UsageError, ValueError) as e:
+        configs, rounds, steps, device, tc = parse(argv)
+    except train.UsageError as e:
         print(f"bench.py: {e}", file=sys.stderr)
         return 2
     if tc.compile:
         # every variant recompiles the same Block.forward; past the default limit dynamo would fall back to eager
         torch._dynamo.config.recompile_limit = 8 * len(configs)
-    device = "cuda" if tc.device == "auto" and torch.cuda.is_available() else tc.device.replace("auto", "cpu")
-    dtype_name = tc.dtype if tc.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
-    dtype = getattr(torch, dtype_name)
+    dtype = getattr(torch, tc.dtype)
     cuda = device.startswith("cuda")
     runs = {}
     for name, cfg in configs.items():
         runs[name] = Variant(cfg, tc, device, dtype)
         runs[name].step()  # warm up: allocator, kernels, torch.compile
-    tokens = tc.batch_size * base_cfg.block_size * steps
+    block_size = next(iter(configs.values())).block_size
+    tokens = tc.batch_size * block_size * steps
     for _ in range(rounds):
         for run in runs.values():
             if cuda:
@@ -110,7 +107,7 @@ def main(argv):
             run.times.append((time.perf_counter() - t0) / steps)
             if cuda:
                 run.step_bytes = max(run.step_bytes, torch.cuda.max_memory_allocated() - resident)
-    print(f"device {device} {dtype_name}, compile {tc.compile}, batch {tc.batch_size} x {base_cfg.block_size}, "
+    print(f"device {device} {tc.dtype}, compile {tc.compile}, batch {tc.batch_size} x {block_size}, "
           f"{rounds} rounds x {steps} steps, torch {torch.__version__}")
     baseline = statistics.median(next(iter(runs.values())).times)
     header = f"{'variant':<28}{'ms/step':>10}{'ratio':>8}{'tokens/s':>12}"
