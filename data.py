@@ -44,7 +44,7 @@ def get_tokenizer(name):
         except Exception as e:
             raise DataError(f"could not load the gpt2 tokenizer ({type(e).__name__}); offline, set "
                             "TIKTOKEN_CACHE_DIR to a folder holding GPT-2's cached ranks (tiktoken's cache), "
-                            "e.g. ../shared/tiktoken") from e
+                            "(see README: GPT-2's BPE)") from e
     raise DataError(f"--tokenizer={name} is not a tokenizer; choose one of {', '.join(TOKENIZERS)}")
 
 

@@ -3,8 +3,11 @@ A GPT language model in one file, with every normalization, layout, embedding an
 nanonorm switched by a field of GPTConfig. Read it top to bottom: the config, then the pieces
 (attention, MLP, block), then the whole model and its initialization.
 
-Papers (see ../shared/papers/INDEX.md): NormFormer (Shleifer et al. 2021), DeepNet (Wang et al. 2022),
-Spike No More (Takase et al. 2023), PowerNorm (Shen et al. 2020). SPEC.md § numbers refer to the digest.
+Papers: NormFormer (Shleifer, Weston, Ott 2021, "NormFormer: Improved Transformer Pretraining with Extra
+Normalization"), DeepNet (Wang et al. 2022, "DeepNet: Scaling Transformers to 1,000 Layers"), Spike No More
+(Takase et al. 2023, "Spike No More: Stabilizing the Pre-training of Large Language Models") and PowerNorm
+(Shen et al. 2020, "PowerNorm: Rethinking Batch Normalization in Transformers"). Comments cite them by
+section, equation or table.
 """
 
 import math
@@ -29,7 +32,7 @@ class GPTConfig:
     ffn_mult: int = 4
     dropout: float = 0.0
     bias: bool = True
-    # block layout and normalization (SPEC §1-2)
+    # block layout and normalization (DeepNet §2; NormFormer Table 8; PowerNorm)
     layout: Literal["pre", "post", "deepnorm"] = "pre"
     norm: Literal["layernorm", "rmsnorm", "cogview", "batchnorm", "pnv", "powernorm", "none"] = "layernorm"
     norm_eps: float = 1e-5
@@ -38,7 +41,7 @@ class GPTConfig:
     pn_alpha_bwd: float = 0.9
     pn_warmup: Optional[int] = None  # PowerNorm warmup in training forward calls; None: train.py uses the LR warmup
     pn_group_scaling: bool = True
-    # extra operations inside a block (SPEC §3)
+    # extra operations inside a block (NormFormer §2-3, Table 8)
     scale_heads: bool = False
     scale_attn: bool = False
     scale_fc: bool = False
@@ -48,16 +51,16 @@ class GPTConfig:
     qkv_norm: bool = False
     layer_scale: bool = False
     layer_scale_init: float = 1e-5
-    # embeddings (SPEC §4)
+    # embeddings (Spike No More §3-4; NormFormer §4)
     pos: Literal["learned", "sinusoidal"] = "learned"
     embed_scale: bool = False
     embed_norm: bool = False
     embed_grad_scale: float = 1.0
     tie_embeddings: bool = True
-    # feed-forward and attention (SPEC §5)
+    # feed-forward and attention (NormFormer Table 3, Table 8)
     activation: Literal["gelu", "relu", "relu2", "geglu"] = "gelu"
     attn_impl: Literal["sdpa", "manual"] = "sdpa"
-    # initialization (SPEC §6)
+    # initialization (GPT-2 §2.3; Spike No More §3; DeepNet §2.3)
     init: Literal["gpt2", "plain", "scaled", "wang", "xavier"] = "gpt2"
     init_std: Optional[float] = None
     init_depth_scale: bool = False
@@ -94,7 +97,7 @@ class GPTConfig:
         return [f.name for f in fields(cls)]
 
 
-# SPEC §7: named rows of the papers, applied before the explicit flags (which override them).
+# Named rows of the papers' tables, applied before the explicit flags (which override them).
 # An ablation is a preset plus an override: --preset=normformer --scale_heads=False is "- Head Scale".
 PRESETS = {
     "baseline": {},                                                          # GPT-2 / GPT-3 pre-LN
@@ -111,7 +114,7 @@ PRESETS = {
 
 
 def norm(cfg, dim):
-    """The norm module chosen by --norm for a slot of `dim` features (SPEC §1: every slot uses it)."""
+    """The norm module chosen by --norm for a slot of `dim` features (every norm slot of the model uses it)."""
     return make_norm(cfg.norm, dim, eps=cfg.norm_eps, affine=cfg.norm_affine,
                      alpha_fwd=cfg.pn_alpha_fwd, alpha_bwd=cfg.pn_alpha_bwd, warmup=cfg.pn_warmup or 0,
                      groups=cfg.n_head if cfg.pn_group_scaling else 0)
@@ -201,7 +204,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """One transformer layer. With norm N, attention A and feed-forward F (SPEC §2):
+    """One transformer layer. With norm N, attention A and feed-forward F (DeepNet eq. (1) for deepnorm):
     pre:      x = x + A(N(x));           x = x + F(N(x))
     post:     x = N(x + A(x));           x = N(x + F(x))
     deepnorm: x = N(alpha*x + A(x));     x = N(alpha*x + F(x)),   alpha = (2 n_layer)^(1/4)
@@ -280,7 +283,7 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def init_weights(self):
-        """SPEC §6. Every matrix is drawn from N(0, sigma) except the two that write into the residual
+        """GPT-2 §2.3, Spike No More §3, DeepNet §2.3. Every matrix is drawn from N(0, sigma) except the two that write into the residual
         stream (attention W_O and FFN W_2), which get sigma_out; biases 0, norm gains 1 (set by their
         modules). xavier draws each logical matrix (q, k, v separately) with std sqrt(2 / (fan_in + fan_out))."""
         cfg = self.config

@@ -1,5 +1,5 @@
 """
-Every normalization nanonorm can put in a norm slot, each beside its equation (SPEC §1).
+Every normalization nanonorm can put in a norm slot, each beside its equation and paper.
 
 Inputs are (..., C) tensors: per-token norms reduce over the last dim, batch-statistic norms over every
 dim but the last (all B*T tokens, as PowerNorm §3 flattens sentences into one batch dimension).
@@ -243,7 +243,7 @@ class PowerNorm(nn.Module):
 
 
 class Identity(nn.Module):
-    """y = x: no normalization, the ablation that shows what normalization prevents (SPEC §1)."""
+    """y = x: no normalization, the ablation that shows what normalization prevents (an ablation)."""
 
     def forward(self, x):
         return x

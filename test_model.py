@@ -1,5 +1,5 @@
-"""Tests of model.py against SPEC §2-§8: every flag acts where the SPEC says and adds the parameters it says,
-layouts and attention are checked against the equations written out here, inits against SPEC §6's stds,
+"""Tests of model.py against the papers: every flag acts where its paper says and adds the parameters it says,
+layouts and attention are checked against the equations written out here, inits against the stds of GPT-2 §2.3, Spike No More §3 and DeepNet,
 parameter counts against NormFormer Table 2, and gradient norms at init against Spike No More Fig. 3."""
 
 import math
@@ -58,7 +58,7 @@ ALL_SLOTS = dict(scale_attn=True, scale_fc=True, ffn_out_norm=True, qkv_norm=Tru
 
 @pytest.mark.parametrize("kind", norms.NORMS)
 def test_every_norm_slot_uses_the_chosen_norm(kind):
-    """SPEC §1: --norm fills every slot. Per block: attn_norm, ffn_norm, attn_out_norm, fc_norm, ffn_out_norm
+    """--norm fills every slot. Per block: attn_norm, ffn_norm, attn_out_norm, fc_norm, ffn_out_norm
     and three qkv norms (8); plus embed_norm and the final norm of the pre layout."""
     chosen = type(norms.make_norm(kind, 8))
     norm_classes = tuple(type(norms.make_norm(k, 8)) for k in norms.NORMS)
@@ -86,7 +86,7 @@ def test_builds_on_meta_device(preset):
     assert model.num_params() == GPT(cfg).num_params()
 
 
-# 2. parameter counts, SPEC §8 / NormFormer Table 2
+# 2. parameter counts, NormFormer Table 2
 
 def gpt3_params(N, d, H, V=51200, normformer=False):
     """--pos=sinusoidal --embed_norm, bias on, tied head, layernorm with gain and bias."""
@@ -106,7 +106,7 @@ def test_parameter_counts_of_gpt3_small_and_medium(N, d, H, baseline, paper_m, p
     with torch.device("meta"):
         base = GPT(GPTConfig(**common)).num_params()
         nf = GPT(GPTConfig(**common, **PRESETS["normformer"])).num_params()
-    assert base == gpt3_params(N, d, H) == baseline  # SPEC §8
+    assert base == gpt3_params(N, d, H) == baseline  # NormFormer Table 2
     assert nf == gpt3_params(N, d, H, normformer=True)
     assert nf - base == N * (2 * d + 8 * d + H)
     # NormFormer Table 2 (later version, 0.1M) and Table 1 (earlier version, 0.01M). The earlier version
@@ -115,7 +115,7 @@ def test_parameter_counts_of_gpt3_small_and_medium(N, d, H, baseline, paper_m, p
     assert abs(base / 1e6 - paper_m[1]) <= 0.005 and abs(nf / 1e6 - paper_nf_m[1]) <= 0.01
 
 
-# 3. every flag acts on the forward and adds exactly the parameters SPEC §3-§6 say
+# 3. every flag acts on the forward and adds exactly the parameters its paper says
 
 d, N, H, T, V = TINY["n_embd"], TINY["n_layer"], TINY["n_head"], TINY["block_size"], TINY["vocab_size"]
 FLAG_PARAMS = [  # (flags, parameters added, does the forward change for the same weights)
@@ -279,7 +279,7 @@ def test_embed_grad_scale_keeps_forward_and_scales_embedding_gradient():
     assert off.wte.weight.grad.abs().max() > 0 and off.wpe.weight.grad.abs().max() > 0
 
 
-# 6. layouts: pre, post, deepnorm (SPEC §2)
+# 6. layouts: pre, post, deepnorm (DeepNet eq. (1))
 
 @pytest.mark.parametrize("layout", ["pre", "post", "deepnorm"])
 def test_block_and_model_follow_the_layout_equations(layout):
@@ -312,7 +312,7 @@ def test_block_and_model_follow_the_layout_equations(layout):
                                    dict(layer_scale=True), dict(scale_attn=True, ffn_out_norm=True, scale_resids=True,
                                                                 layer_scale=True)], ids=str)
 def test_pre_block_extra_operations(flags):
-    """SPEC §3 in a pre-LN block: h = x + ls_a * N_ao(A(N(x)));  out = lambda * h + ls_f * N_fo(F(N(h)))."""
+    """NormFormer §2-3 in a pre-LN block: h = x + ls_a * N_ao(A(N(x)));  out = lambda * h + ls_f * N_fo(F(N(h)))."""
     block = build(**flags).blocks[0]
     perturb_(block)
     ln = lambda m, t: layer_norm(t, m.weight, m.bias) if m is not None else t  # noqa: E731
@@ -360,10 +360,10 @@ def test_deepnorm_beta_gains_v_out_and_ffn_weights(init):
         assert_stds(weight_stds(block, dw), expected)
 
 
-# 7. initializations (SPEC §6)
+# 7. initializations (GPT-2, Spike No More §3, DeepNet)
 
 def init_table(init, Nw, dw, std=None):
-    """SPEC §6: (sigma of all weights, sigma of W_O and W_2)."""
+    """(sigma of all weights, sigma of W_O and W_2)."""
     sigma = std or (0.02 if init == "gpt2" else math.sqrt(2 / (5 * dw)))
     out = {"gpt2": sigma / math.sqrt(2 * Nw), "plain": sigma, "scaled": sigma / math.sqrt(2 * Nw),
            "wang": 2 / (Nw * math.sqrt(dw))}[init]

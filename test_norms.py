@@ -212,7 +212,7 @@ def test_make_norm_rejects_groups_that_do_not_divide_dim():
 NORM_CLASSES = [type(make_norm(kind, 8)) for kind in NORMS] + [norms.PowerNormFunction]
 SOURCES = {"LayerNorm": "Ba et al.", "RMSNorm": "Zhang & Sennrich", "CogViewLayerNorm": "Ding et al.",
            "BatchNorm": "Alg. 1", "PNV": "eq. (4)", "PowerNorm": "eq. (8)",
-           "PowerNormFunction": "eq. (11)", "Identity": "SPEC"}
+           "PowerNormFunction": "eq. (11)", "Identity": "ablation"}
 
 
 @pytest.mark.parametrize("cls", NORM_CLASSES, ids=lambda c: c.__name__)

@@ -180,7 +180,7 @@ def test_every_norm_trains(corpus, tmp_path, norm):
 @pytest.mark.parametrize("norm", ["batchnorm", "powernorm"])
 def test_two_process_ddp_keeps_ranks_identical(corpus, tmp_path, norm):
     """torchrun with 2 gloo processes: training proceeds, and the weights and (batch-statistic) buffers of
-    both ranks agree after the steps (SPEC §1: rank 0's running statistics win)."""
+    both ranks agree after the steps (rank 0's running statistics win)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                os.path.join(HERE, "train.py"), f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}",

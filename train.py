@@ -135,7 +135,7 @@ def parse_flags(argv):
 
 
 def build_configs(given):
-    """The preset first (SPEC §7), then the explicit flags; config-time checks give one line."""
+    """The preset first (model.PRESETS), then the explicit flags; config-time checks give one line."""
     train_args = {k: v for k, v in given.items() if k in TrainConfig.__dataclass_fields__}
     model_args = dict(PRESETS[given["preset"]]) if given.get("preset") else {}
     model_args.update({k: v for k, v in given.items() if k in GPTConfig.__dataclass_fields__})
@@ -296,7 +296,7 @@ def setup(argv):
     else:
         model_cfg = dataclasses.replace(model_cfg, vocab_size=padded_vocab)
     if model_cfg.pn_warmup is None:
-        # SPEC §1: PowerNorm's warmup defaults to the LR warmup, counted in training forward calls
+        # PowerNorm App. A.1 warms psi up; its warmup defaults to the LR warmup, counted in training forward calls
         model_cfg = dataclasses.replace(model_cfg, pn_warmup=tc.warmup_iters * tc.grad_accum // world_size)
     return dict(model_cfg=model_cfg, tc=tc, checkpoint=checkpoint, folder=folder, meta=meta, ddp=ddp, rank=rank,
                 world_size=world_size, device=device, device_type=device_type)
@@ -348,7 +348,7 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
     def evaluate():
         """Mean loss over eval_iters fixed batches per split and process, in eval mode (running statistics)."""
         if ddp:
-            # SPEC §1: running statistics are per process; rank 0's win, as DDP's own broadcast does
+            # running statistics are per process; rank 0's win, as DDP's own broadcast does
             for buffer in raw_model.buffers():
                 dist.broadcast(buffer, src=0)
         model.eval()
