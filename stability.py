@@ -21,6 +21,19 @@ How train.py uses it:
   Wortsman et al. 2023), and `Probe(stats=True)` records for the residual stream's std and max |x|
   (Spike No More §3) and the max attention logit `q@k` (Dehghani et al. 2023).
 
+API:
+- SpikeMonitor(window=100, z_threshold=5.0): .update(loss, grad_norm) -> (z_loss, z_grad); .is_spike(z_loss,
+  z_grad) -> bool; .state_dict() / .load_state_dict(state) (plain lists and floats: JSON- and
+  torch.load(weights_only=True)-safe).
+- Probe(model, points, backward=False, stats=False): context manager; .records after the pass(es).
+- first_overflow(records, limit=FP16_MAX) -> record or None; find_first_overflow(model, points,
+  run_micro_batch, limit=FP16_MAX) -> (record or None, records); headroom(records) -> rows.
+- weight_stats(model, before=None, splits=None, layer_re=LAYER_RE, label=None), gain_stats(model, ...),
+  buffer_stats(model, names=("running_psi2", "nu"), ...) -> rows of the "telemetry" event; logit_stats(logits)
+  -> {"mean", "max_abs", "mean_log_z"}. label(name) gives the op label (default: the module path); for
+  buffer_stats it gets the module name. Each reads the device once.
+- snapshot(model, parameters=True) -> {name: copy}; restore(model, snap).
+
 Spike monitor (llm.c's outlier detector; llm-foundry's KillLossSpike; ZClip): z = (x - mean) / std over the
 previous `window` values, std the population std. z is NaN until the window is full (as llm.c: a short
 window early in training, while the loss falls fast, flags ordinary steps). Every finite value enters the
