@@ -143,6 +143,11 @@ def dropout(cfg):
     return nn.Dropout(cfg.dropout) if cfg.dropout > 0 else None
 
 
+def optional(module, x):
+    """module(x), or x where the module does not exist (its flag is off)."""
+    return x if module is None else module(x)
+
+
 def scaled(x, scale):
     """x * scale, or x itself where the scale does not exist (a multiply by 1 is still a kernel)."""
     return x if scale is None else x * scale
@@ -197,14 +202,16 @@ class Attention(nn.Module):
         if self.head_scale is not None:
             y = y * self.head_scale.view(1, -1, 1, 1)  # before the concat and W_O, as in the paper
         y = self.proj(y.transpose(1, 2).reshape(B, T, C))
-        return y if self.resid_dropout is None else self.resid_dropout(y)
+        return optional(self.resid_dropout, y)
 
     def manual_attention(self, q, k, v):
         """The same math as SDPA, one op at a time, so a hook or anomaly check can name the op that
         overflows (NormFormer Table 3 reports "q@k at layer 0")."""
         T = q.size(2)
         scores = self.scores(q, k).masked_fill(~self.causal[:T, :T], float("-inf"))
-        probs = F.dropout(F.softmax(scores, dim=-1), p=self.dropout, training=self.training)
+        probs = F.softmax(scores, dim=-1)
+        if self.training and self.dropout > 0:
+            probs = F.dropout(probs, p=self.dropout)
         return probs @ v
 
 
@@ -241,11 +248,8 @@ class MLP(nn.Module):
         self.dropout = dropout(cfg)
 
     def forward(self, x):
-        h = self.act(self.fc(x))
-        if self.fc_norm is not None:
-            h = self.fc_norm(h)
-        y = self.proj(h)
-        return y if self.dropout is None else self.dropout(y)
+        h = optional(self.fc_norm, self.act(self.fc(x)))
+        return optional(self.dropout, self.proj(h))
 
 
 class Block(nn.Module):
@@ -278,9 +282,7 @@ class Block(nn.Module):
         """Branch(x) of either sublayer: its input norm (pre layout only), the sublayer itself, then the
         optional output norm (sandwich / post-attn LN) and LayerScale."""
         y = sublayer(in_norm(x) if self.layout == "pre" else x)
-        if out_norm is not None:
-            y = out_norm(y)
-        return scaled(y, layer_scale)
+        return scaled(optional(out_norm, y), layer_scale)
 
     def forward(self, x):
         attn = (self.attn, self.attn_norm, self.attn_out_norm, self.attn_layer_scale)
@@ -465,9 +467,7 @@ class GPT(nn.Module):
             # Spike No More "Embed Detach" (GLM-130B, CogView): same value, gradient into the embeddings times a
             a = cfg.embed_grad_scale
             x = a * x + (1 - a) * x.detach()
-        if self.embed_norm is not None:
-            x = self.embed_norm(x)
-        return x if self.drop is None else self.drop(x)
+        return optional(self.drop, optional(self.embed_norm, x))
 
     def forward(self, idx, targets=None):
         """idx (B, T) token ids -> logits (B, T, vocab); loss is the mean cross-entropy when targets are given."""
@@ -477,9 +477,7 @@ class GPT(nn.Module):
         x = self.embed(idx)
         for block in self.blocks:
             x = block(x)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        logits = self.lm_head(x)
+        logits = self.lm_head(optional(self.final_norm, x))
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))

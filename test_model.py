@@ -266,6 +266,26 @@ def test_attention_dropout_acts_in_training_only(attn_impl):
     assert (train_out - attn(x)).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("where", ["embeddings", "attention output", "ffn output"])
+def test_dropout_acts_on_embeddings_and_branch_outputs_in_training_only(where):
+    """GPT-2 (as in Vaswani et al. §5.4): dropout on the summed embeddings and on each sublayer's output."""
+    p = 0.25
+    model = build(dropout=p)
+    block = model.blocks[0]
+    run = {"embeddings": lambda: model.embed(tokens()),
+           "attention output": lambda: block.attn(x), "ffn output": lambda: block.mlp(x)}[where]
+    x = torch.randn(3, 16, d, dtype=torch.float64)
+    model.eval()
+    clean = run()
+    model.train()
+    torch.manual_seed(0)
+    dropped = run()
+    kept = dropped != 0
+    assert abs(1 - kept.double().mean().item() - p) < 0.05  # a fraction p of the outputs is zeroed
+    if where != "attention output":  # there the attention probabilities are dropped as well
+        torch.testing.assert_close(dropped[kept], clean[kept] / (1 - p))
+
+
 # 5. Embed Detach
 
 @pytest.mark.parametrize("embed_norm", [False, True])
