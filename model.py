@@ -321,6 +321,11 @@ PARAM_OPS = {"attn.head_scale": "head_scale", "resid_scale": "resid_scale",
 TOP_OPS = {"wte": "embed", "wpe": "embed", "embed_norm": "embed_ln", "final_norm": "final_ln", "lm_head": "logits"}
 
 
+def output_of(module_name):
+    """The probe point (op, module name inside a block, "output", no chunk) of a module's output."""
+    return BLOCK_OPS[module_name], module_name, "output", None
+
+
 class GPT(nn.Module):
     """Embeddings, n_layer blocks, a final norm (pre layout only) and a language-model head."""
 
@@ -404,19 +409,18 @@ class GPT(nn.Module):
         cfg = self.config
         qkv = [(op, "attn.qkv", "output", (j, 3)) for j, op in enumerate("qkv")]
         if cfg.qkv_norm:
-            qkv = [(op, f"attn.qkv_norm.{j}", "output", None) for j, op in enumerate("qkv")]
+            qkv = [output_of(f"attn.qkv_norm.{j}") for j in range(3)]
         if cfg.qk_norm:
-            qkv = qkv[2:] + [("q", "attn.q_norm", "output", None), ("k", "attn.k_norm", "output", None)]
-        attn = [*qkv, ("q@k", "attn.scores", "output", None), ("probs@v", "attn.proj", "input", None),
-                ("out_proj", "attn.proj", "output", None), ("attn_out_ln", "attn_out_norm", "output", None)]
-        ffn = [(BLOCK_OPS[m], m, "output", None)
-               for m in ("mlp.fc", "mlp.act", "mlp.fc_norm", "mlp.proj", "ffn_out_norm")]
+            qkv = qkv[2:] + [output_of("attn.q_norm"), output_of("attn.k_norm")]
+        attn = [*qkv, output_of("attn.scores"), ("probs@v", "attn.proj", "input", None), output_of("attn.proj"),
+                output_of("attn_out_norm")]
+        ffn = [output_of(m) for m in ("mlp.fc", "mlp.act", "mlp.fc_norm", "mlp.proj", "ffn_out_norm")]
         if cfg.layout == "pre":
-            block = [("attn_ln", "attn_norm", "output", None), *attn, ("resid_attn", "ffn_norm", "input", None),
-                     ("ffn_ln", "ffn_norm", "output", None), *ffn]
+            block = [output_of("attn_norm"), *attn, ("resid_attn", "ffn_norm", "input", None), output_of("ffn_norm"),
+                     *ffn]
         else:
-            block = [*attn, ("attn_ln", "attn_norm", "output", None), ("resid_attn", "attn_norm", "output", None),
-                     *ffn, ("ffn_ln", "ffn_norm", "output", None)]
+            block = [*attn, output_of("attn_norm"), ("resid_attn", "attn_norm", "output", None), *ffn,
+                     output_of("ffn_norm")]
         modules = dict(self.named_modules())
         points = [(None, "embed", "blocks.0", "input", None)]
         for i in range(cfg.n_layer):

@@ -634,9 +634,9 @@ def test_probe_points_exist_in_forward_order_with_the_papers_names(flags):
         assert set(ops) <= set(PAPER_OPS)
         expected = {"attn_ln", "q", "k", "v", "probs@v", "out_proj", "resid_attn", "ffn_ln", "fc1", "act", "fc2",
                     "resid_ffn"}
-        expected |= {op for op, on in [("q@k", flags.get("attn_impl") == "manual"),
-                                       ("attn_out_ln", flags.get("scale_attn")), ("ffn_hidden_ln", flags.get("scale_fc")),
-                                       ("ffn_out_ln", flags.get("ffn_out_norm"))] if on}
+        optional_ops = [("q@k", flags.get("attn_impl") == "manual"), ("attn_out_ln", flags.get("scale_attn")),
+                        ("ffn_hidden_ln", flags.get("scale_fc")), ("ffn_out_ln", flags.get("ffn_out_norm"))]
+        expected |= {op for op, on in optional_ops if on}
         assert set(ops) == expected
     assert ("final_ln" in [p[1] for p in points]) == (flags.get("layout", "pre") == "pre")
     B, T = tokens().shape
@@ -685,7 +685,8 @@ def test_op_labels_and_weight_splits():
                 "blocks.1.attn.q_norm.weight": "q", "blocks.1.attn.k_norm.bias": "k",
                 "blocks.1.attn.head_scale": "head_scale", "blocks.1.attn.proj.weight": "out_proj",
                 "blocks.1.attn_out_norm.weight": "attn_out_ln", "blocks.1.attn_layer_scale": "attn_layer_scale",
-                "blocks.1.ffn_norm.bias": "ffn_ln", "blocks.1.mlp.fc.bias": "fc1", "blocks.1.mlp.fc_norm.weight": "ffn_hidden_ln",
+                "blocks.1.ffn_norm.bias": "ffn_ln", "blocks.1.mlp.fc.bias": "fc1",
+                "blocks.1.mlp.fc_norm.weight": "ffn_hidden_ln",
                 "blocks.1.mlp.proj.weight": "fc2", "blocks.1.ffn_out_norm.weight": "ffn_out_ln",
                 "blocks.1.resid_scale": "resid_scale", "blocks.1.ffn_layer_scale": "ffn_layer_scale"}
     names = dict(model.named_parameters())
