@@ -442,17 +442,16 @@ class GPT(nn.Module):
         return splits
 
     @staticmethod
-    def op_label(param_name):
-        """The papers' name of the operation a parameter belongs to: "blocks.3.mlp.proj.weight" -> "fc2",
-        "blocks.0.attn_norm.bias" -> "attn_ln", "blocks.1.attn.qkv.weight" -> "qkv" (see weight_splits).
+    def op_label(name):
+        """The papers' name of the operation a parameter or module belongs to: "blocks.3.mlp.proj.weight" ->
+        "fc2", "blocks.0.attn_norm" -> "attn_ln", "blocks.1.attn.qkv.weight" -> "qkv" (see weight_splits).
         The norms of --qkv_norm and --qk_norm are labeled by the tensor they normalize: "q", "k", "v"."""
-        parts = param_name.split(".")
+        parts = name.split(".")
         if parts[0] != "blocks":
             return TOP_OPS[parts[0]]
         inner = ".".join(parts[2:])
-        if inner in PARAM_OPS:
-            return PARAM_OPS[inner]
-        return BLOCK_OPS[inner.rsplit(".", 1)[0]]
+        ops = {**BLOCK_OPS, **PARAM_OPS}
+        return ops[inner] if inner in ops else ops[inner.rsplit(".", 1)[0]]
 
     def num_params(self):
         """Parameters counted once (the tied head shares the token embedding)."""

@@ -695,6 +695,12 @@ def test_op_labels_and_weight_splits():
         assert GPT.op_label(name) == label, name
     for name in names:
         GPT.op_label(name)  # every parameter has a label
+    powernorm = build(norm="powernorm", **ALL_SLOTS)
+    owners = [name for name, m in powernorm.named_modules() if list(m.buffers(recurse=False))]
+    assert len(owners) == 8 * N + 2
+    for name in owners:
+        GPT.op_label(name)  # and every module that owns buffers (PowerNorm's psi^2 and nu)
+    assert GPT.op_label("blocks.1.mlp.fc_norm") == "ffn_hidden_ln" and GPT.op_label("final_norm") == "final_ln"
     splits = model.weight_splits()
     assert splits["blocks.0.attn.qkv.weight"] == ("q", "k", "v") == splits["blocks.1.attn.qkv.bias"]
     assert splits["blocks.1.mlp.fc.weight"] == ("fc1_gate", "fc1_value")
