@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils._python_dispatch
 
 import norms
 from model import GPT, GPTConfig, PER_TOKEN_NORMS, PRESETS, norm
@@ -284,6 +285,39 @@ def test_dropout_acts_on_embeddings_and_branch_outputs_in_training_only(where):
     assert abs(1 - kept.double().mean().item() - p) < 0.05  # a fraction p of the outputs is zeroed
     if where != "attention output":  # there the attention probabilities are dropped as well
         torch.testing.assert_close(dropped[kept], clean[kept] / (1 - p))
+
+
+class AtenOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the aten ops a forward dispatches."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket).removeprefix("aten.")
+        self.counts[name] = self.counts.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("flags", [dict(), dict(layout="post"), dict(pos="sinusoidal")], ids=str)
+def test_flags_that_are_off_leave_no_work_in_the_forward(flags):
+    """The plainest GPT (GPT-2, nanoGPT) and nothing else: no dropout at p = 0, no multiply by alpha = 1 in
+    post-LN, no position index or sinusoid table built per step. Kernels counted by hand per block: 2 norms,
+    4 linears (qkv, W_O, fc1, fc2), attention, GELU and 2 residual adds; plus the embedding, the position
+    add, the final norm (pre only) and the head. Views and the loss may appear; any other op fails."""
+    model = build(dtype=torch.float32, **flags)
+    model.train()
+    idx, targets = tokens(), tokens(seed=2)
+    with AtenOps() as ops:
+        model(idx, targets)
+    pre = flags.get("layout", "pre") == "pre"
+    math_ops = {"embedding": 1, "add": 1 + 2 * N, "native_layer_norm": 2 * N + pre, "addmm": 4 * N,
+                "_scaled_dot_product_flash_attention_for_cpu": N, "gelu": N, "mm": 1}
+    free = {"view", "_unsafe_view", "t", "transpose", "split", "slice", "detach", "_log_softmax", "nll_loss_forward"}
+    assert {k: v for k, v in ops.counts.items() if k not in free} == math_ops
+    # F.dropout at p = 0 returns before any kernel is dispatched, but the module call is still made
+    assert not any(isinstance(m, nn.Dropout) for m in model.modules())
 
 
 # 5. Embed Detach
