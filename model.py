@@ -6,8 +6,10 @@ nanonorm switched by a field of GPTConfig. Read it top to bottom: the config, th
 Papers: NormFormer (Shleifer, Weston, Ott 2021, "NormFormer: Improved Transformer Pretraining with Extra
 Normalization"), DeepNet (Wang et al. 2022, "DeepNet: Scaling Transformers to 1,000 Layers"), Spike No More
 (Takase et al. 2023, "Spike No More: Stabilizing the Pre-training of Large Language Models") and PowerNorm
-(Shen et al. 2020, "PowerNorm: Rethinking Batch Normalization in Transformers"). Comments cite them by
-section, equation or table.
+(Shen et al. 2020, "PowerNorm: Rethinking Batch Normalization in Transformers"); QK normalization from
+Dehghani et al. 2023 ("Scaling Vision Transformers to 22 Billion Parameters") and Wortsman et al. 2023
+("Small-scale proxies for large-scale Transformer training instabilities"). Comments cite them by section,
+equation or table.
 """
 
 import math
