@@ -7,10 +7,12 @@ import os
 
 import pytest
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils._python_dispatch
 
 import norms
-from model import GPT, GPTConfig, PRESETS
+from model import GPT, GPTConfig, PER_TOKEN_NORMS, PRESETS, norm
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -125,6 +127,7 @@ FLAG_PARAMS = [  # (flags, parameters added, does the forward change for the sam
     (dict(scale_resids=True), N * d, True),
     (dict(ffn_out_norm=True), N * 2 * d, True),
     (dict(qkv_norm=True), N * 3 * 2 * d, True),
+    (dict(qk_norm=True), N * 2 * 2 * (d // H), True),  # a gain and a bias over head_dim, for q and for k
     (dict(layer_scale=True), N * 2 * d, True),
     (dict(embed_norm=True), 2 * d, True),
     (dict(embed_scale=True), 0, True),
@@ -205,8 +208,9 @@ def test_mlp_follows_its_equation(activation, scale_fc):
 
 # 4. attention: HeadScale before W_O, manual == SDPA
 
-def attention_by_hand(attn, x, n_head, gamma):
-    """NormFormer eq. (3): concat_i(gamma_i * softmax(q_i k_i^T / sqrt(hd) + causal) v_i) W_O^T + b_O."""
+def attention_by_hand(attn, x, n_head, gamma, head_norm=lambda t, which: t):
+    """NormFormer eq. (3): concat_i(gamma_i * softmax(q_i k_i^T / sqrt(hd) + causal) v_i) W_O^T + b_O;
+    head_norm(t, "q" or "k") is applied to each head's q_i and k_i (QK normalization)."""
     B, T, C = x.shape
     hd = C // n_head
     W, b = attn.qkv.weight, attn.qkv.bias
@@ -215,7 +219,8 @@ def attention_by_hand(attn, x, n_head, gamma):
     heads = []
     for h in range(n_head):
         s = slice(h * hd, (h + 1) * hd)
-        scores = (q[..., s] @ k[..., s].transpose(1, 2) / math.sqrt(hd)).masked_fill(future, float("-inf"))
+        qh, kh = head_norm(q[..., s], "q"), head_norm(k[..., s], "k")
+        scores = (qh @ kh.transpose(1, 2) / math.sqrt(hd)).masked_fill(future, float("-inf"))
         heads.append(gamma[h] * torch.softmax(scores, dim=-1) @ v[..., s])
     return torch.cat(heads, dim=-1) @ attn.proj.weight.T + attn.proj.bias
 
@@ -262,11 +267,69 @@ def test_attention_dropout_acts_in_training_only(attn_impl):
     assert (train_out - attn(x)).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("where", ["embeddings", "attention output", "ffn output"])
+def test_dropout_acts_on_embeddings_and_branch_outputs_in_training_only(where):
+    """GPT-2 (as in Vaswani et al. §5.4): dropout on the summed embeddings and on each sublayer's output."""
+    p = 0.25
+    model = build(dropout=p)
+    block = model.blocks[0]
+    run = {"embeddings": lambda: model.embed(tokens()),
+           "attention output": lambda: block.attn(x), "ffn output": lambda: block.mlp(x)}[where]
+    x = torch.randn(3, 16, d, dtype=torch.float64)
+    model.eval()
+    clean = run()
+    model.train()
+    torch.manual_seed(0)
+    dropped = run()
+    kept = dropped != 0
+    assert abs(1 - kept.double().mean().item() - p) < 0.05  # a fraction p of the outputs is zeroed
+    if where != "attention output":  # there the attention probabilities are dropped as well
+        torch.testing.assert_close(dropped[kept], clean[kept] / (1 - p))
+
+
+class AtenOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the aten ops a forward dispatches."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket).removeprefix("aten.")
+        name = "attention" if "scaled_dot_product" in name else name  # the kernel's name depends on the device
+        self.counts[name] = self.counts.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("flags", [dict(), dict(layout="post"), dict(pos="sinusoidal")], ids=str)
+def test_flags_that_are_off_leave_no_work_in_the_forward(flags):
+    """The plainest GPT (GPT-2, nanoGPT) and nothing else: no dropout at p = 0, no multiply by alpha = 1 in
+    post-LN, no position index or sinusoid table built per step. Kernels counted by hand per block: 2 norms,
+    4 linears (qkv, W_O, fc1, fc2), attention, GELU and 2 residual adds; plus the embedding, the position
+    add, the final norm (pre only) and the head. Views and the loss may appear; any other op fails."""
+    model = build(dtype=torch.float32, **flags)
+    model.train()
+    idx, targets = tokens(), tokens(seed=2)
+    with AtenOps() as ops:
+        model(idx, targets)
+    pre = flags.get("layout", "pre") == "pre"
+    math_ops = {"embedding": 1, "add": 1 + 2 * N, "native_layer_norm": 2 * N + pre, "addmm": 4 * N,
+                "attention": N, "gelu": N, "mm": 1}
+    free = {"view", "_unsafe_view", "t", "transpose", "split", "slice", "detach", "_log_softmax", "nll_loss_forward"}
+    assert {k: v for k, v in ops.counts.items() if k not in free} == math_ops
+    # F.dropout at p = 0 returns before any kernel is dispatched, but the module call is still made
+    assert not any(isinstance(m, nn.Dropout) for m in model.modules())
+
+
 # 5. Embed Detach
 
-def test_embed_grad_scale_keeps_forward_and_scales_embedding_gradient():
+@pytest.mark.parametrize("embed_norm", [False, True])
+def test_embed_grad_scale_keeps_forward_and_scales_embedding_gradient(embed_norm):
+    """Embed Detach acts before Embed LN (Spike No More §4): the gradient into wte and wpe shrinks by a,
+    the gradient into the embedding norm's gain and bias does not."""
     a = 0.1
-    off, on = build(tie_embeddings=False), build(tie_embeddings=False, embed_grad_scale=a)
+    off = build(tie_embeddings=False, embed_norm=embed_norm)
+    on = build(tie_embeddings=False, embed_norm=embed_norm, embed_grad_scale=a)
     idx = tokens()
     out_off, out_on = off(idx)[0], on(idx)[0]
     torch.testing.assert_close(out_on, out_off, rtol=1e-12, atol=1e-12)
@@ -429,6 +492,10 @@ def test_norm_gains_one_and_extra_scalars_at_their_init():
     (dict(n_embd=30, n_head=4), r"--n_embd.*--n_head"),
     (dict(layout="post", scale_resids=True), r"--scale_resids.*--layout"),
     (dict(init="xavier", init_std=0.1), r"--init_std.*--init=xavier"),
+    (dict(qk_norm=True, norm="batchnorm"), r"--qk_norm.*--norm=batchnorm.*layernorm, rmsnorm, cogview"),
+    (dict(qk_norm=True, norm="pnv"), r"--qk_norm.*--norm=pnv"),
+    (dict(qk_norm=True, norm="powernorm"), r"--qk_norm.*--norm=powernorm"),
+    (dict(qk_norm=True, norm="none"), r"--qk_norm.*--norm=none"),
 ])
 def test_config_errors_name_the_flag(kw, flags):
     with pytest.raises(ValueError, match=flags):
@@ -517,3 +584,275 @@ def test_torch_compile_matches_eager(flags, backend):
     loss_e.backward()
     for gc, p in zip(grad_c, model.parameters()):
         torch.testing.assert_close(gc, p.grad, rtol=1e-4, atol=1e-6)
+
+
+# 13. QK normalization (Dehghani et al. 2023 §2; Wortsman et al. 2023 §3.1)
+
+def rms_norm(x, weight, eps=1e-5):
+    """Zhang & Sennrich 2019, written out: x / sqrt(mean(x^2) + eps) * g over the last dim."""
+    return x / torch.sqrt(x.square().mean(-1, keepdim=True) + eps) * weight
+
+
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm", "cogview"])
+@pytest.mark.parametrize("attn_impl", ["sdpa", "manual"])
+def test_qk_norm_normalizes_each_heads_q_and_k_over_head_dim(kind, attn_impl):
+    attn = build(qk_norm=True, norm=kind, attn_impl=attn_impl).blocks[0].attn
+    perturb_(attn)  # gains and biases away from 1 and 0, different for q and k
+
+    def head_norm(t, which):  # one norm over hd, shared by the heads; CogView's rescaling is LN up to eps
+        n = attn.q_norm if which == "q" else attn.k_norm
+        return rms_norm(t, n.weight) if kind == "rmsnorm" else layer_norm(t, n.weight, n.bias)
+
+    x = torch.randn(3, 16, d, dtype=torch.float64)
+    expected = attention_by_hand(attn, x, H, torch.ones(H), head_norm)
+    tol = 1e-4 if kind == "cogview" else 1e-10  # CogView divides by max|x| / 8 first: eps weighs differently
+    torch.testing.assert_close(attn(x), expected, rtol=tol, atol=tol)
+    assert (attn(x) - attention_by_hand(attn, x, H, torch.ones(H))).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kind, affine, per_norm", [
+    ("layernorm", "both", 2), ("layernorm", "no_bias", 1), ("layernorm", "none", 0),
+    ("rmsnorm", "both", 1), ("cogview", "no_gamma", 1),
+])
+def test_qk_norm_adds_two_norms_over_head_dim_per_layer(kind, affine, per_norm):
+    base = build(norm=kind, norm_affine=affine)
+    model = build(norm=kind, norm_affine=affine, qk_norm=True)
+    assert model.num_params() - base.num_params() == N * 2 * per_norm * (d // H)
+
+
+# 14. probe points: the papers' operation names, for hooks (NormFormer Table 3)
+
+PAPER_OPS = ["embed", "attn_ln", "q", "k", "v", "q@k", "probs@v", "out_proj", "attn_out_ln", "resid_attn", "ffn_ln",
+             "fc1", "act", "ffn_hidden_ln", "fc2", "ffn_out_ln", "resid_ffn", "final_ln", "logits"]
+PROBE_CONFIGS = [{**PRESETS[p], "attn_impl": impl} for p in sorted(PRESETS) for impl in ("sdpa", "manual")] + [
+    dict(qk_norm=True), dict(qkv_norm=True), dict(qkv_norm=True, qk_norm=True, attn_impl="manual"),
+    dict(activation="geglu", scale_fc=True, dropout=0.1), dict(layout="post", **ALL_SLOTS, qk_norm=True),
+]
+
+
+def record_probes(model, points, idx):
+    """Run the model with a hook on every probe point; return [(event number, tensor)] per point."""
+    events, seen, handles = [], {}, []
+    modules = dict(model.named_modules())
+    for name, io in {(p[2], p[3]) for p in points}:
+        def hook(module, args, output=None, key=(name, io)):
+            seen.setdefault(key, (len(events), output if key[1] == "output" else args[0]))
+            events.append(key)
+        if io == "output":
+            handles.append(modules[name].register_forward_hook(hook))
+        else:
+            handles.append(modules[name].register_forward_pre_hook(hook))
+    model(idx)
+    for h in handles:
+        h.remove()
+    found = []
+    for _, _, name, io, chunk in points:
+        number, t = seen[(name, io)]
+        found.append((number, t if chunk is None else t.chunk(chunk[1], dim=-1)[chunk[0]]))
+    return found
+
+
+@pytest.mark.parametrize("flags", PROBE_CONFIGS, ids=str)
+def test_probe_points_exist_in_forward_order_with_the_papers_names(flags):
+    model = build(**flags)
+    points = model.probe_points()
+    found = record_probes(model, points, tokens())
+    order = [number for number, _ in found]
+    assert order == sorted(order), "probe points are not in forward order"
+    layers = [p[0] for p in points]
+    inner = [layer for layer in layers if layer is not None]
+    assert inner == sorted(inner) and layers[1:len(inner) + 1] == inner  # None only before and after the blocks
+    assert points[0][1] == "embed" and points[-1][1] == "logits"
+    for layer in range(N):
+        ops = [p[1] for p in points if p[0] == layer]
+        assert len(ops) == len(set(ops)), f"layer {layer} repeats an op: {ops}"
+        assert set(ops) <= set(PAPER_OPS)
+        expected = {"attn_ln", "q", "k", "v", "probs@v", "out_proj", "resid_attn", "ffn_ln", "fc1", "act", "fc2",
+                    "resid_ffn"}
+        optional_ops = [("q@k", flags.get("attn_impl") == "manual"), ("attn_out_ln", flags.get("scale_attn")),
+                        ("ffn_hidden_ln", flags.get("scale_fc")), ("ffn_out_ln", flags.get("ffn_out_norm"))]
+        expected |= {op for op, on in optional_ops if on}
+        assert set(ops) == expected
+    assert ("final_ln" in [p[1] for p in points]) == (flags.get("layout", "pre") == "pre")
+    B, T = tokens().shape
+    for (layer, op, name, io, chunk), (_, t) in zip(points, found):
+        hd = d // H
+        shape = {"q@k": (B, H, T, T), "fc1": (B, T, 8 * d if flags.get("activation") == "geglu" else 4 * d),
+                 "act": (B, T, 4 * d), "ffn_hidden_ln": (B, T, 4 * d), "logits": (B, T, V)}.get(op, (B, T, d))
+        if op in ("q", "k") and flags.get("qk_norm"):
+            shape = (B, H, T, hd)  # after the head split
+        assert t.shape == shape, (op, name)
+
+
+def test_probe_tensors_are_the_operations_they_name():
+    """q, k, v, q@k, probs@v and act seen by the hooks against the formulas, in a pre-LN block."""
+    model = build(attn_impl="manual", scale_heads=True)
+    perturb_(model)
+    points = model.probe_points()
+    idx = tokens()
+    seen = {(layer, op): t for (layer, op, *_), (_, t) in zip(points, record_probes(model, points, idx))}
+    attn = model.blocks[1].attn
+    x = seen[(1, "attn_ln")]
+    B, T, C = x.shape
+    W, b = attn.qkv.weight, attn.qkv.bias
+    q, k, v = (x @ W[i * C:(i + 1) * C].T + b[i * C:(i + 1) * C] for i in range(3))
+    for op, t in (("q", q), ("k", k), ("v", v)):
+        torch.testing.assert_close(seen[(1, op)], t, rtol=1e-10, atol=1e-12)
+    heads = lambda t: t.view(B, T, H, C // H).transpose(1, 2)  # noqa: E731
+    scores = heads(q) @ heads(k).transpose(-2, -1) / math.sqrt(C // H)
+    torch.testing.assert_close(seen[(1, "q@k")], scores, rtol=1e-10, atol=1e-12)  # the logits, before the mask
+    y = torch.softmax(scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")), -1) @ heads(v)
+    y = (y * attn.head_scale.view(1, -1, 1, 1)).transpose(1, 2).reshape(B, T, C)
+    torch.testing.assert_close(seen[(1, "probs@v")], y, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(seen[(1, "act")], F.gelu(seen[(1, "fc1")]), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(seen[(None, "embed")], model.wte.weight[idx] + model.wpe.weight[:T])
+    torch.testing.assert_close(seen[(1, "resid_attn")], seen[(0, "resid_ffn")] + seen[(1, "out_proj")])
+    torch.testing.assert_close(seen[(None, "logits")], model(idx)[0])
+
+
+def test_op_labels_and_weight_splits():
+    model = build(activation="geglu", qkv_norm=True, qk_norm=True, tie_embeddings=False, **PRESETS["normformer_resid"],
+                  layer_scale=True, ffn_out_norm=True, embed_norm=True)
+    expected = {"wte.weight": "embed", "wpe.weight": "embed", "embed_norm.weight": "embed_ln",
+                "final_norm.bias": "final_ln", "lm_head.weight": "logits",
+                "blocks.1.attn_norm.weight": "attn_ln", "blocks.1.attn.qkv.weight": "qkv",
+                "blocks.1.attn.qkv_norm.0.weight": "q", "blocks.1.attn.qkv_norm.2.bias": "v",
+                "blocks.1.attn.q_norm.weight": "q", "blocks.1.attn.k_norm.bias": "k",
+                "blocks.1.attn.head_scale": "head_scale", "blocks.1.attn.proj.weight": "out_proj",
+                "blocks.1.attn_out_norm.weight": "attn_out_ln", "blocks.1.attn_layer_scale": "attn_layer_scale",
+                "blocks.1.ffn_norm.bias": "ffn_ln", "blocks.1.mlp.fc.bias": "fc1",
+                "blocks.1.mlp.fc_norm.weight": "ffn_hidden_ln",
+                "blocks.1.mlp.proj.weight": "fc2", "blocks.1.ffn_out_norm.weight": "ffn_out_ln",
+                "blocks.1.resid_scale": "resid_scale", "blocks.1.ffn_layer_scale": "ffn_layer_scale"}
+    names = dict(model.named_parameters())
+    assert set(expected) <= set(names)
+    for name, label in expected.items():
+        assert GPT.op_label(name) == label, name
+    for name in names:
+        GPT.op_label(name)  # every parameter has a label
+    powernorm = build(norm="powernorm", **ALL_SLOTS)
+    owners = [name for name, m in powernorm.named_modules() if list(m.buffers(recurse=False))]
+    assert len(owners) == 8 * N + 2
+    for name in owners:
+        GPT.op_label(name)  # and every module that owns buffers (PowerNorm's psi^2 and nu)
+    assert GPT.op_label("blocks.1.mlp.fc_norm") == "ffn_hidden_ln" and GPT.op_label("final_norm") == "final_ln"
+    splits = model.weight_splits()
+    assert splits["blocks.0.attn.qkv.weight"] == ("q", "k", "v") == splits["blocks.1.attn.qkv.bias"]
+    assert splits["blocks.1.mlp.fc.weight"] == ("fc1_gate", "fc1_value")
+    assert len(splits) == 4 * N
+    assert "blocks.0.mlp.fc.weight" not in build().weight_splits()
+
+
+# 15. every flag reaches where it acts (each of these was once a one-line mutation that no test noticed)
+
+NORM_CLASSES = tuple(type(norms.make_norm(k, 8)) for k in norms.NORMS)
+
+
+@pytest.mark.parametrize("affine", norms.AFFINE)
+@pytest.mark.parametrize("kind", norms.NORMS)
+def test_every_norm_flag_reaches_every_norm_module(kind, affine):
+    """Distinct non-default values, so that a swapped pair (alpha_fwd/alpha_bwd) or a dropped flag fails."""
+    for group_scaling in (True, False):
+        model = build(norm=kind, norm_eps=3e-4, norm_affine=affine, pn_alpha_fwd=0.7, pn_alpha_bwd=0.6, pn_warmup=17,
+                      pn_group_scaling=group_scaling, qk_norm=kind in PER_TOKEN_NORMS, **ALL_SLOTS)
+        slots = [m for m in model.modules() if isinstance(m, NORM_CLASSES)]
+        assert len(slots) == (10 if kind in PER_TOKEN_NORMS else 8) * N + 2
+        for m in slots:
+            if kind == "none":
+                assert not list(m.parameters())
+                continue
+            assert m.eps == 3e-4
+            assert (m.weight is not None) == (affine in ("both", "no_bias"))
+            assert (m.bias is not None) == (affine in ("both", "no_gamma") and kind != "rmsnorm")  # T5: never a bias
+            if kind in ("batchnorm", "pnv"):
+                assert m.alpha == 0.7  # the momentum of the running statistics is alpha_fwd
+            if kind == "powernorm":
+                assert (m.alpha_fwd, m.alpha_bwd, m.warmup) == (0.7, 0.6, 17)
+                assert m.groups == (H if group_scaling else 0)  # one group per head (PowerNorm App. A.1)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_bias_flag_reaches_every_linear(bias):
+    model = build(bias=bias, activation="geglu", tie_embeddings=False)
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    assert len(linears) == 4 * N + 1
+    for name, m in linears.items():
+        assert (m.bias is not None) == (bias and name != "lm_head"), name  # the head never has one (GPT-2)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "geglu"])
+def test_ffn_mult_sets_the_hidden_width(activation):
+    model = build(ffn_mult=3, activation=activation, scale_fc=True)
+    for block in model.blocks:
+        assert block.mlp.fc.weight.shape == ((6 if activation == "geglu" else 3) * d, d)
+        assert block.mlp.proj.weight.shape == (d, 3 * d)
+        assert block.mlp.fc_norm.weight.shape == (3 * d,)
+
+
+def test_cogview_norm_of_an_all_zero_input_is_finite():
+    """max|x| = 0 would divide 0 by 0; LN of a constant row is 0, so the output is the bias b."""
+    n = norm(GPTConfig(norm="cogview"), 8).double()
+    perturb_(n)
+    torch.testing.assert_close(n(torch.zeros(2, 3, 8, dtype=torch.float64)), n.bias.expand(2, 3, 8))
+
+
+def observed_run(model):
+    """Logits and gradients of two training steps on fixed batches (no update, but running statistics and
+    PowerNorm's nu move), then an eval forward: all that a flag of the math can change for given weights."""
+    torch.manual_seed(0)
+    seen = []
+    for step in range(2):
+        model.zero_grad()
+        logits, loss = model(tokens(seed=step), tokens(seed=10 + step))
+        loss.backward()
+        seen += [logits.detach().flatten()] + [p.grad.flatten() for p in model.parameters()]
+    model.eval()
+    seen.append(model(tokens(seed=5))[0].detach().flatten())
+    return torch.cat(seen)
+
+
+# (base flags, flag, value, what it changes): "params" the parameter names and shapes; "init" the initial
+# values; "run" the outputs or gradients of observed_run for the same weights; "modules" only the modules
+# that hooks can see (the same math)
+EVERY_FLAG = [
+    ({}, "n_layer", 3, "params"), ({}, "n_head", 2, "run"), ({}, "n_embd", 48, "params"),
+    ({}, "block_size", 24, "params"), ({}, "vocab_size", 80, "params"), ({}, "ffn_mult", 3, "params"),
+    ({}, "dropout", 0.3, "run"), ({}, "bias", False, "params"), ({}, "layout", "deepnorm", "params"),
+    ({}, "norm", "batchnorm", "run"), ({}, "norm_eps", 0.5, "run"), ({}, "norm_affine", "no_gamma", "params"),
+    ({"norm": "powernorm", "pn_warmup": 1}, "pn_alpha_fwd", 0.5, "run"),
+    ({"norm": "powernorm"}, "pn_alpha_bwd", 0.5, "run"),
+    ({"norm": "powernorm"}, "pn_warmup", 1, "run"),
+    ({"norm": "powernorm"}, "pn_group_scaling", False, "run"),
+    ({}, "scale_heads", True, "params"), ({}, "scale_attn", True, "params"), ({}, "scale_fc", True, "params"),
+    ({}, "scale_resids", True, "params"), ({"scale_resids": True}, "scale_resids_init", 0.5, "init"),
+    ({}, "ffn_out_norm", True, "params"), ({}, "qkv_norm", True, "params"), ({}, "qk_norm", True, "params"),
+    ({}, "layer_scale", True, "params"), ({"layer_scale": True}, "layer_scale_init", 0.1, "init"),
+    ({}, "pos", "sinusoidal", "params"), ({}, "embed_scale", True, "run"), ({}, "embed_norm", True, "params"),
+    ({}, "embed_grad_scale", 0.1, "run"), ({}, "tie_embeddings", False, "params"),
+    ({}, "activation", "relu", "run"), ({}, "attn_impl", "manual", "modules"),
+    ({}, "init", "plain", "init"), ({}, "init_std", 0.05, "init"), ({}, "init_depth_scale", True, "init"),
+]
+
+
+def test_every_config_flag_has_a_row():
+    assert sorted(row[1] for row in EVERY_FLAG) == sorted(GPTConfig.field_names())
+
+
+@pytest.mark.parametrize("base_flags, flag, value, effect", EVERY_FLAG, ids=lambda v: v if isinstance(v, str) else "")
+def test_every_flag_changes_what_it_should(base_flags, flag, value, effect):
+    base, model = build(**base_flags), build(**base_flags, **{flag: value})
+    shapes = lambda m: {k: p.shape for k, p in m.named_parameters()}  # noqa: E731
+    if effect == "params":
+        assert shapes(model) != shapes(base)
+    elif effect == "modules":
+        assert shapes(model) == shapes(base)
+        assert set(dict(model.named_modules())) != set(dict(base.named_modules()))
+    elif effect == "init":
+        assert shapes(model) == shapes(base)
+        mine = dict(model.named_parameters())
+        assert any(not torch.equal(p, mine[k]) for k, p in base.named_parameters())
+    else:
+        assert shapes(model) == shapes(base)
+        model.load_state_dict(dict(base.named_parameters()), strict=False)
+        gap = (observed_run(model) - observed_run(base)).abs().max().item()
+        assert gap > 1e-9, f"--{flag}={value} changed nothing"
