@@ -8,8 +8,9 @@
   (the loss is divided by the number of micro-steps).
 - Clipping: the logged gradient norm is taken before clipping, the applied gradient is clipped to
   --grad_clip, and under float16 the GradScaler unscales before clipping.
-- Evaluation: in eval mode (no dropout, running statistics, no running-statistic update), and the model
-  trains again afterwards; PowerNorm's warmup default counts training forward calls.
+- Evaluation: in eval mode (no dropout, running statistics, no running-statistic update), the model
+  trains again afterwards, and under DDP the eval loss is the mean over the ranks; PowerNorm's warmup
+  default counts training forward calls.
 - The objective: the logged losses are the plain cross-entropy, written out here in float64.
 
 Most tests run train.main in this process for one to three steps of a tiny model and read what it left
@@ -19,19 +20,22 @@ behind: log.jsonl, config.json, and ckpt.pt, whose AdamW state holds the applied
 
 import json
 import math
+import os
 import random
+import subprocess
+import sys
 import typing
 
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import data
 import model
 import train
 from model import GPT, GPTConfig
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4", "--eval_iters=2",
         "--log_interval=1", "--eval_interval=1", "--warmup_iters=0", "--lr=1e-3", "--min_lr=1e-4"]
 
@@ -73,17 +77,17 @@ def total_norm(tensors):
     return math.sqrt(sum(t.double().square().sum().item() for t in tensors))
 
 
-def record_batches(monkeypatch, replace=None):
+def record_batches(monkeypatch, training_batch=None):
     """Wraps data.get_batch and returns the list of (training, split, x, y) that train.py draws, in order.
     training: drawn for an optimizer step, not for evaluate(), which runs under torch.no_grad().
-    replace(split, x, y) may return another (x, y) for the training batches."""
+    training_batch: an (x, y) handed out instead of every training batch."""
     drawn, get_batch = [], data.get_batch
 
     def recording(folder, split, batch_size, block_size, generator, device):
         x, y = get_batch(folder, split, batch_size, block_size, generator, device)
         training = torch.is_grad_enabled()
-        if training and replace:
-            x, y = replace(split, x, y)
+        if training and training_batch:
+            x, y = training_batch
         drawn.append((training, split, x, y))
         return x, y
 
@@ -130,7 +134,8 @@ def test_decay_values(kind, quarter, half, three_quarters):
 
 @pytest.mark.parametrize("kind", ["cosine", "linear"])
 def test_decay_reaches_min_lr_at_lr_decay_iters_and_stays(kind):
-    assert [train.get_lr(s, schedule(lr_schedule=kind)) for s in (110, 111, 200)] == pytest.approx([0.1] * 3)
+    full = schedule(lr_schedule=kind)
+    assert [train.get_lr(s, full) for s in (110, 111, 200)] == pytest.approx([0.1] * 3, rel=1e-12)
     shorter = schedule(lr_schedule=kind, lr_decay_iters=60)
     assert train.get_lr(59, shorter) > 0.1
     assert [train.get_lr(s, shorter) for s in (60, 61, 110)] == pytest.approx([0.1] * 3, rel=1e-12)
@@ -192,9 +197,8 @@ def test_accumulated_step_equals_one_step_on_the_concatenated_batch(corpus, tmp_
                       "--grad_clip=0")
     micro = [(x, y) for training, _, x, y in drawn if training]
     assert len(micro) == 2 and all(x.size(0) == 2 for x, _ in micro)
-    x = torch.cat([x for x, _ in micro])
-    y = torch.cat([y for _, y in micro])
-    record_batches(monkeypatch, replace=lambda split, *_: (x, y))
+    concatenated = torch.cat([x for x, _ in micro]), torch.cat([y for _, y in micro])
+    record_batches(monkeypatch, training_batch=concatenated)
     whole = run(corpus, tmp_path / "whole", "--grad_accum=1", "--batch_size=4", "--max_iters=1", "--grad_clip=0")
     (a,), (b,) = events(accumulated, "train"), events(whole, "train")
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
@@ -315,3 +319,28 @@ def test_logged_losses_are_cross_entropy_by_hand(corpus, tmp_path, monkeypatch):
     assert (at_init["train_loss"] + at_init["val_loss"]) / 2 == pytest.approx(
         sum(loss for _, loss in first_eval) / 4, rel=1e-6)
     assert abs(step["loss"] - math.log(vocab)) < 0.05
+
+
+def test_ddp_eval_averages_over_ranks(corpus, tmp_path):
+    """torchrun, 2 processes: each draws its own eval batches (batch_generator(seed, rank, EVAL_STREAM, i));
+    the logged eval loss is the mean over both ranks' eval-mode losses, not rank 0's alone."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               os.path.join(HERE, "train.py"), f"--dataset={corpus / 'tiny.txt'}", f"--data_dir={corpus / 'data'}",
+               f"--out_dir={tmp_path}", *TINY, "--max_iters=1", "--grad_accum=2", "--dropout=0.3"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=HERE, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    config = json.loads((tmp_path / "config.json").read_text())
+    gpt = GPT(GPTConfig(**config["model"]))
+    gpt.load_state_dict(checkpoint(tmp_path)["model"])
+    gpt.eval()
+    folder = data.prepare(str(corpus / "tiny.txt"), "byte", str(corpus / "data"))
+    seed, batch_size, block_size = config["train"]["seed"], config["train"]["batch_size"], config["model"]["block_size"]
+    per_rank = []
+    with torch.no_grad():
+        for rank in (0, 1):
+            batches = [data.get_batch(folder, "val", batch_size, block_size,
+                                      train.batch_generator(seed, rank, train.EVAL_STREAM, i), "cpu") for i in range(2)]
+            per_rank.append(sum(gpt(x, y)[1].item() for x, y in batches) / 2)
+    assert abs(per_rank[0] - per_rank[1]) > 1e-3  # the ranks saw different batches
+    assert events(tmp_path, "eval")[-1]["val_loss"] == pytest.approx(sum(per_rank) / 2, rel=1e-5)
