@@ -99,18 +99,11 @@ def grid(args):
 
 
 def read_events(path):
-    """The events of a log.jsonl; a line cut short by a killed process is left out."""
+    """The events of a log.jsonl ([] if none); a last line cut short by a killed run (no newline yet) is left out."""
     if not os.path.exists(path):
         return []
     with open(path) as f:
-        lines = f.read().splitlines()
-    events = []
-    for line in lines:
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
-    return events
+        return [json.loads(line) for line in f if line.endswith("\n")]
 
 
 def exit_code(run):
