@@ -11,20 +11,10 @@ import pytest
 import plot
 import sweep
 import train
+from test_sweep import TINY, corpus  # noqa: F401 (corpus is a fixture)
 
-TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--block_size=16", "--batch_size=4", "--max_iters=4",
-        "--eval_interval=2", "--eval_iters=1", "--log_interval=1", "--warmup_iters=0"]
 INSTRUMENTED = "telemetry_interval" in train.flag_types() and "fp16_headroom_interval" in train.flag_types()
 TELEMETRY_PLOTS = ("grad_norms", "gains", "attn_logits", "powernorm", "headroom")
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    rng = random.Random(0)
-    words = ["norm", "layer", "gamma", "beta", "residual", "attention", "spike", "loss"]
-    path = tmp_path_factory.mktemp("corpus") / "tiny.txt"
-    path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(100)))
-    return str(path)
 
 
 def append(run_dir, *events):
@@ -38,8 +28,7 @@ def telemetry(step, rng):
     weights = [{"layer": layer, "op": op, "name": f"blocks.{layer}.{op}.weight", "grad_l2": rng.uniform(0.1, 2),
                 "grad_mean_abs": rng.uniform(1e-4, 1e-2), "update_ratio": rng.uniform(1e-4, 1e-2)}
                for layer in (0, 1) for op in ("q", "fc2")]
-    gains = [{"layer": layer, "op": op, "name": f"blocks.{layer}.{op}.{kind}", "std": rng.uniform(0, 0.1),
-              **dict(zip(("min", "mean", "max"), sorted(rng.uniform(0.5, 1.5) for _ in range(3))))}
+    gains = [{"layer": layer, "op": op, "name": f"blocks.{layer}.{op}.{kind}", "std": rng.uniform(0, 0.1), **stats()}
              for layer in (0, 1) for op in ("attn_ln", "ffn_ln") for kind in ("weight", "bias")]
     norm_stats = [{"layer": layer, "op": "attn_ln", "name": f"blocks.{layer}.attn_ln",
                    **{f"psi2_{k}": v for k, v in stats().items()}, **{f"nu_{k}": v - 1 for k, v in stats().items()},

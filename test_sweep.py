@@ -162,11 +162,13 @@ def test_skip_and_resume_a_half_finished_sweep(corpus, tmp_path, capsys):
     finally:
         train.save_checkpoint = real_save
     assert steps_of(interrupted.dir, "eval") == [0, 2] and not sweep.is_finished(interrupted)
+    interrupted_before = snapshot(interrupted.dir)[1]
     assert "--resume" in sweep.train_flags(interrupted, args)
 
     assert sweep.main(["--variants=baseline,norm=rmsnorm,postln", *common]) == 0
     assert "3 runs, 1 finished already, 2 to run" in capsys.readouterr().out
     assert snapshot(done.dir) == finished_before
+    assert snapshot(interrupted.dir)[1].startswith(interrupted_before)  # continued, not started again
     for run in (done, interrupted, fresh):
         assert steps_of(run.dir, "eval") == [0, 2, 4]
         assert steps_of(run.dir, "train") == [1, 2, 3, 4]
