@@ -258,12 +258,16 @@ def main(argv):
     for sweep in sweeps:
         plot_loss_vs_lr(sweep, opts["out"])
     for label, events in runs:
-        telemetry = of_kind(events, "telemetry")
+        telemetry, headroom = of_kind(events, "telemetry"), of_kind(events, "headroom")
+        if not telemetry and not headroom:
+            print(f"{label}: per-layer plots skipped: no telemetry or headroom events "
+                  "(train.py --telemetry_interval, --fp16_headroom_interval)")
+            continue
         plot_grad_norms(label, telemetry, opts["op"], opts["out"])
         plot_gains(label, telemetry, opts["out"])
         plot_attn_logits(label, telemetry, opts["out"])
         plot_powernorm(label, telemetry, opts["out"])
-        plot_headroom(label, of_kind(events, "headroom"), opts["out"])
+        plot_headroom(label, headroom, opts["out"])
     return 0
 
 

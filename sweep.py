@@ -14,9 +14,12 @@ output of a run goes to <seed>.out beside its folder. --dry_run prints the train
 one per line, for a Slurm array, xargs or GNU parallel, and runs nothing.
 
 --mode=ramp: the LR stability test (NormFormer §4, Table 3, Fig. 5, Table 8): --lr_schedule=ramp, the LR
-rises linearly from 0 to --lr at --max_iters. --mode=lr: a constant-shape schedule at each LR of the grid and
-the LR sensitivity of Wortsman et al. 2023 ("Small-scale proxies for large-scale Transformer training
-instabilities", §3). summary.json, summary.csv and a Markdown table on stdout give the results.
+rises linearly from 0 to --lr at --max_iters; per variant and LR: steps survived and the LR reached (median,
+min and max over seeds), the most frequent failed op and layer. --mode=lr: the runs' own schedule (cosine by
+default) at each LR of the grid; per variant: the best LR, the best final val loss and the LR sensitivity of
+Wortsman et al. 2023 ("Small-scale proxies for large-scale Transformer training instabilities", §3), where a
+diverged run counts as infinite loss, i.e. as L_0. Both count the spike monitor's "spike" events.
+summary.json (a diverged run's loss is written as Infinity), summary.csv and a Markdown table on stdout.
 """
 
 import csv
