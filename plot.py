@@ -1,0 +1,275 @@
+"""
+Pictures of nanonorm runs, read from their log.jsonl (and a sweep's summary.json); the only file that
+imports matplotlib. Any number of run folders (train.py --out_dir) and sweep folders (sweep.py --out_dir):
+    python plot.py out/baseline out/normformer --out=plots
+    python plot.py sweeps/lr --out=plots --op=fc2
+writes into --out:
+    loss.png                  train and val loss of all runs overlaid, spikes marked; LR and grad norm below
+    loss_vs_lr_<sweep>.png    final val loss vs LR per variant, log-x, diverged runs marked (--mode=lr sweeps)
+and for each run whose log has the events (train.py --telemetry_interval, --fp16_headroom_interval):
+    grad_norms_<run>.png      mean |g| and L2 norm of one op's weight gradient per layer (--op, default fc2)
+    gains_<run>.png           gamma/beta and other gains per layer and op at the last telemetry step
+    attn_logits_<run>.png     the max attention logit per layer over steps
+    powernorm_<run>.png       PowerNorm/PN-V running psi^2 and nu per layer over steps
+    headroom_<run>.png        max |x| per op and layer at the last headroom step against float16's 65504
+A plot whose events are absent is skipped with a note.
+"""
+
+import glob
+import json
+import math
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+
+FP16_MAX = 65504.0
+
+
+class UsageError(Exception):
+    """Bad input from the command line: printed as one line, exit code 2."""
+
+
+def read_events(path):
+    """The events of a log.jsonl; a last line cut short by a killed run (no newline yet) is left out."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.endswith("\n")]
+
+
+def find_runs(paths):
+    """(label, events) of every run: a folder holding log.jsonl, or each run folder under a sweep folder."""
+    runs, sweeps = [], []
+    for path in paths:
+        if not os.path.isdir(path):
+            raise UsageError(f"{path} is not a folder; pass run folders (train.py --out_dir) or sweep folders")
+        logs = sorted(glob.glob(os.path.join(glob.escape(path), "**", "log.jsonl"), recursive=True))
+        if not logs:
+            raise UsageError(f"{path} holds no log.jsonl; pass run folders (train.py --out_dir) or sweep folders")
+        for log in logs:
+            label = os.path.relpath(os.path.dirname(log), path)
+            runs.append((os.path.basename(os.path.abspath(path)) if label == "." else label, read_events(log)))
+        if os.path.exists(os.path.join(path, "summary.json")):
+            sweeps.append(path)
+    return runs, sweeps
+
+
+def of_kind(events, kind):
+    return [e for e in events if e["event"] == kind]
+
+
+def slug(label):
+    return "".join(c if c.isalnum() or c in "-.=" else "_" for c in label)
+
+
+def save(fig, out, name):
+    path = os.path.join(out, name)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+def plot_loss(runs, out):
+    """Loss curves overlaid with spikes marked (the spike monitor's events); LR and grad norm underneath."""
+    if not any(of_kind(events, "train") or of_kind(events, "eval") for _, events in runs):
+        print("loss.png skipped: no train or eval events")
+        return
+    fig, (ax_loss, ax_lr, ax_grad) = plt.subplots(3, 1, figsize=(9, 8), sharex=True,
+                                                  gridspec_kw={"height_ratios": [3, 1, 1]})
+    for i, (label, events) in enumerate(runs):
+        color = f"C{i % 10}"
+        train, evals, spikes = of_kind(events, "train"), of_kind(events, "eval"), of_kind(events, "spike")
+        ax_loss.plot([e["step"] for e in train], [e["loss"] for e in train], color=color, lw=1, label=label)
+        ax_loss.plot([e["step"] for e in evals], [e["val_loss"] for e in evals], "o--", color=color, ms=3, lw=1)
+        ax_loss.plot([e["step"] for e in spikes], [e["loss"] for e in spikes], "x", color="red", ms=8, mew=2)
+        ax_lr.plot([e["step"] for e in train], [e["lr"] for e in train], color=color, lw=1)
+        ax_grad.plot([e["step"] for e in train], [e["grad_norm"] for e in train], color=color, lw=1)
+    ax_loss.set(ylabel="loss (line: train, dots: val, red x: spike)", title="loss")
+    ax_lr.set(ylabel="LR")
+    ax_grad.set(ylabel="grad norm", xlabel="step", yscale="log")
+    if len(runs) <= 12:
+        ax_loss.legend(fontsize=7)
+    save(fig, out, "loss.png")
+
+
+def plot_loss_vs_lr(sweep, out):
+    """Final val loss vs LR per variant, log-x (Wortsman et al. 2023 §3, Fig. 1); diverged runs drawn as x at
+    L_0, the loss at initialization, which is what they count as in the LR sensitivity."""
+    with open(os.path.join(sweep, "summary.json")) as f:
+        summary = json.load(f)
+    name = f"loss_vs_lr_{slug(os.path.basename(os.path.abspath(sweep)))}.png"
+    if summary["mode"] != "lr":
+        print(f"{name} skipped: {sweep} is a --mode={summary['mode']} sweep")
+        return
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for i, row in enumerate(summary["variants"]):
+        color = f"C{i % 10}"
+        # the row's L(lr) columns: median over seeds, inf where it diverged
+        curve = sorted((float(k[2:-1]), v) for k, v in row.items() if k.startswith("L(") and math.isfinite(v))
+        runs = [r for r in summary["runs"] if r["variant"] == row["variant"]]
+        done = [(float(r["lr"]), r["final_loss"]) for r in runs if r["status"] == "done"]
+        diverged = [(float(r["lr"]), row["init_loss"]) for r in runs if r["status"] == "diverged"]
+        for points, style in ((curve, "-"), (done, "o"), (diverged, "x")):
+            ax.plot([p[0] for p in points], [p[1] for p in points], style, color=color, ms=8 if style == "x" else 4,
+                    mew=2, label=row["variant"] if style == "-" else None)
+    ax.set(xscale="log", xlabel="learning rate", ylabel="final val loss (x: diverged, at L_0)",
+           title=f"final loss vs LR: {sweep}")
+    ax.legend(fontsize=7)
+    save(fig, out, name)
+
+
+def plot_grad_norms(label, telemetry, op, out):
+    """Per-layer gradient norms of one op's weights over steps (NormFormer Fig. 3: mean |g| of fc2 per layer;
+    Spike No More Fig. 2-3)."""
+    lines = {}
+    for event in telemetry:
+        for row in event["weights"]:
+            if row["op"] == op:
+                lines.setdefault((row["layer"], row["name"]), []).append((event["step"], row))
+    if not lines:
+        print(f"grad_norms_{slug(label)}.png skipped: no telemetry weights rows for op {op}")
+        return
+    fig, (ax_l1, ax_l2) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    for (layer, name), points in sorted(lines.items(), key=lambda item: str(item[0])):
+        steps = [step for step, _ in points]
+        tag = f"layer {layer}" + (" bias" if name.endswith("bias") else "")
+        ax_l1.plot(steps, [row["grad_mean_abs"] for _, row in points], label=tag)
+        ax_l2.plot(steps, [row["grad_l2"] for _, row in points], label=tag)
+    ax_l1.set(ylabel="mean |g| (L1 / numel)", yscale="log", title=f"{op} weight gradient per layer: {label}")
+    ax_l2.set(ylabel="L2 norm", yscale="log", xlabel="step")
+    ax_l1.legend(fontsize=7)
+    save(fig, out, f"grad_norms_{slug(label)}.png")
+
+
+def plot_gains(label, telemetry, out):
+    """Gains per layer and op at the last telemetry step: mean +- std as bars, min and max as ticks
+    (NormFormer Fig. 4: the distribution of each norm's gamma per layer)."""
+    rows = telemetry[-1]["gains"] if telemetry else []
+    if not rows:
+        print(f"gains_{slug(label)}.png skipped: no telemetry gains rows")
+        return
+    fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(rows)), 5))
+    x = range(len(rows))
+    ax.errorbar(x, [r["mean"] for r in rows], yerr=[r["std"] for r in rows], fmt="o", capsize=3, label="mean +- std")
+    ax.plot(x, [r["min"] for r in rows], "v", color="gray", ms=4, label="min")
+    ax.plot(x, [r["max"] for r in rows], "^", color="gray", ms=4, label="max")
+    ax.set_xticks(list(x), [f"{r['op']} {'' if r['layer'] is None else r['layer']} {r['name'].rsplit('.', 1)[-1]}"
+                            for r in rows], rotation=90, fontsize=7)
+    ax.set(ylabel="value", title=f"gains at step {telemetry[-1]['step']}: {label}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    save(fig, out, f"gains_{slug(label)}.png")
+
+
+def plot_attn_logits(label, telemetry, out):
+    """The max attention logit per layer over steps (attention-logit growth: Dehghani et al. 2023 §3.1;
+    Wortsman et al. 2023 §3.1)."""
+    lines = {}
+    for event in telemetry:
+        for row in event["attn_logit_max"]:
+            lines.setdefault(row["layer"], []).append((event["step"], row["value"]))
+    if not lines:
+        print(f"attn_logits_{slug(label)}.png skipped: no telemetry attn_logit_max rows")
+        return
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for layer, points in sorted(lines.items()):
+        ax.plot(*zip(*points), label=f"layer {layer}")
+    ax.set(xlabel="step", ylabel="max attention logit", title=f"attention logits: {label}")
+    ax.legend(fontsize=7)
+    save(fig, out, f"attn_logits_{slug(label)}.png")
+
+
+def plot_powernorm(label, telemetry, out):
+    """PowerNorm's running quadratic mean psi^2 (eq. 10) and backward statistic nu (eq. 11) per layer and norm
+    over steps: mean as a line, min..max shaded; nu drifting away from 0 comes before a NaN."""
+    lines = {}
+    for event in telemetry:
+        for row in event["norm_stats"]:
+            lines.setdefault((row["layer"], row["op"]), []).append((event["step"], row))
+    if not lines:
+        print(f"powernorm_{slug(label)}.png skipped: no telemetry norm_stats rows")
+        return
+    fig, axes = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    for i, (key, points) in enumerate(sorted(lines.items(), key=lambda item: str(item[0]))):
+        steps = [step for step, _ in points]
+        for ax, stat in zip(axes, ("psi2", "nu")):
+            ax.plot(steps, [r[f"{stat}_mean"] for _, r in points], color=f"C{i % 10}", label=f"layer {key[0]} {key[1]}")
+            ax.fill_between(steps, [r[f"{stat}_min"] for _, r in points], [r[f"{stat}_max"] for _, r in points],
+                            color=f"C{i % 10}", alpha=0.2)
+    axes[0].set(ylabel="psi^2 (running)", title=f"PowerNorm statistics: {label}")
+    axes[1].set(ylabel="nu (running)", xlabel="step")
+    axes[0].legend(fontsize=7)
+    save(fig, out, f"powernorm_{slug(label)}.png")
+
+
+def plot_headroom(label, headroom, out):
+    """Max |x| per op and layer at the last headroom step against float16's largest value 65504 (NormFormer §4,
+    Table 3: the first op past it is the failed one). Non-finite values are drawn as red x at the top."""
+    rows = headroom[-1]["ops"] if headroom else []
+    if not rows:
+        print(f"headroom_{slug(label)}.png skipped: no headroom events")
+        return
+    top = 10 * max([FP16_MAX] + [r["max_abs"] for r in rows if math.isfinite(r["max_abs"])])
+    fig, ax = plt.subplots(figsize=(max(6, 0.3 * len(rows)), 5))
+    for pass_, style in (("forward", "o"), ("backward", "s")):
+        points = [(i, r["max_abs"]) for i, r in enumerate(rows) if r["pass"] == pass_ and math.isfinite(r["max_abs"])]
+        ax.plot(*zip(*points) if points else ([], []), style, ms=4, label=pass_)
+    broken = [i for i, r in enumerate(rows) if not math.isfinite(r["max_abs"])]
+    ax.plot(broken, [top] * len(broken), "x", color="red", ms=9, mew=2, label="inf / nan")
+    ax.axhline(FP16_MAX, color="red", ls="--", lw=1, label="float16 max 65504")
+    ax.set_xticks(range(len(rows)), [f"{r['op']} {'' if r['layer'] is None else r['layer']}" for r in rows],
+                  rotation=90, fontsize=6)
+    ax.set(yscale="log", ylabel="max |x|", title=f"fp16 headroom at step {headroom[-1]['step']}: {label}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    save(fig, out, f"headroom_{slug(label)}.png")
+
+
+def parse_args(argv):
+    paths, opts = [], {"out": "plots", "op": "fc2"}
+    for arg in argv:
+        name, has_value, value = arg[2:].partition("=")
+        if arg.startswith("--"):
+            if name not in opts or not has_value:
+                raise UsageError(f"unknown flag {arg}; plot.py takes folders and --out=DIR, --op=NAME")
+            opts[name] = value
+        else:
+            paths.append(arg)
+    if not paths:
+        raise UsageError("no folders given; usage: python plot.py RUN_OR_SWEEP_DIR [...] --out=DIR")
+    return paths, opts
+
+
+def main(argv):
+    try:
+        paths, opts = parse_args(argv)
+        runs, sweeps = find_runs(paths)
+    except UsageError as e:
+        print(f"plot.py: {e}", file=sys.stderr)
+        return 2
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        print(f"plot.py: a log.jsonl or summary.json is not JSON ({e}); pass folders written by train.py or "
+              "sweep.py", file=sys.stderr)
+        return 2
+    os.makedirs(opts["out"], exist_ok=True)
+    plot_loss(runs, opts["out"])
+    for sweep in sweeps:
+        plot_loss_vs_lr(sweep, opts["out"])
+    for label, events in runs:
+        telemetry, headroom = of_kind(events, "telemetry"), of_kind(events, "headroom")
+        if not telemetry and not headroom:
+            print(f"{label}: per-layer plots skipped: no telemetry or headroom events "
+                  "(train.py --telemetry_interval, --fp16_headroom_interval)")
+            continue
+        plot_grad_norms(label, telemetry, opts["op"], opts["out"])
+        plot_gains(label, telemetry, opts["out"])
+        plot_attn_logits(label, telemetry, opts["out"])
+        plot_powernorm(label, telemetry, opts["out"])
+        plot_headroom(label, headroom, opts["out"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

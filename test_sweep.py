@@ -1,0 +1,183 @@
+"""sweep.py: the summaries' arithmetic by hand, --dry_run through train.py's parser, skip and resume for real."""
+
+import json
+import math
+import os
+import random
+import shlex
+import typing
+
+import pytest
+
+import sweep
+import train
+
+TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--block_size=16", "--batch_size=4", "--max_iters=4",
+        "--eval_interval=2", "--eval_iters=1", "--log_interval=1", "--warmup_iters=0"]
+HAS_RAMP = "ramp" in typing.get_args(train.TrainConfig.__annotations__["lr_schedule"])
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    rng = random.Random(0)
+    words = ["norm", "layer", "gamma", "beta", "residual", "attention", "spike", "loss"]
+    path = tmp_path_factory.mktemp("corpus") / "tiny.txt"
+    path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(100)))
+    return str(path)
+
+
+def test_lr_sensitivity_by_hand():
+    # L* = 2.5; min(L, L_0) with L_0 = 4: 3.0, 2.5, 4.0 (4.5 capped), 4.0 (diverged, inf capped)
+    expected = ((3.0 - 2.5) + 0.0 + (4.0 - 2.5) + (4.0 - 2.5)) / 4
+    assert sweep.lr_sensitivity([3.0, 2.5, 4.5, math.inf], 4.0) == pytest.approx(expected, abs=1e-15)
+    assert sweep.lr_sensitivity([math.inf, math.inf], 4.0) is None
+
+
+def test_median_summary_and_most_frequent():
+    assert sweep.median_summary([5, 1, 10, 3]) == {"median": 4.0, "min": 1, "max": 10}
+    assert sweep.median_summary([7, 2, 9]) == {"median": 7, "min": 2, "max": 9}
+    assert sweep.most_frequent(["fc2 layer 1", "q@k layer 0", "q@k layer 0"]) == ("q@k layer 0", 2)
+    assert sweep.most_frequent([]) == (None, 0)
+
+
+def write_log(run_dir, events):
+    os.makedirs(run_dir)
+    with open(os.path.join(run_dir, "log.jsonl"), "w") as f:
+        f.writelines(json.dumps(e) + "\n" for e in events)
+
+
+def diverged(step, lr, op, layer):
+    return {"event": "diverged", "step": step, "steps_survived": step, "lr": lr, "reason": "loss bound",
+            "loss_tail": [9.0], "failed_op": {"op": op, "layer": layer, "pass": "forward", "max_abs": 7e4,
+                                              "module": "m"}, "note": ""}
+
+
+def test_ramp_summary_from_logs(tmp_path):
+    """Four seeds: three diverge (fc2 layer 1 twice), one survives the whole ramp; one spike."""
+    start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
+    logs = {0: [start, diverged(120, 0.06, "q@k", 0)],
+            1: [start, {"event": "spike", "step": 30, "loss": 4.0, "grad_norm": 9.0, "z_loss_score": 6.0,
+                        "z_grad_score": 7.0, "skipped": False}, diverged(80, 0.04, "fc2", 1)],
+            2: [start, {"event": "eval", "step": 200, "train_loss": 2.0, "val_loss": 2.1, "lr": 0.1, "rank_spread": 0.0},
+                {"event": "done", "step": 200, "val_loss": 2.1}],
+            3: [start, diverged(150, 0.075, "fc2", 1)]}
+    runs = [sweep.Run("baseline", "0.1", seed, str(tmp_path / "baseline" / "0.1" / str(seed))) for seed in logs]
+    for run in runs:
+        write_log(run.dir, logs[run.seed])
+    [row] = sweep.ramp_rows([sweep.run_record(run) for run in runs])
+    assert (row["runs"], row["diverged"], row["spikes"]) == (4, 3, 1)
+    assert (row["steps_survived_median"], row["steps_survived_min"], row["steps_survived_max"]) == (135, 80, 200)
+    assert row["peak_lr_median"] == pytest.approx((0.06 + 0.075) / 2)
+    assert (row["peak_lr_min"], row["peak_lr_max"]) == (0.04, 0.1)
+    assert (row["failed_op"], row["failed_op_count"]) == ("fc2 layer 1", 2)
+
+
+def test_lr_summary_from_logs(tmp_path):
+    """Two LRs x two seeds; one run diverges and counts as inf, i.e. as L_0 in the sensitivity."""
+    finals = {("1e-2", 0): 2.0, ("1e-2", 1): 2.4, ("1e-1", 0): 3.0, ("1e-1", 1): None}
+    runs = []
+    for (lr, seed), final in finals.items():
+        run = sweep.Run("norm=rmsnorm", lr, seed, str(tmp_path / "v" / lr / str(seed)))
+        start = {"event": "eval", "step": 0, "train_loss": 5.0, "val_loss": 5.0 + seed, "lr": 0.0, "rank_spread": 0.0}
+        end = ([{"event": "eval", "step": 10, "train_loss": final, "val_loss": final, "lr": float(lr),
+                 "rank_spread": 0.0}, {"event": "done", "step": 10, "val_loss": final}]
+               if final else [diverged(7, float(lr), "q@k", 0)])
+        write_log(run.dir, [start, *end])
+        runs.append(run)
+    [row] = sweep.lr_rows([sweep.run_record(run) for run in runs], ["1e-2", "1e-1"])
+    l_small, l_large, l_0 = (2.0 + 2.4) / 2, math.inf, (5.0 + 6.0) / 2  # medians over seeds
+    assert (row["best_lr"], row["best_loss"], row["diverged"]) == ("1e-2", pytest.approx(l_small), 1)
+    assert row["lr_sensitivity"] == pytest.approx(((l_small - l_small) + (min(l_large, l_0) - l_small)) / 2)
+
+
+@pytest.mark.parametrize("mode", ["lr", pytest.param("ramp", marks=pytest.mark.skipif(
+    not HAS_RAMP, reason="train.py has no --lr_schedule=ramp yet"))])
+def test_dry_run_commands_parse_with_train_parser(tmp_path, capsys, mode):
+    variants = "baseline,norm=rmsnorm,preset=normformer+scale_heads=False"
+    code = sweep.main([f"--variants={variants}", "--lrs=3e-3,1e-2", "--seeds=2", f"--mode={mode}", "--dry_run",
+                       f"--out_dir={tmp_path}", "--max_iters=7", "--n_layer=3"])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0 and len(lines) == 3 * 2 * 2
+    seen = set()
+    for line in lines:
+        given = train.parse_flags(shlex.split(line)[2:])
+        model_cfg, tc = train.build_configs(given)
+        assert (tc.max_iters, model_cfg.n_layer) == (7, 3)
+        variant, lr, seed = os.path.relpath(tc.out_dir, tmp_path).split(os.sep)
+        assert (float(lr), int(seed)) == (tc.lr, tc.seed)
+        assert (tc.lr_schedule == "ramp") == (mode == "ramp")
+        expect_norm = "rmsnorm" if variant == "norm=rmsnorm" else "layernorm"
+        assert model_cfg.norm == expect_norm
+        assert (model_cfg.scale_attn, model_cfg.scale_heads) == ((True, False) if "normformer" in variant else (False, False))
+        seen.add((variant, lr, seed))
+    assert len(seen) == 12
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--variants=norm=groupnorm", "--lrs=1e-2"], "groupnorm"),
+    (["--variants=baseline", "--lrs=1e-2", "--lr=3"], "--lr is set per run"),
+    (["--variants=baseline", "--lrs=fast"], "fast"),
+    (["--variants=baseline"], "--lrs"),
+])
+def test_bad_input_is_one_line(tmp_path, capsys, flags, expected):
+    assert sweep.main([*flags, f"--out_dir={tmp_path / 'sweep'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sweep.py: ") and expected in err and err.count("\n") == 1
+    assert not os.path.exists(tmp_path / "sweep")
+
+
+def snapshot(run_dir):
+    path = os.path.join(run_dir, "log.jsonl")
+    with open(path) as f:
+        return os.stat(path).st_mtime_ns, f.read()
+
+
+def steps_of(run_dir, kind):
+    return [e["step"] for e in sweep.read_events(os.path.join(run_dir, "log.jsonl")) if e["event"] == kind]
+
+
+def test_skip_and_resume_a_half_finished_sweep(corpus, tmp_path, capsys):
+    """One run finished, one interrupted after its step-2 checkpoint, one never started: re-running the sweep
+    runs nothing twice, loses nothing, and every run ends finished."""
+    common = [f"--out_dir={tmp_path / 'sweep'}", "--lrs=1e-2", "--jobs=2", f"--dataset={corpus}",
+              f"--data_dir={tmp_path / 'data'}", *TINY]
+    args = sweep.parse_args(["--variants=baseline,norm=rmsnorm,postln", *common])
+    done, interrupted, fresh = sweep.grid(args)
+    os.makedirs(os.path.dirname(done.dir))
+    with open(done.dir + ".exit", "w") as f:  # what sweep.py records after a run
+        f.write(f"{train.main(sweep.train_flags(done, args))}\n")
+    finished_before = snapshot(done.dir)
+
+    real_save = train.save_checkpoint
+
+    def save_then_stop(path, state):  # Ctrl-C right after the first checkpoint (step 2 of 4)
+        real_save(path, state)
+        raise KeyboardInterrupt
+
+    train.save_checkpoint = save_then_stop
+    try:
+        train.main(sweep.train_flags(interrupted, args))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        train.save_checkpoint = real_save
+    assert steps_of(interrupted.dir, "eval") == [0, 2] and not sweep.is_finished(interrupted)
+    interrupted_before = snapshot(interrupted.dir)[1]
+    assert "--resume" in sweep.train_flags(interrupted, args)
+
+    assert sweep.main(["--variants=baseline,norm=rmsnorm,postln", *common]) == 0
+    assert "3 runs, 1 finished already, 2 to run" in capsys.readouterr().out
+    assert snapshot(done.dir) == finished_before
+    assert snapshot(interrupted.dir)[1].startswith(interrupted_before)  # continued, not started again
+    for run in (done, interrupted, fresh):
+        assert steps_of(run.dir, "eval") == [0, 2, 4]
+        assert steps_of(run.dir, "train") == [1, 2, 3, 4]
+        assert sweep.is_finished(run) and sweep.exit_code(run) == 0
+    after = [snapshot(run.dir) for run in (done, interrupted, fresh)]
+    assert sweep.main(["--variants=baseline,norm=rmsnorm,postln", *common]) == 0
+    assert "0 to run" in capsys.readouterr().out
+    assert [snapshot(run.dir) for run in (done, interrupted, fresh)] == after
+    with open(tmp_path / "sweep" / "summary.json") as f:
+        rows = json.load(f)["variants"]
+    assert [row["variant"] for row in rows] == ["baseline", "norm=rmsnorm", "postln"]
+    assert all(row["runs"] == 1 and math.isfinite(row["best_loss"]) for row in rows)
