@@ -33,6 +33,8 @@ API:
   -> {"mean", "max_abs", "mean_log_z"}. label(name) gives the op label (default: the module path); for
   buffer_stats it gets the module name. Each reads the device once.
 - snapshot(model, parameters=True) -> {name: copy}; restore(model, snap).
+- DivergenceCheck(max_loss=None, margin=1.0, gap=1.5, window=10, tail=20): .check(loss, grad_norm) -> reason
+  or None; .tail (the last losses, for the "diverged" event); .state_dict() / .load_state_dict(state).
 
 Spike monitor (llm.c's outlier detector; llm-foundry's KillLossSpike; ZClip): z = (x - mean) / std over the
 previous `window` values, std the population std. z is NaN until the window is full (as llm.c: a short
@@ -88,6 +90,47 @@ class SpikeMonitor:
         self.__init__(state["window"], state["z_threshold"])
         self.losses.extend(state["losses"])
         self.grads.extend(state["grads"])
+
+
+class DivergenceCheck:
+    """A run has diverged when, after a step's backward (before its optimizer step):
+    1. the loss or the gradient norm is not finite;
+    2. the loss is above max_loss (None: the first loss checked plus `margin`);
+    3. the mean of the last `window` losses is above the best such mean by more than `gap` (0: off): a
+       loss that blows up, or stalls far above its best, which is how float32 runs fail at high LR.
+    NormFormer §4 (Table 3, Fig. 5) runs the LR ramp until this point and reports the step and LR."""
+
+    def __init__(self, max_loss=None, margin=1.0, gap=1.5, window=10, tail=20):
+        self.max_loss, self.margin, self.gap = max_loss, margin, gap
+        self.recent, self.tail = deque(maxlen=window), deque(maxlen=tail)
+        self.best_mean = math.inf
+
+    def check(self, loss, grad_norm):
+        """The reason the run diverged at this step (one line), or None."""
+        self.tail.append(loss)
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            return f"non-finite loss ({loss}) or gradient norm ({grad_norm})"
+        if self.max_loss is None:
+            self.max_loss = loss + self.margin
+        if loss > self.max_loss:
+            return f"loss {loss:.4f} above the bound {self.max_loss:.4f}"
+        self.recent.append(loss)
+        if len(self.recent) == self.recent.maxlen:
+            mean = math.fsum(self.recent) / len(self.recent)
+            if self.gap and mean > self.best_mean + self.gap:
+                return f"mean loss of the last {len(self.recent)} steps {mean:.4f} is {mean - self.best_mean:.2f} " \
+                       f"above its best {self.best_mean:.4f} (gap {self.gap})"
+            self.best_mean = min(self.best_mean, mean)
+        return None
+
+    def state_dict(self):
+        return {"max_loss": self.max_loss, "best_mean": self.best_mean, "recent": list(self.recent),
+                "tail": list(self.tail)}
+
+    def load_state_dict(self, state):
+        self.max_loss, self.best_mean = state["max_loss"], state["best_mean"]
+        self.recent.extend(state["recent"])
+        self.tail.extend(state["tail"])
 
 
 def _first_tensor(x):

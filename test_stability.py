@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from stability import (FP16_MAX, Probe, SpikeMonitor, buffer_stats, find_first_overflow, first_overflow,
+from stability import (FP16_MAX, DivergenceCheck, Probe, SpikeMonitor, buffer_stats, find_first_overflow, first_overflow,
                        gain_stats, headroom, logit_stats, restore, snapshot, weight_stats)
 
 D, V, N_LAYER = 6, 11, 3
@@ -371,3 +371,47 @@ def test_snapshot_restores_parameters_and_buffers():
     for n, t in list(model.named_parameters()) + list(model.named_buffers()):
         assert torch.equal(t, saved[n]), n
     assert set(snapshot(model, parameters=False)) == {n for n, _ in model.named_buffers()}
+
+
+def test_divergence_non_finite_loss_or_gradient():
+    for loss, grad in ((math.nan, 1.0), (2.0, math.inf), (-math.inf, 1.0)):
+        check = DivergenceCheck()
+        assert check.check(3.0, 1.0) is None
+        assert "non-finite" in check.check(loss, grad)
+
+
+def test_divergence_loss_bound_defaults_to_first_loss_plus_margin():
+    check = DivergenceCheck(margin=0.5, gap=0)
+    assert check.check(5.0, 1.0) is None  # the bound becomes 5.5
+    assert check.check(5.5, 1.0) is None  # at the bound is not above it
+    assert "above the bound 5.5000" in check.check(5.51, 1.0)
+    explicit = DivergenceCheck(max_loss=2.0, gap=0)
+    assert explicit.check(1.9, 1.0) is None and explicit.check(2.1, 1.0) is not None
+
+
+def test_divergence_gap_over_the_best_windowed_mean():
+    check = DivergenceCheck(gap=1.0, window=3)
+    losses = [5.0, 4.0, 3.0, 2.0, 1.0, 1.5, 2.5]  # window means: 4, 3, 2, 1.5, 5/3 (best 1.5)
+    assert all(check.check(x, 1.0) is None for x in losses)  # mean (1, 1.5, 2.5) = 5/3 < 1.5 + 1
+    assert check.check(3.0, 1.0) is None  # mean (1.5, 2.5, 3) = 7/3 <= 2.5
+    reason = check.check(3.6, 1.0)  # mean (2.5, 3, 3.6) = 3.033 > 2.5
+    assert reason is not None and "above its best 1.5000" in reason
+    off = DivergenceCheck(max_loss=100.0, gap=0, window=3)
+    assert all(off.check(x, 1.0) is None for x in (1.0, 1.0, 1.0, 9.0, 9.0, 9.0))
+
+
+def test_divergence_state_round_trip_and_tail():
+    a = DivergenceCheck(gap=1.0, window=3, tail=4)
+    for x in (5.0, 4.0, 3.0, 2.0, 1.0):
+        a.check(x, 1.0)
+    b = DivergenceCheck(gap=1.0, window=3, tail=4)
+    b.load_state_dict(torch.load(io.BytesIO(_saved(a.state_dict())), weights_only=True))
+    for x in (2.0, 2.9, 3.5):
+        assert a.check(x, 1.0) == b.check(x, 1.0)
+    assert list(a.tail) == list(b.tail) == [1.0, 2.0, 2.9, 3.5]
+
+
+def _saved(state):
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
