@@ -263,7 +263,7 @@ class CheckpointError(Exception):
 
 
 def pause_for_tests(point):
-    """test_resume.py SIGKILLs a run paused here (NANONORM_PAUSE_AT=eval or save) to kill it mid-operation."""
+    """test_resume.py SIGKILLs a run paused here (NANONORM_PAUSE_AT=eval@6 or save@6) mid-operation."""
     if os.environ.get("NANONORM_PAUSE_AT") == point:
         print(f"paused at {point}", flush=True)
         time.sleep(60)
@@ -278,7 +278,7 @@ def write_atomically(path, state):
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
-        pause_for_tests("save")
+        pause_for_tests(f"save@{state['step']}")
         os.replace(tmp, path)
         folder = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
         try:
@@ -610,7 +610,7 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
                 x, y = get_batch(split, EVAL_STREAM, i)
                 with autocast:
                     total += eval_model(x, y)[1].float()
-                pause_for_tests("eval")
+                pause_for_tests(f"eval@{step}")
             if ddp:
                 dist.all_reduce(total)
             losses[split] = total.item() / (tc.eval_iters * world_size)
