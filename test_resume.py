@@ -271,7 +271,6 @@ def torchrun(n, *args):
                *args]
     result = subprocess.run(command, capture_output=True, text=True, cwd=HERE, timeout=300,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert result.returncode in (0, 2), result.stderr[-3000:]
     return result
 
 
@@ -279,7 +278,8 @@ def torchrun(n, *args):
 def test_the_defaults_work_under_torchrun(corpus, tmp_path, n):
     """No --grad_accum: one micro-step per process; the log states the global batch."""
     out = tmp_path / "out"
-    assert torchrun(n, *flags(corpus, out, "--max_iters=2", "--eval_interval=2")).returncode == 0
+    result = torchrun(n, *flags(corpus, out, "--max_iters=2", "--eval_interval=2"))
+    assert result.returncode == 0, result.stderr[-3000:]
     config = json.loads((out / "config.json").read_text())
     assert config["world_size"] == n and config["global_batch"] == {"sequences": 4 * n, "tokens": 4 * n * 32}
     assert [s for s, _ in losses(out)] == [1, 2]
@@ -294,6 +294,7 @@ def test_exact_resume_under_torchrun_with_grad_accum_and_dropout(corpus, tmp_pat
     assert config["global_batch"] == {"sequences": 4 * 2 * 2, "tokens": 4 * 2 * 2 * 32}
     assert config["model"]["pn_warmup"] == 2 * 2  # warmup_iters x micro-steps per process
     refused = torchrun(3, *flags(corpus, split, "--resume", "--max_iters=4"))
-    assert refused.returncode == 2 and "exact resume needs the same number" in refused.stderr
+    assert refused.returncode != 0 and "train.py: --resume: the checkpoint was written by 2 processes, this run has 3; " \
+        "exact resume needs the same number" in refused.stderr
     assert torchrun(2, *flags(corpus, split, "--resume", "--max_iters=4")).returncode == 0
     assert losses(split) == losses(whole)

@@ -191,7 +191,7 @@ def test_two_process_ddp_keeps_ranks_identical(corpus, tmp_path, norm):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                os.path.join(HERE, "train.py"), f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}",
-               f"--out_dir={tmp_path / 'out'}", *TINY, f"--norm={norm}", "--grad_accum=4", "--max_iters=6",
+               f"--out_dir={tmp_path / 'out'}", *TINY, f"--norm={norm}", "--grad_accum=2", "--max_iters=6",
                "--eval_interval=3", "--pn_warmup=8"]
     result = subprocess.run(command, capture_output=True, text=True, cwd=HERE, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
