@@ -283,6 +283,7 @@ def test_the_defaults_work_under_torchrun(corpus, tmp_path, n):
     config = json.loads((out / "config.json").read_text())
     assert config["world_size"] == n and config["global_batch"] == {"sequences": 4 * n, "tokens": 4 * n * 32}
     assert [s for s, _ in losses(out)] == [1, 2]
+    assert all(4.5 < loss < 6.5 for _, loss in losses(out))  # a real step: near ln(256) = 5.55 at the start
 
 
 def test_exact_resume_under_torchrun_with_grad_accum_and_dropout(corpus, tmp_path):
