@@ -299,3 +299,22 @@ def test_exact_resume_under_torchrun_with_grad_accum_and_dropout(corpus, tmp_pat
         "exact resume needs the same number" in refused.stderr
     assert torchrun(2, *flags(corpus, split, "--resume", "--max_iters=4")).returncode == 0
     assert losses(split) == losses(whole)
+
+
+def test_ctrl_c_under_torchrun_stops_every_process_at_the_same_step(corpus, tmp_path):
+    """Ctrl-C in a terminal signals the whole process group: torchrun, which SIGTERMs its workers, and the
+    workers themselves. All of them stop at one step boundary with one checkpoint."""
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+               *flags(corpus, out, "--max_iters=100000", "--eval_interval=1000")]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=HERE,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (os.path.exists(out / "log.jsonl") and len(losses(out)) >= 3):
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGINT)
+    output = process.communicate(timeout=120)[0]
+    interrupted = events(out, "interrupted")
+    assert len(interrupted) == 1 and "torchrun --nproc_per_node=2 train.py" in output, output[-3000:]
+    checkpoint = torch.load(out / "ckpt.pt", weights_only=True)
+    assert checkpoint["step"] == interrupted[0]["step"] and len(checkpoint["rng"]) == 2
