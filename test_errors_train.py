@@ -36,6 +36,7 @@ BAD = [
     (["--beta2=1.5"], "--beta2=1.5 must be in [0, 1)"),
     (["--warmup_iters=-1"], "--warmup_iters=-1 must be in [0, --max_iters=4]"),
     (["--warmup_iters=5"], "--warmup_iters=5 must be in [0, --max_iters=4]"),
+    (["--warmup_iters=4", "--max_iters=3"], "--warmup_iters=4 must be in [0, --max_iters=3]"),
     (["--lr_decay_iters=0", "--warmup_iters=0"], "--lr_decay_iters=0 must be"),
     (["--lr_decay_iters=1"], "--lr_decay_iters=1 must be >= --warmup_iters=2"),
     (["--eval_interval=0"], "--eval_interval=0 must be a positive integer"),
@@ -175,3 +176,9 @@ def test_help_lists_every_flag_with_its_default_from_configurable_txt():
         assert row in printed
     for name in train.flag_types():
         assert any(line.split()[:1] == [name] for line in printed), name
+
+
+def test_the_default_warmup_does_not_block_a_short_run(corpus, tmp_path):
+    """--warmup_iters=50 by default: a 2-step run that does not set it is not bad input."""
+    short = [f for f in command_line(corpus, tmp_path, []) if not f.startswith(("--warmup_iters", "--max_iters"))]
+    assert train.main([*short, "--max_iters=2", "--eval_interval=2"]) == 0
