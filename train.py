@@ -177,7 +177,8 @@ def check_train_config(tc, given):
         # a short test run may leave the default warmup unfinished; an explicit one must fit in the run
         ("warmup_iters", 0 <= tc.warmup_iters and (tc.warmup_iters <= tc.max_iters or "warmup_iters" not in given),
          f"in [0, --max_iters={tc.max_iters}]"),
-        ("lr_decay_iters", tc.lr_decay_iters is None or tc.lr_decay_iters >= max(1, tc.warmup_iters),
+        ("lr_decay_iters", tc.lr_decay_iters is None or tc.lr_decay_iters >= 1 and (
+            tc.lr_decay_iters >= tc.warmup_iters or "lr_decay_iters" not in given),
          f">= --warmup_iters={tc.warmup_iters} and >= 1, or None"),
         ("weight_decay", tc.weight_decay >= 0, ">= 0"),
         ("beta1", 0 <= tc.beta1 < 1, "in [0, 1)"),
@@ -582,7 +583,7 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
               f"{meta['unigram_entropy']:.4f} nats/token | device {device} {tc.dtype} x{world_size} | global batch "
               f"{sequences} sequences = {tc.batch_size} x {tc.grad_accum} micro-steps x {world_size} processes, "
               f"{global_batch['tokens']:,} tokens")
-        if checkpoint and tc.max_iters > tc.lr_decay_iters:
+        if checkpoint and tc.lr_schedule != "constant" and tc.max_iters > tc.lr_decay_iters > tc.warmup_iters:
             print(f"resumed at step {step}: the LR stays at --min_lr={tc.min_lr} after --lr_decay_iters="
                   f"{tc.lr_decay_iters} (the checkpoint's schedule); raise --lr_decay_iters to decay over the longer run")
     raw_model = model
