@@ -318,3 +318,11 @@ def test_ctrl_c_under_torchrun_stops_every_process_at_the_same_step(corpus, tmp_
     assert len(interrupted) == 1 and "torchrun --nproc_per_node=2 train.py" in output, output[-3000:]
     checkpoint = torch.load(out / "ckpt.pt", weights_only=True)
     assert checkpoint["step"] == interrupted[0]["step"] and len(checkpoint["rng"]) == 2
+
+
+def test_a_short_run_with_the_default_warmup_extends(corpus, tmp_path):
+    """The inherited --lr_decay_iters=2 is shorter than the default --warmup_iters=50: not bad input."""
+    short = [f for f in flags(corpus, tmp_path / "out") if not f.startswith("--warmup_iters")]
+    assert train.main([*short, "--max_iters=2", "--eval_interval=2"]) == 0
+    assert train.main([*short, "--resume", "--max_iters=4"]) == 0
+    assert [s for s, _ in losses(tmp_path / "out")] == [1, 2, 3, 4]
