@@ -16,7 +16,7 @@ from norms import NORMS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
-        "--log_interval=1", "--warmup_iters=3", "--lr=3e-3"]
+        "--log_interval=1", "--warmup_iters=2", "--lr=3e-3"]
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +84,17 @@ def test_resume_continues_exactly(corpus, tmp_path):
     assert [(e["step"], e["val_loss"]) for e in split_eval] == [(e["step"], e["val_loss"]) for e in whole_eval]
 
 
-def test_a_new_run_starts_a_new_log(corpus, tmp_path):
+def test_a_run_never_replaces_another_unless_told(corpus, tmp_path, capsys):
     assert run(corpus, tmp_path, "--max_iters=3", "--eval_interval=3") == 0
-    assert run(corpus, tmp_path, "--max_iters=2", "--eval_interval=2") == 0
-    assert [e["step"] for e in events(tmp_path / "out", "train")] == [1, 2]
+    before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
+    capsys.readouterr()
+    assert run(corpus, tmp_path, "--max_iters=2", "--eval_interval=2") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--resume" in err and "--overwrite" in err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before
+    assert run(corpus, tmp_path, "--max_iters=2", "--eval_interval=2", "--overwrite") == 0
+    assert [e["step"] for e in events(tmp_path / "out", "train")] == [1, 2]  # a new log
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["ckpt-2.pt", "ckpt.pt", "config.json", "log.jsonl"]
 
 
 def test_resume_refuses_to_change_the_model(corpus, tmp_path, capsys):
@@ -131,7 +138,7 @@ def test_a_diverged_run_keeps_the_last_good_checkpoint(corpus, tmp_path, monkeyp
 ])
 def test_bad_input_is_one_line_and_exit_code_2(corpus, tmp_path, capsys, flags, expected):
     code = train.main([f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'out'}",
-                       *TINY, "--max_iters=1", *flags])
+                       *TINY, "--max_iters=2", *flags])
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("train.py: ") and expected in err
@@ -184,7 +191,7 @@ def test_two_process_ddp_keeps_ranks_identical(corpus, tmp_path, norm):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                os.path.join(HERE, "train.py"), f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}",
-               f"--out_dir={tmp_path / 'out'}", *TINY, f"--norm={norm}", "--grad_accum=4", "--max_iters=6",
+               f"--out_dir={tmp_path / 'out'}", *TINY, f"--norm={norm}", "--grad_accum=2", "--max_iters=6",
                "--eval_interval=3", "--pn_warmup=8"]
     result = subprocess.run(command, capture_output=True, text=True, cwd=HERE, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -6,6 +6,7 @@ One node, any number of processes (DDP; nccl on CUDA, gloo on CPU):
 Flags are --key=value (or --key value); a bare --flag sets a boolean. configurable.txt lists them all.
 A run writes out_dir/config.json (the resolved config), out_dir/log.jsonl (one JSON object per event)
 and out_dir/ckpt.pt (atomically, at each eval); --resume continues from it exactly.
+python train.py --help lists every flag (from configurable.txt).
 """
 
 import contextlib
@@ -15,6 +16,7 @@ import hashlib
 import json
 import math
 import os
+import signal
 import sys
 import time
 import typing
@@ -36,7 +38,7 @@ class TrainConfig:
     tokenizer: Literal["byte", "gpt2"] = "byte"
     data_dir: str = "data"
     batch_size: int = 32  # sequences per micro-step on each process
-    grad_accum: int = 1  # micro-steps per optimizer step, summed over all processes
+    grad_accum: int = 1  # micro-steps per optimizer step on each process
     # optimizer and schedule
     lr: float = 2e-3
     min_lr: float = 2e-4
@@ -57,6 +59,8 @@ class TrainConfig:
     resume: bool = False
     preset: Optional[str] = None
     seed: int = 1337
+    overwrite: bool = False  # start afresh in an out_dir that holds a run
+    keep_checkpoints: int = 1  # ckpt-<step>.pt of the last K checkpoints, and of the best
     # system
     device: str = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
@@ -134,30 +138,93 @@ def parse_flags(argv):
     return given
 
 
-def build_configs(given):
-    """The preset first (model.PRESETS), then the explicit flags; config-time checks give one line."""
-    train_args = {k: v for k, v in given.items() if k in TrainConfig.__dataclass_fields__}
+def print_help():
+    """The flags as configurable.txt lists them (the one source of the names, defaults and meanings)."""
+    print(__doc__.strip())
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "configurable.txt")) as f:
+        lines = f.read().splitlines()[2:]  # the first two lines say how the file is checked
+    print("\n".join(lines))
+
+
+def model_flags(given):
+    """The model flags a command line asks for: its preset's (model.PRESETS), then the explicit ones."""
     model_args = dict(PRESETS[given["preset"]]) if given.get("preset") else {}
     model_args.update({k: v for k, v in given.items() if k in GPTConfig.__dataclass_fields__})
+    return model_args
+
+
+def build_configs(given):
+    """The preset first, then the explicit flags; config-time checks give one line."""
+    for name, value in given.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"--{name}={value} is not a finite number")
+    train_args = {k: v for k, v in given.items() if k in TrainConfig.__dataclass_fields__}
     try:
-        return GPTConfig(**model_args), TrainConfig(**train_args)
+        return GPTConfig(**model_flags(given)), TrainConfig(**train_args)
     except ValueError as e:
         raise UsageError(str(e)) from None
 
 
-def check_train_config(tc, world_size):
-    positive = ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval")
+def check_train_config(tc, given):
+    positive = ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval",
+                "keep_checkpoints")
     for name in positive:
         if getattr(tc, name) < 1:
             raise UsageError(f"--{name}={getattr(tc, name)} must be a positive integer")
-    if tc.grad_accum % world_size:
-        raise UsageError(f"--grad_accum={tc.grad_accum} must be divisible by the number of processes ({world_size})")
-    for name, ok, allowed in (("warmup_iters", tc.warmup_iters >= 0, ">= 0"), ("lr", tc.lr > 0, "> 0"),
-                              ("min_lr", tc.min_lr >= 0, ">= 0")):
+    ranges = (
+        ("lr", tc.lr > 0, "> 0"),
+        ("min_lr", 0 <= tc.min_lr <= tc.lr, f"in [0, --lr={tc.lr}]"),
+        # a short test run may leave the default warmup unfinished; an explicit one must fit in the run
+        ("warmup_iters", 0 <= tc.warmup_iters and (tc.warmup_iters <= tc.max_iters or "warmup_iters" not in given),
+         f"in [0, --max_iters={tc.max_iters}]"),
+        ("lr_decay_iters", tc.lr_decay_iters is None or tc.lr_decay_iters >= 1 and (
+            tc.lr_decay_iters >= tc.warmup_iters or "lr_decay_iters" not in given),
+         f">= --warmup_iters={tc.warmup_iters} and >= 1, or None"),
+        ("weight_decay", tc.weight_decay >= 0, ">= 0"),
+        ("beta1", 0 <= tc.beta1 < 1, "in [0, 1)"),
+        ("beta2", 0 <= tc.beta2 < 1, "in [0, 1)"),
+        ("grad_clip", tc.grad_clip >= 0, ">= 0 (0 turns clipping off)"),
+        ("seed", 0 <= tc.seed < 2 ** 63, "in [0, 2^63)"),
+    )
+    for name, ok, allowed in ranges:
         if not ok:
             raise UsageError(f"--{name}={getattr(tc, name)} must be {allowed}")
     if tc.device != "auto" and tc.device.split(":")[0] not in ("cpu", "cuda", "mps"):
         raise UsageError(f"--device={tc.device} is not a device; choose auto, cpu, cuda, cuda:N or mps")
+    if not tc.out_dir.strip():
+        raise UsageError("--out_dir is empty; give a folder for config.json, log.jsonl and checkpoints")
+
+
+def check_out_dir(out_dir):
+    """out_dir is a folder, or can become one, and can be written: checked before anything is written."""
+    existing = os.path.abspath(out_dir)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise UsageError(f"--out_dir={out_dir}: {existing} is a file, not a folder; choose another --out_dir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--out_dir={out_dir}: {existing} is not writable; choose another --out_dir")
+
+
+def holds_a_run(out_dir):
+    names = os.listdir(out_dir) if os.path.isdir(out_dir) else []
+    return [n for n in sorted(names) if n == "log.jsonl" or (n.startswith("ckpt") and n.endswith(".pt"))]
+
+
+def no_effect_warnings(given, m, tc):
+    """Flags given on the command line that change nothing in this configuration (a warning, not an error)."""
+    by_norm = {"pn_alpha_fwd": ("batchnorm", "pnv", "powernorm"), "pn_alpha_bwd": ("powernorm",),
+               "pn_warmup": ("powernorm",), "pn_group_scaling": ("powernorm",)}
+    unused = {name: f"--norm={m.norm}" for name, norms in by_norm.items() if m.norm not in norms}
+    if m.norm == "none":
+        unused.update(norm_eps="--norm=none", norm_affine="--norm=none")
+    if not m.scale_resids:
+        unused["scale_resids_init"] = "--scale_resids=False"
+    if not m.layer_scale:
+        unused["layer_scale_init"] = "--layer_scale=False"
+    if tc.lr_schedule == "constant":
+        unused.update(min_lr="--lr_schedule=constant", lr_decay_iters="--lr_schedule=constant")
+    return [f"train.py: warning: --{name} has no effect with {why}" for name, why in unused.items() if name in given]
 
 
 def get_lr(step, tc):
@@ -194,11 +261,104 @@ def configure_optimizer(model, tc, device_type):
     return torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), fused=fused)
 
 
-def save_checkpoint(path, state):
-    """Write to a temporary file, then rename over the old one: a crash never leaves half a checkpoint."""
+class CheckpointError(Exception):
+    """A checkpoint could not be written: printed as one line, exit code 1."""
+
+
+def pause_for_tests(point):
+    """test_resume.py SIGKILLs a run paused here (NANONORM_PAUSE_AT=eval@6 or save@6) mid-operation."""
+    if os.environ.get("NANONORM_PAUSE_AT") == point:
+        print(f"paused at {point}", flush=True)
+        time.sleep(60)
+
+
+def write_atomically(path, state):
+    """Write to path.tmp, flush it to the disk, then rename it over path: a crash or a kill at any moment
+    leaves the old file or the new one, never half of one; a failed write removes the partial tmp."""
     tmp = path + ".tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        pause_for_tests(f"save@{state['step']}")
+        os.replace(tmp, path)
+        folder = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+        try:
+            os.fsync(folder)  # the rename itself reaches the disk
+        finally:
+            os.close(folder)
+    except (OSError, RuntimeError) as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        cause = getattr(e, "strerror", None) or str(e).splitlines()[0]
+        raise CheckpointError(f"cannot write {path} ({cause}); the previous checkpoint is kept") from None
+
+
+def numbered_checkpoints(out_dir):
+    """{step: path} of the ckpt-<step>.pt files in out_dir."""
+    found = {}
+    for name in os.listdir(out_dir) if os.path.isdir(out_dir) else []:
+        stem = name.removeprefix("ckpt-").removesuffix(".pt")
+        if name.startswith("ckpt-") and name.endswith(".pt") and stem.isdigit():
+            found[int(stem)] = os.path.join(out_dir, name)
+    return found
+
+
+def save_checkpoint(out_dir, state, keep):
+    """ckpt.pt is the newest checkpoint; ckpt-<step>.pt (a hard link, no extra space) names each of the last
+    `keep` ones and the one with the best val loss; older ones are deleted."""
+    newest = os.path.join(out_dir, "ckpt.pt")
+    write_atomically(newest, state)
+    numbered = os.path.join(out_dir, f"ckpt-{state['step']}.pt")
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(numbered + ".tmp")
+        os.link(newest, numbered + ".tmp")
+        os.replace(numbered + ".tmp", numbered)
+    except OSError:
+        write_atomically(numbered, state)  # a file system without hard links
+    steps = sorted(numbered_checkpoints(out_dir).items())
+    for step, path in steps[:-keep]:
+        if step != state["best_step"]:
+            os.remove(path)
+
+
+CHECKPOINT_KEYS = ("model", "optimizer", "scaler", "step", "best_val", "rng", "model_config", "train_config")
+
+
+def read_checkpoint(path):
+    """A nanonorm checkpoint, or UsageError saying why path is not one."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise UsageError(f"cannot read {path} ({type(e).__name__}); it is damaged or not a checkpoint") from None
+    missing = [k for k in CHECKPOINT_KEYS if not isinstance(checkpoint, dict) or k not in checkpoint]
+    if missing:
+        raise UsageError(f"{path} is not a nanonorm checkpoint (it lacks {', '.join(missing)})")
+    return checkpoint
+
+
+def newest_checkpoint(out_dir):
+    """The newest checkpoint that loads: ckpt.pt, else the ckpt-<step>.pt files from the newest down."""
+    newest = os.path.join(out_dir, "ckpt.pt")
+    candidates = [newest] if os.path.exists(newest) else []
+    for _, path in sorted(numbered_checkpoints(out_dir).items(), reverse=True):
+        if not candidates or not os.path.samefile(path, newest):
+            candidates.append(path)
+    if not candidates:
+        raise UsageError(f"--resume: no checkpoint in {out_dir} (start without --resume to train from scratch)")
+    problems = []
+    for path in candidates:
+        try:
+            checkpoint = read_checkpoint(path)
+        except UsageError as e:
+            problems.append(str(e))
+            continue
+        for problem in problems:
+            print(f"train.py: note: {problem}; resuming from {path}", file=sys.stderr)
+        return checkpoint
+    raise UsageError(f"--resume: {problems[0]}" + (f" (and {len(problems) - 1} older ones)" if problems[1:] else ""))
 
 
 def gather_rng_states(world_size):
@@ -235,6 +395,8 @@ def resolve_device(tc):
     device_type = device.split(":")[0]
     if device_type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device={tc.device}: CUDA is not available here; use --device=cpu")
+    if device_type == "mps" and not torch.backends.mps.is_available():
+        raise UsageError(f"--device={tc.device}: this torch has no MPS device; use --device=cpu")
     if tc.dtype == "auto":
         # CPUs without bf16 units run bf16 autocast 20-30x slower than float32 (measured on the CI machine)
         bf16_ok = device_type == "cuda" and torch.cuda.is_bf16_supported()
@@ -242,6 +404,43 @@ def resolve_device(tc):
     if tc.dtype == "bfloat16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
         raise UsageError("--dtype=bfloat16 is not supported by this GPU; use --dtype=float16")
     return device, tc
+
+
+# Flags of the machine, not of the run: a resume takes them from its own command line, not the checkpoint.
+SYSTEM_FLAGS = ("out_dir", "device", "dtype", "compile", "overwrite", "resume")
+
+
+def resume_configs(given, checkpoint, world_size):
+    """The checkpoint's model and training config, with the flags given on top where a resume can change
+    them; an inconsistent resume is one line."""
+    saved_model, saved_train = checkpoint["model_config"], checkpoint["train_config"]
+    step = checkpoint["step"]
+    changed = [k for k, v in model_flags(given).items() if saved_model.get(k, v) != v]
+    if given.get("preset") not in (None, saved_train.get("preset")):
+        changed.insert(0, "preset")
+    if changed:
+        raise UsageError(f"--resume: {', '.join('--' + k for k in changed)} differ from the checkpoint's; a "
+                         "resumed run keeps its model (use another --out_dir for a new one)")
+    for name in ("dataset", "tokenizer"):
+        if name in given and given[name] != saved_train.get(name):
+            raise UsageError(f"--resume: --{name}={given[name]} differs from the checkpoint's "
+                             f"{saved_train.get(name)}; a resumed run keeps its data")
+    if len(checkpoint["rng"]) != world_size:
+        raise UsageError(f"--resume: the checkpoint was written by {len(checkpoint['rng'])} processes, this run has "
+                         f"{world_size}; exact resume needs the same number (torchrun --nproc_per_node)")
+    try:
+        model_cfg = GPTConfig(**saved_model)
+        known = {k: v for k, v in saved_train.items() if k in TrainConfig.__dataclass_fields__}
+        known.update(lr_decay_iters=known.get("lr_decay_iters") or known.get("max_iters"))
+        known.update({k: getattr(TrainConfig, k) for k in SYSTEM_FLAGS})
+        tc = dataclasses.replace(TrainConfig(**known), **{k: v for k, v in given.items()
+                                                          if k in TrainConfig.__dataclass_fields__})
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"--resume: the checkpoint's config is not nanonorm's ({e})") from None
+    if tc.max_iters <= step:
+        raise UsageError(f"--resume: the checkpoint is at step {step} and --max_iters={tc.max_iters}; to train on, "
+                         f"raise --max_iters (the LR keeps its schedule to --lr_decay_iters={tc.lr_decay_iters})")
+    return model_cfg, tc
 
 
 def setup(argv):
@@ -253,25 +452,16 @@ def setup(argv):
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     model_cfg, tc = build_configs(given)
-    check_train_config(tc, world_size)
-    resume_from = os.path.join(tc.out_dir, "ckpt.pt") if tc.resume else None
+    check_train_config(tc, given)
+    check_out_dir(tc.out_dir)
     checkpoint = None
-    if resume_from:
-        if not os.path.exists(resume_from):
-            raise UsageError(f"--resume: no checkpoint at {resume_from} (start without --resume to train from scratch)")
-        try:
-            checkpoint = torch.load(resume_from, map_location="cpu", weights_only=True)
-        except Exception as e:
-            raise UsageError(f"--resume: cannot read {resume_from} ({type(e).__name__}); it is not a nanonorm "
-                             "checkpoint, or it is damaged") from None
-        saved = checkpoint["model_config"]
-        changed = [k for k in given if k in saved and given[k] != saved[k]]
-        if changed:
-            raise UsageError(f"--resume: the model flags {', '.join('--' + k for k in changed)} differ from the "
-                             f"checkpoint's; a resumed run keeps its model")
-        model_cfg = GPTConfig(**saved)
-        tc = dataclasses.replace(TrainConfig(**checkpoint["train_config"]), **{k: v for k, v in given.items()
-                                                                               if k in TrainConfig.__dataclass_fields__})
+    if tc.resume:
+        checkpoint = newest_checkpoint(tc.out_dir)
+        model_cfg, tc = resume_configs(given, checkpoint, world_size)
+        check_train_config(tc, given)
+    elif holds_a_run(tc.out_dir) and not tc.overwrite:
+        raise UsageError(f"--out_dir={tc.out_dir} holds a run ({', '.join(holds_a_run(tc.out_dir))}); continue it "
+                         "with --resume, replace it with --overwrite, or choose another --out_dir")
     device, tc = resolve_device(tc)
     device_type = device.split(":")[0]
     if ddp:
@@ -297,41 +487,105 @@ def setup(argv):
         model_cfg = dataclasses.replace(model_cfg, vocab_size=padded_vocab)
     if model_cfg.pn_warmup is None:
         # PowerNorm App. A.1 warms psi up; its warmup defaults to the LR warmup, counted in training forward calls
-        model_cfg = dataclasses.replace(model_cfg, pn_warmup=tc.warmup_iters * tc.grad_accum // world_size)
+        model_cfg = dataclasses.replace(model_cfg, pn_warmup=tc.warmup_iters * tc.grad_accum)
+    if rank == 0:
+        for warning in no_effect_warnings(given, model_cfg, tc):
+            print(warning, file=sys.stderr)
     return dict(model_cfg=model_cfg, tc=tc, checkpoint=checkpoint, folder=folder, meta=meta, ddp=ddp, rank=rank,
                 world_size=world_size, device=device, device_type=device_type)
 
 
-def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device, device_type):
+def restore(checkpoint, model, optimizer, scaler, tc, rank, device_type):
+    """A checkpoint's state into the fresh model, optimizer, scaler and RNGs; returns (step, best_val, best_step)."""
+    # nanoGPT issue #325: a compiled module's state_dict prefixes every name with _orig_mod.
+    weights = {k.removeprefix("_orig_mod."): v for k, v in checkpoint["model"].items()}
+    try:
+        model.load_state_dict(weights)
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        rng = checkpoint["rng"][rank]
+        torch.set_rng_state(rng["cpu"])
+        if "cuda" in rng and device_type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"])
+    except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
+        raise UsageError(f"--resume: the checkpoint does not fit its own model ({str(e).splitlines()[0]})") from None
+    saved_dtype = checkpoint["train_config"].get("dtype")
+    if scaler.is_enabled() and checkpoint["scaler"]:
+        scaler.load_state_dict(checkpoint["scaler"])
+    elif saved_dtype != tc.dtype and rank == 0:
+        # dtype is the machine's choice (a resume may move to a GPU), so allowed, but it is a new numeric path
+        print(f"train.py: note: the checkpoint was trained in {saved_dtype}, this run uses {tc.dtype}"
+              f"{' with a fresh GradScaler' if scaler.is_enabled() else ''}; not an exact continuation", file=sys.stderr)
+    return checkpoint["step"], checkpoint["best_val"], checkpoint.get("best_step", checkpoint["step"])
+
+
+def start_log(log_path, resumed_step):
+    """A new run starts a new log. A resumed one keeps its events up to the checkpoint's step: the steps
+    after it (logged before a crash or a kill) are trained again and logged again."""
+    kept = []
+    if resumed_step is not None and os.path.exists(log_path):
+        with open(log_path) as f:
+            for line in f:
+                with contextlib.suppress(ValueError):  # a line torn by a kill
+                    if json.loads(line).get("step", 0) <= resumed_step:
+                        kept.append(line)
+    with open(log_path + ".tmp", "w") as f:
+        f.writelines(kept)
+    os.replace(log_path + ".tmp", log_path)
+
+
+class StopRequest:
+    """The first Ctrl-C (SIGINT), or a SIGTERM (what torchrun sends its workers on Ctrl-C), asks the run to
+    stop at the next step boundary with a checkpoint; a second Ctrl-C stops at once."""
+
+    def __init__(self):
+        self.requested = False
+
+    def __call__(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+
+
+def agree(flag, ddp, device):
+    """True on every process if it is True on any (a stop request, a failed write), so all stop together."""
+    if not ddp:
+        return flag
+    flag = torch.tensor(float(flag), device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return flag.item() > 0
+
+
+def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device, device_type, stop):
     master = rank == 0
-    micro_steps = tc.grad_accum // world_size
+    micro_steps = tc.grad_accum
     os.makedirs(tc.out_dir, exist_ok=True)
     log_path = os.path.join(tc.out_dir, "log.jsonl")
-    ckpt_path = os.path.join(tc.out_dir, "ckpt.pt")
     torch.manual_seed(tc.seed)  # the same initial weights on every process
     model = GPT(model_cfg).to(device)
     optimizer = configure_optimizer(model, tc, device_type)
     scaler = torch.amp.GradScaler(device_type, enabled=tc.dtype == "float16")
-    step, best_val = 0, float("inf")
+    step, best_val, best_step = 0, float("inf"), 0
     torch.manual_seed(tc.seed + rank)  # dropout differs between processes
     if checkpoint:
-        model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        scaler.load_state_dict(checkpoint["scaler"])
-        step, best_val = checkpoint["step"], checkpoint["best_val"]
-        rng = checkpoint["rng"][rank] if len(checkpoint["rng"]) == world_size else None
-        if rng:
-            torch.set_rng_state(rng["cpu"])
-            if "cuda" in rng and device_type == "cuda":
-                torch.cuda.set_rng_state(rng["cuda"])
+        step, best_val, best_step = restore(checkpoint, model, optimizer, scaler, tc, rank, device_type)
+    sequences = tc.batch_size * tc.grad_accum * world_size
+    global_batch = {"sequences": sequences, "tokens": sequences * model_cfg.block_size}
     if master:
-        if not checkpoint:
-            open(log_path, "w").close()  # a new run starts a new log; a resumed one appends to its own
+        if tc.overwrite and not checkpoint:
+            for name in holds_a_run(tc.out_dir):
+                os.remove(os.path.join(tc.out_dir, name))
+        start_log(log_path, step if checkpoint else None)
         with open(os.path.join(tc.out_dir, "config.json"), "w") as f:
             json.dump({"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(tc),
-                       "world_size": world_size, "data": meta, "torch": torch.__version__}, f, indent=2)
+                       "world_size": world_size, "global_batch": global_batch, "data": meta,
+                       "torch": torch.__version__}, f, indent=2)
         print(f"{model.num_params():,} parameters | data {folder} | unigram entropy of val "
-              f"{meta['unigram_entropy']:.4f} nats/token | device {device} {tc.dtype} x{world_size}")
+              f"{meta['unigram_entropy']:.4f} nats/token | device {device} {tc.dtype} x{world_size} | global batch "
+              f"{sequences} sequences = {tc.batch_size} x {tc.grad_accum} micro-steps x {world_size} processes, "
+              f"{global_batch['tokens']:,} tokens")
+        if checkpoint and tc.lr_schedule != "constant" and tc.max_iters > tc.lr_decay_iters > tc.warmup_iters:
+            print(f"resumed at step {step}: the LR stays at --min_lr={tc.min_lr} after --lr_decay_iters="
+                  f"{tc.lr_decay_iters} (the checkpoint's schedule); raise --lr_decay_iters to decay over the longer run")
     raw_model = model
     if tc.compile:
         model = torch.compile(model)
@@ -359,14 +613,32 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
                 x, y = get_batch(split, EVAL_STREAM, i)
                 with autocast:
                     total += eval_model(x, y)[1].float()
+                pause_for_tests(f"eval@{step}")
             if ddp:
                 dist.all_reduce(total)
             losses[split] = total.item() / (tc.eval_iters * world_size)
         model.train()
         return losses
 
-    resumed_at = step if checkpoint else None
-    t0, tokens_per_step = time.time(), tc.batch_size * model_cfg.block_size * micro_steps * world_size
+    def save(step):
+        """A checkpoint of this step on disk, or CheckpointError on every process."""
+        rng_states = gather_rng_states(world_size)
+        failure = None
+        if master:
+            try:
+                save_checkpoint(tc.out_dir, {
+                    "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scaler": scaler.state_dict(), "step": step, "best_val": best_val, "best_step": best_step,
+                    "rng": rng_states, "model_config": dataclasses.asdict(model_cfg),
+                    "train_config": dataclasses.asdict(tc)}, tc.keep_checkpoints)
+            except CheckpointError as e:
+                failure = str(e)
+        if agree(failure is not None, ddp, device):
+            raise CheckpointError(failure or "process 0 could not write the checkpoint")
+        return step
+
+    resumed_at = saved_at = step if checkpoint else None
+    t0, tokens_per_step = time.time(), global_batch["tokens"]
     while True:
         lr = get_lr(step, tc)
         for group in optimizer.param_groups:
@@ -380,19 +652,24 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
                                      "val_loss": losses["val"], "lr": lr, "rank_spread": spread})
             finite = math.isfinite(losses["val"])
             if step > 0 and finite and (losses["val"] < best_val or tc.always_save_checkpoint):
-                best_val = min(best_val, losses["val"])
-                rng_states = gather_rng_states(world_size)
-                if master:
-                    save_checkpoint(ckpt_path, {
-                        "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "scaler": scaler.state_dict(), "step": step, "best_val": best_val, "rng": rng_states,
-                        "model_config": dataclasses.asdict(model_cfg), "train_config": dataclasses.asdict(tc)})
+                if losses["val"] < best_val:
+                    best_val, best_step = losses["val"], step
+                saved_at = save(step)
             if not finite:
                 if master:
                     print(f"step {step}: val loss is {losses['val']}; stopping, the last good checkpoint is kept")
                 return 1
         if step >= tc.max_iters:
             return 0
+        if agree(stop.requested, ddp, device):
+            if saved_at != step:
+                save(step)
+            if master:
+                log_event(log_path, {"event": "interrupted", "step": step})
+                launcher = f"torchrun --nproc_per_node={world_size}" if ddp else "python"
+                print(f"interrupted at step {step}; the checkpoint is saved. To continue: "
+                      f"{launcher} train.py --out_dir={tc.out_dir} --resume")
+            return 130
         loss_sum = torch.zeros((), device=device)
         for micro in range(micro_steps):
             x, y = get_batch("train", step, micro)
@@ -419,14 +696,28 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
 
 
 def main(argv):
+    if "--help" in argv or "-h" in argv:
+        print_help()
+        return 0
     try:
         run = setup(argv)
     except (UsageError, data.DataError) as e:
         print(f"train.py: {e}", file=sys.stderr)
         return 2
+    stop = StopRequest()
+    handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return train(**run)
+        return train(**run, stop=stop)
+    except UsageError as e:
+        print(f"train.py: {e}", file=sys.stderr)
+        return 2
+    except CheckpointError as e:
+        if run["rank"] == 0:
+            print(f"train.py: {e}", file=sys.stderr)
+        return 1
     finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
         if run["ddp"]:
             dist.destroy_process_group()
 

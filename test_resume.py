@@ -1,0 +1,328 @@
+"""Nothing lost: Ctrl-C, kill -9 at several points, failed checkpoint writes, kept checkpoints, inconsistent
+resumes, and exact resume under torchrun with gradient accumulation and dropout."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import train
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
+        "--log_interval=1", "--warmup_iters=2", "--lr=3e-3", "--dropout=0.1"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "tiny.txt"
+    path.write_text("".join(f"the norm {i % 7} of layer {i % 5} scales residual {i % 3}\n" for i in range(400)))
+    return str(path)
+
+
+def flags(corpus, out, *more):
+    return [f"--dataset={corpus}", f"--data_dir={os.path.dirname(corpus)}/data", f"--out_dir={out}", *TINY, *more]
+
+
+def events(out, kind=None):
+    with open(os.path.join(out, "log.jsonl")) as f:
+        return [e for e in map(json.loads, f) if kind in (None, e["event"])]
+
+
+def losses(out):
+    return [(e["step"], e["loss"]) for e in events(out, "train")]
+
+
+@pytest.fixture(scope="module")
+def reference(corpus, tmp_path_factory):
+    """An uninterrupted 9-step run: what every interrupted, killed or resumed run must reproduce."""
+    out = tmp_path_factory.mktemp("reference") / "out"
+    assert train.main(flags(corpus, out, "--max_iters=9", "--eval_interval=3")) == 0
+    return out
+
+
+def signal_at(monkeypatch, step, times):
+    """Send this process SIGINT `times` times while it computes training step `step` (0-based)."""
+    generator = train.batch_generator
+
+    def hooked(*stream):
+        if stream[2:] == (step, 0):
+            for _ in range(times):
+                os.kill(os.getpid(), signal.SIGINT)
+        return generator(*stream)
+
+    monkeypatch.setattr(train, "batch_generator", hooked)
+
+
+def test_ctrl_c_stops_after_the_step_saves_and_resumes_exactly(corpus, tmp_path, reference, monkeypatch, capsys):
+    out = tmp_path / "out"
+    signal_at(monkeypatch, 4, times=1)
+    assert train.main(flags(corpus, out, "--max_iters=9", "--eval_interval=3")) == 130
+    assert "--resume" in capsys.readouterr().out
+    assert torch.load(out / "ckpt.pt", weights_only=True)["step"] == 5  # step 5 finished, then it stopped
+    assert events(out)[-1] == {"event": "interrupted", "step": 5}
+    monkeypatch.undo()
+    assert train.main(flags(corpus, out, "--resume")) == 0
+    assert losses(out) == losses(reference)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # main gives the handler back
+
+
+def test_a_second_ctrl_c_stops_at_once(corpus, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    signal_at(monkeypatch, 4, times=2)
+    with pytest.raises(KeyboardInterrupt):
+        train.main(flags(corpus, out, "--max_iters=9", "--eval_interval=3"))
+    assert torch.load(out / "ckpt.pt", weights_only=True)["step"] == 3  # no checkpoint of the unfinished step
+    assert not [e for e in events(out) if e["event"] == "interrupted"]
+
+
+def test_a_failed_checkpoint_write_keeps_the_previous_one_and_stops(corpus, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    assert train.main(flags(corpus, out, "--max_iters=2", "--eval_interval=2")) == 0
+    good = (out / "ckpt.pt").read_bytes()
+    capsys.readouterr()
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    assert train.main(flags(corpus, out, "--resume", "--max_iters=8")) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"train.py: cannot write {out / 'ckpt.pt'} (No space left on device); the previous checkpoint is kept"]
+    assert (out / "ckpt.pt").read_bytes() == good
+    assert not (out / "ckpt.pt.tmp").exists()
+    assert max(s for s, _ in losses(out)) == 4  # it stopped at the failed save, not trained on without one
+
+
+def test_keep_checkpoints_keeps_the_last_k_and_the_best(tmp_path):
+    for step in (2, 4, 6, 8):
+        train.save_checkpoint(str(tmp_path), {"step": step, "best_step": 4}, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-4.pt", "ckpt-6.pt", "ckpt-8.pt", "ckpt.pt"]
+    assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["step"] == 8
+    assert torch.load(tmp_path / "ckpt-6.pt", weights_only=True)["step"] == 6
+
+
+def test_resume_falls_back_to_the_newest_loadable_checkpoint(corpus, tmp_path, reference, capsys):
+    out = tmp_path / "out"
+    assert train.main(flags(corpus, out, "--max_iters=9", "--eval_interval=3", "--keep_checkpoints=2")) == 0
+    assert sorted(p.name for p in out.glob("ckpt*")) == ["ckpt-6.pt", "ckpt-9.pt", "ckpt.pt"]
+    # damage the newest, ckpt.pt (so also ckpt-9.pt, its hard link), and a ckpt-7.pt between it and ckpt-6.pt
+    shutil.copy(out / "ckpt-6.pt", out / "ckpt-7.pt")
+    for name in ("ckpt.pt", "ckpt-7.pt"):
+        with open(out / name, "r+b") as f:
+            f.truncate(100)
+    capsys.readouterr()
+    assert train.main(flags(corpus, out, "--resume", "--max_iters=12")) == 0
+    notes = capsys.readouterr().err.splitlines()
+    assert len(notes) == 2 and all("resuming from" in n and n.endswith("ckpt-6.pt") for n in notes)
+    steps = [s for s, _ in losses(out)]
+    assert steps == list(range(1, 13))  # steps 7..9 of the first run were dropped from the log, not repeated
+    assert losses(out)[:9] == losses(reference)
+
+
+def test_extending_a_finished_run_keeps_its_schedule(corpus, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert train.main(flags(corpus, out, "--max_iters=4", "--eval_interval=2", "--min_lr=1e-4")) == 0
+    capsys.readouterr()
+    assert train.main(flags(corpus, out, "--resume")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "at step 4" in err and "raise --max_iters" in err
+    assert train.main(flags(corpus, out, "--resume", "--max_iters=6")) == 0
+    assert "--lr_decay_iters" in capsys.readouterr().out
+    lrs = {e["step"]: e["lr"] for e in events(out, "train")}
+    assert lrs[5] == lrs[6] == 1e-4  # the decay ended at step 4; it does not start over
+    assert json.loads((out / "config.json").read_text())["train"]["lr_decay_iters"] == 4
+
+
+@pytest.fixture
+def checkpointed(corpus, tmp_path):
+    out = tmp_path / "out"
+    assert train.main(flags(corpus, out, "--max_iters=2", "--eval_interval=2")) == 0
+    return out
+
+
+def edit_checkpoint(out, change):
+    checkpoint = torch.load(out / "ckpt.pt", weights_only=True)
+    torch.save(change(checkpoint), out / "ckpt.pt")
+
+
+def other_shapes(checkpoint):
+    wider = train.GPT(train.GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=32))
+    return {**checkpoint, "model": wider.state_dict()}
+
+
+def drop(key):
+    return lambda checkpoint: {k: v for k, v in checkpoint.items() if k != key}
+
+
+FOREIGN = [
+    ("weights only", lambda c: c["model"], "is not a nanonorm checkpoint (it lacks model, optimizer"),
+    ("no optimizer", drop("optimizer"), "is not a nanonorm checkpoint (it lacks optimizer)"),
+    ("no model_config", drop("model_config"), "(it lacks model_config)"),
+    ("other shapes", other_shapes, "the checkpoint does not fit its own model"),
+    ("foreign model_config", lambda c: {**c, "model_config": {**c["model_config"], "n_expert": 8}},
+     "the checkpoint's config is not nanonorm's"),
+    ("a list", lambda c: [1, 2, 3], "is not a nanonorm checkpoint"),
+    ("two processes", lambda c: {**c, "rng": c["rng"] * 2}, "written by 2 processes, this run has 1"),
+]
+
+
+@pytest.mark.parametrize("name, change, expected", FOREIGN, ids=[f[0] for f in FOREIGN])
+def test_a_foreign_checkpoint_is_one_line(corpus, checkpointed, capsys, name, change, expected):
+    edit_checkpoint(checkpointed, change)
+    before = {p.name: p.read_bytes() for p in checkpointed.iterdir()}
+    capsys.readouterr()
+    assert train.main(flags(corpus, checkpointed, "--resume", "--max_iters=4")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and expected in err and "Traceback" not in err, err
+    assert {p.name: p.read_bytes() for p in checkpointed.iterdir()} == before
+
+
+INCONSISTENT = [
+    (["--preset=normformer"], "--preset, --scale_attn, --scale_fc, --scale_heads differ from the checkpoint's"),
+    (["--n_layer=3"], "--n_layer differ from the checkpoint's"),
+    (["--tokenizer=gpt2"], "--tokenizer=gpt2 differs from the checkpoint's byte"),
+    (["--dataset=builtin"], "--dataset=builtin differs from the checkpoint's"),
+    (["--max_iters=2"], "the checkpoint is at step 2 and --max_iters=2"),
+    (["--lr=nan"], "--lr=nan is not a finite number"),
+    (["--min_lr=1"], "--min_lr=1.0 must be in [0, --lr=0.003]"),
+]
+
+
+@pytest.mark.parametrize("more, expected", INCONSISTENT, ids=[" ".join(f) for f, _ in INCONSISTENT])
+def test_an_inconsistent_resume_is_one_line(corpus, checkpointed, capsys, more, expected):
+    before = {p.name: p.read_bytes() for p in checkpointed.iterdir()}
+    capsys.readouterr()
+    assert train.main(flags(corpus, checkpointed, "--resume", "--max_iters=4", *more)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and expected in err, err
+    assert {p.name: p.read_bytes() for p in checkpointed.iterdir()} == before
+
+
+def test_a_compiled_runs_checkpoint_resumes_eagerly_and_compile_is_not_sticky(corpus, tmp_path, reference):
+    """A checkpoint as a compiled nanoGPT run writes it (nanoGPT issue #325: _orig_mod. names), --compile
+    recorded: the resume loads it, runs eagerly unless --compile is given, and continues exactly."""
+    out = tmp_path / "out"
+    assert train.main(flags(corpus, out, "--max_iters=3", "--eval_interval=3", "--lr_decay_iters=9")) == 0
+    edit_checkpoint(out, lambda c: {**c, "model": {"_orig_mod." + k: v for k, v in c["model"].items()},
+                                    "train_config": {**c["train_config"], "compile": True}})
+    assert train.main(flags(corpus, out, "--resume", "--max_iters=9")) == 0
+    assert json.loads((out / "config.json").read_text())["train"]["compile"] is False
+    assert losses(out) == losses(reference)
+
+
+@pytest.mark.parametrize("saved, resumed", [("float32", "float16"), ("float16", "float32")])
+def test_resume_in_another_dtype_is_allowed_with_a_note(corpus, tmp_path, capsys, saved, resumed):
+    out = tmp_path / "out"
+    assert train.main(flags(corpus, out, "--max_iters=2", "--eval_interval=2", f"--dtype={saved}")) == 0
+    capsys.readouterr()
+    assert train.main(flags(corpus, out, "--resume", "--max_iters=4", f"--dtype={resumed}")) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and f"trained in {saved}, this run uses {resumed}" in err[0]
+    assert len(losses(out)) == 4
+
+
+def start(command, out, **env):
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=HERE,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+
+
+def kill_when(process, printed=None, out=None, step=None):
+    """SIGKILL the run once it prints `printed`, or once its log has reached a training step >= step."""
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if printed:
+            if printed in process.stdout.readline():
+                break
+        elif os.path.exists(out / "log.jsonl") and any(s >= step for s, _ in losses(out)):
+            break
+        else:
+            time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("point", ["step", "eval@6", "save@6"])
+def test_kill_9_leaves_a_loadable_checkpoint_and_resume_continues_exactly(corpus, tmp_path, reference, point):
+    out = tmp_path / "out"
+    run = flags(corpus, out, "--max_iters=9", "--eval_interval=3")
+    process = start([sys.executable, "train.py", *run], out, NANONORM_PAUSE_AT=point)
+    if point == "step":
+        kill_when(process, out=out, step=4)
+    else:
+        kill_when(process, printed=f"paused at {point}")
+    checkpoint = torch.load(out / "ckpt.pt", weights_only=True)
+    assert checkpoint["step"] >= 3 and (point == "step" or checkpoint["step"] == 3)
+    assert (out / "ckpt.pt.tmp").exists() == (point == "save@6")  # the partial write was never renamed
+    assert train.main([*run, "--resume"]) == 0
+    assert losses(out) == losses(reference)  # each step once: the log lost what the checkpoint did not keep
+    assert not (out / "ckpt.pt.tmp").exists()
+
+
+def torchrun(n, *args):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", "train.py",
+               *args]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=HERE, timeout=300,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return result
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_the_defaults_work_under_torchrun(corpus, tmp_path, n):
+    """No --grad_accum: one micro-step per process; the log states the global batch."""
+    out = tmp_path / "out"
+    result = torchrun(n, *flags(corpus, out, "--max_iters=2", "--eval_interval=2"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    config = json.loads((out / "config.json").read_text())
+    assert config["world_size"] == n and config["global_batch"] == {"sequences": 4 * n, "tokens": 4 * n * 32}
+    assert [s for s, _ in losses(out)] == [1, 2]
+    assert all(4.5 < loss < 6.5 for _, loss in losses(out))  # a real step: near ln(256) = 5.55 at the start
+
+
+def test_exact_resume_under_torchrun_with_grad_accum_and_dropout(corpus, tmp_path):
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    common = ["--grad_accum=2", "--eval_interval=2", "--lr_decay_iters=4"]
+    assert torchrun(2, *flags(corpus, whole, *common, "--max_iters=4")).returncode == 0
+    assert torchrun(2, *flags(corpus, split, *common, "--max_iters=2")).returncode == 0
+    config = json.loads((split / "config.json").read_text())
+    assert config["global_batch"] == {"sequences": 4 * 2 * 2, "tokens": 4 * 2 * 2 * 32}
+    assert config["model"]["pn_warmup"] == 2 * 2  # warmup_iters x micro-steps per process
+    refused = torchrun(3, *flags(corpus, split, "--resume", "--max_iters=4"))
+    assert refused.returncode != 0 and "train.py: --resume: the checkpoint was written by 2 processes, this run has 3; " \
+        "exact resume needs the same number" in refused.stderr
+    assert torchrun(2, *flags(corpus, split, "--resume", "--max_iters=4")).returncode == 0
+    assert losses(split) == losses(whole)
+
+
+def test_ctrl_c_under_torchrun_stops_every_process_at_the_same_step(corpus, tmp_path):
+    """Ctrl-C in a terminal signals the whole process group: torchrun, which SIGTERMs its workers, and the
+    workers themselves. All of them stop at one step boundary with one checkpoint."""
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+               *flags(corpus, out, "--max_iters=100000", "--eval_interval=1000")]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=HERE,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (os.path.exists(out / "log.jsonl") and len(losses(out)) >= 3):
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGINT)
+    output = process.communicate(timeout=120)[0]
+    interrupted = events(out, "interrupted")
+    assert len(interrupted) == 1 and "torchrun --nproc_per_node=2 train.py" in output, output[-3000:]
+    checkpoint = torch.load(out / "ckpt.pt", weights_only=True)
+    assert checkpoint["step"] == interrupted[0]["step"] and len(checkpoint["rng"]) == 2
+
+
+def test_a_short_run_with_the_default_warmup_extends(corpus, tmp_path):
+    """The inherited --lr_decay_iters=2 is shorter than the default --warmup_iters=50: not bad input."""
+    short = [f for f in flags(corpus, tmp_path / "out") if not f.startswith("--warmup_iters")]
+    assert train.main([*short, "--max_iters=2", "--eval_interval=2"]) == 0
+    assert train.main([*short, "--resume", "--max_iters=4"]) == 0
+    assert [s for s, _ in losses(tmp_path / "out")] == [1, 2, 3, 4]
