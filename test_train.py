@@ -122,9 +122,11 @@ def test_a_diverged_run_keeps_the_last_good_checkpoint(corpus, tmp_path, monkeyp
         return logits, loss * float("nan")
 
     monkeypatch.setattr(model.GPT, "forward", poisoned)
-    assert run(corpus, tmp_path, "--resume", "--max_iters=8") == 1
+    assert run(corpus, tmp_path, "--resume", "--max_iters=8") == 3
     assert "the last good checkpoint is kept" in capsys.readouterr().out
     assert (tmp_path / "out" / "ckpt.pt").read_bytes() == good
+    events = [json.loads(line) for line in open(tmp_path / "out" / "log.jsonl")]
+    assert [e["step"] for e in events if e["event"] == "diverged"] == [4]
 
 
 @pytest.mark.parametrize("flags, expected", [

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import data
+import stability
 from model import GPT, GPTConfig, PRESETS
 
 
@@ -45,7 +46,7 @@ class TrainConfig:
     warmup_iters: int = 50
     max_iters: int = 1000
     lr_decay_iters: Optional[int] = None  # None: decay until max_iters
-    lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    lr_schedule: Literal["cosine", "linear", "constant", "ramp"] = "cosine"  # ramp: NormFormer §4 LR stability test
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.99
@@ -61,6 +62,17 @@ class TrainConfig:
     seed: int = 1337
     overwrite: bool = False  # start afresh in an out_dir that holds a run
     keep_checkpoints: int = 1  # ckpt-<step>.pt of the last K checkpoints, and of the best
+    # loss-spike instruments (stability.py) and mitigations
+    diverge_loss: Optional[float] = None  # diverged above this training loss; None: the first step's loss + 1
+    diverge_gap: float = 1.5  # diverged when the 10-step mean loss is this far above its best; 0: off
+    spike_window: int = 100  # steps in the spike monitor's running mean and std
+    spike_z: float = 5.0  # a loss or grad-norm z-score above this is a spike
+    skip_spikes: bool = False  # skip the optimizer step of a spike (llm.c)
+    telemetry_interval: int = 0  # a "telemetry" event every N steps; 0: off
+    fp16_headroom_interval: int = 0  # a "headroom" event (max |x| per op and layer) every N steps; 0: off
+    z_loss: float = 0.0  # adds z_loss * mean(log Z)^2 to the training loss (PaLM)
+    seq_warmup_iters: int = 0  # steps over which the sequence length grows to block_size; 0: off
+    seq_warmup_start: int = 8  # the sequence length at step 0 of the sequence-length warmup
     # system
     device: str = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
@@ -185,6 +197,14 @@ def check_train_config(tc, given):
         ("beta2", 0 <= tc.beta2 < 1, "in [0, 1)"),
         ("grad_clip", tc.grad_clip >= 0, ">= 0 (0 turns clipping off)"),
         ("seed", 0 <= tc.seed < 2 ** 63, "in [0, 2^63)"),
+        ("diverge_gap", tc.diverge_gap >= 0, ">= 0 (0 turns it off)"),
+        ("spike_window", tc.spike_window >= 2, ">= 2 (a standard deviation needs two values)"),
+        ("spike_z", tc.spike_z > 0, "> 0"),
+        ("telemetry_interval", tc.telemetry_interval >= 0, ">= 0 (0 turns it off)"),
+        ("fp16_headroom_interval", tc.fp16_headroom_interval >= 0, ">= 0 (0 turns it off)"),
+        ("z_loss", tc.z_loss >= 0, ">= 0 (0 turns it off)"),
+        ("seq_warmup_iters", tc.seq_warmup_iters >= 0, ">= 0 (0 turns it off)"),
+        ("seq_warmup_start", tc.seq_warmup_start >= 1, ">= 1"),
     )
     for name, ok, allowed in ranges:
         if not ok:
@@ -222,13 +242,21 @@ def no_effect_warnings(given, m, tc):
         unused["scale_resids_init"] = "--scale_resids=False"
     if not m.layer_scale:
         unused["layer_scale_init"] = "--layer_scale=False"
-    if tc.lr_schedule == "constant":
-        unused.update(min_lr="--lr_schedule=constant", lr_decay_iters="--lr_schedule=constant")
+    if tc.lr_schedule in ("constant", "ramp"):
+        unused.update(min_lr=f"--lr_schedule={tc.lr_schedule}", lr_decay_iters=f"--lr_schedule={tc.lr_schedule}")
+    if tc.lr_schedule == "ramp":
+        unused["warmup_iters"] = "--lr_schedule=ramp"
+    if not tc.seq_warmup_iters:
+        unused["seq_warmup_start"] = "--seq_warmup_iters=0"
     return [f"train.py: warning: --{name} has no effect with {why}" for name, why in unused.items() if name in given]
 
 
 def get_lr(step, tc):
-    """Linear warmup to --lr, then cosine or linear decay to --min_lr at lr_decay_iters (or constant)."""
+    """Linear warmup to --lr, then cosine or linear decay to --min_lr at lr_decay_iters (or constant).
+    ramp: NormFormer §4's LR stability test, lr * step / max_iters from 0, no warmup and no decay (Table 8:
+    0 to 0.1 over 1,000 steps), run until the loss diverges."""
+    if tc.lr_schedule == "ramp":
+        return tc.lr * step / tc.max_iters
     if step < tc.warmup_iters:
         return tc.lr * (step + 1) / (tc.warmup_iters + 1)
     decay_iters = tc.lr_decay_iters or tc.max_iters
@@ -237,6 +265,29 @@ def get_lr(step, tc):
     ratio = min(1.0, (step - tc.warmup_iters) / (decay_iters - tc.warmup_iters))
     coeff = 0.5 * (1.0 + math.cos(math.pi * ratio)) if tc.lr_schedule == "cosine" else 1.0 - ratio
     return tc.min_lr + coeff * (tc.lr - tc.min_lr)
+
+
+def sequence_shape(step, tc, block_size):
+    """(sequence length, sequences per micro-step) at this step. Sequence-length warmup (Spike No More §5.2;
+    Li et al. 2022, "The Stability-Efficiency Dilemma"): the length grows linearly from seq_warmup_start to
+    block_size over seq_warmup_iters steps, and the batch grows as the length shrinks, so the tokens per step
+    stay batch_size * block_size (to within one sequence). A function of the step alone: resume is exact."""
+    if step >= tc.seq_warmup_iters:
+        return block_size, tc.batch_size
+    length = tc.seq_warmup_start + (block_size - tc.seq_warmup_start) * step // tc.seq_warmup_iters
+    return length, tc.batch_size * block_size // length
+
+
+def z_loss_term(logits):
+    """mean(log Z)^2, Z the softmax normalizer of each token's logits (PaLM §5, Chowdhery et al. 2022;
+    Wortsman et al. 2023 §3.2): added to the loss times --z_loss, it keeps log Z near 0 and stops the output
+    logits from drifting to magnitudes where the softmax loses precision."""
+    return torch.logsumexp(logits.float(), dim=-1).square().mean()
+
+
+def format_duration(seconds):
+    minutes, seconds = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}" if minutes >= 60 else f"{minutes}:{seconds:02d}"
 
 
 def batch_generator(*stream):
@@ -479,6 +530,8 @@ def setup(argv):
     folder = data.prepare(tc.dataset, tc.tokenizer, tc.data_dir)  # prepared now: this only finds the folder
     meta = data.load_meta(folder)
     data.check_length(meta, model_cfg.block_size)
+    if tc.seq_warmup_iters and tc.seq_warmup_start > model_cfg.block_size:
+        raise UsageError(f"--seq_warmup_start={tc.seq_warmup_start} must be <= --block_size={model_cfg.block_size}")
     padded_vocab = 64 * math.ceil(meta["vocab_size"] / 64)  # a multiple of 64 is faster on GPUs (nanoGPT)
     if "vocab_size" in given or checkpoint:
         if model_cfg.vocab_size < meta["vocab_size"]:
@@ -565,9 +618,14 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
     optimizer = configure_optimizer(model, tc, device_type)
     scaler = torch.amp.GradScaler(device_type, enabled=tc.dtype == "float16")
     step, best_val, best_step = 0, float("inf"), 0
+    monitor = stability.SpikeMonitor(tc.spike_window, tc.spike_z)
+    divergence = stability.DivergenceCheck(tc.diverge_loss, gap=tc.diverge_gap)
     torch.manual_seed(tc.seed + rank)  # dropout differs between processes
     if checkpoint:
         step, best_val, best_step = restore(checkpoint, model, optimizer, scaler, tc, rank, device_type)
+        # a resumed run flags, skips and diverges exactly where the uninterrupted one would
+        monitor.load_state_dict(checkpoint.get("spike_monitor", monitor.state_dict()))
+        divergence.load_state_dict(checkpoint.get("divergence", divergence.state_dict()))
     sequences = tc.batch_size * tc.grad_accum * world_size
     global_batch = {"sequences": sequences, "tokens": sequences * model_cfg.block_size}
     if master:
@@ -594,9 +652,9 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
     eval_model = model.module if ddp else model  # compiled if --compile; no DDP wrapper, as nothing syncs
     autocast = torch.autocast(device_type, dtype=getattr(torch, tc.dtype), enabled=tc.dtype != "float32")
 
-    def get_batch(split, *stream):
-        return data.get_batch(folder, split, tc.batch_size, model_cfg.block_size,
-                              batch_generator(tc.seed, rank, *stream), device)
+    def get_batch(split, *stream, shape=(model_cfg.block_size, tc.batch_size)):
+        length, batch = shape
+        return data.get_batch(folder, split, batch, length, batch_generator(tc.seed, rank, *stream), device)
 
     @torch.no_grad()
     def evaluate():
@@ -629,13 +687,89 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
                 save_checkpoint(tc.out_dir, {
                     "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                     "scaler": scaler.state_dict(), "step": step, "best_val": best_val, "best_step": best_step,
-                    "rng": rng_states, "model_config": dataclasses.asdict(model_cfg),
+                    "rng": rng_states, "spike_monitor": monitor.state_dict(), "divergence": divergence.state_dict(),
+                    "model_config": dataclasses.asdict(model_cfg),
                     "train_config": dataclasses.asdict(tc)}, tc.keep_checkpoints)
             except CheckpointError as e:
                 failure = str(e)
         if agree(failure is not None, ddp, device):
             raise CheckpointError(failure or "process 0 could not write the checkpoint")
         return step
+
+    points = raw_model.probe_points()  # the papers' op names for the hooks of stability.py
+    persistent = raw_model.state_dict().keys()
+    # running statistics change in a step's forward/backward; they are put back before forensics re-runs it
+    stateful = any(name in persistent for name, _ in raw_model.named_buffers())
+
+    def probe_pass(x, y, backward):
+        """The probes' own forward (and backward) of a batch on the plain model (hooks see nothing inside
+        torch.compile), leaving the weights, buffers, gradients and RNG as they were."""
+        saved = stability.snapshot(raw_model, parameters=False)
+        with torch.random.fork_rng(devices=[device] if device_type == "cuda" else []):
+            with stability.Probe(raw_model, points, backward=backward, stats=True) as probe:
+                with autocast:
+                    logits, loss = raw_model(x, y)
+                if backward:
+                    loss.backward()
+        raw_model.zero_grad(set_to_none=True)
+        stability.restore(raw_model, saved)
+        return probe.records, logits.detach()
+
+    def telemetry(step, x, y, weights):
+        """One "telemetry" and/or "headroom" event from a hooked pass over the step's last micro-batch."""
+        headroom = bool(tc.fp16_headroom_interval) and step % tc.fp16_headroom_interval == 0
+        records, logits = probe_pass(x, y, backward=headroom)
+        if headroom:
+            log_event(log_path, {"event": "headroom", "step": step, "ops": stability.headroom(records),
+                                 "fp16_max": stability.FP16_MAX})
+        if weights is not None:
+            forward = [r for r in records if r["pass"] == "forward"]
+            log_event(log_path, {
+                "event": "telemetry", "step": step, "weights": weights,
+                "acts": [{k: r[k] for k in ("layer", "op", "std", "max_abs")} for r in forward],
+                "attn_logit_max": [{"layer": r["layer"], "value": r["max_abs"]} for r in forward if r["op"] == "q@k"],
+                "logits": stability.logit_stats(logits),
+                "gains": stability.gain_stats(raw_model, label=raw_model.op_label),
+                "norm_stats": stability.buffer_stats(raw_model, label=raw_model.op_label)})
+
+    def failed_op(step, pre_step, shape):
+        """NormFormer Table 3's "failed operation": the step's micro-batches re-run from the pre-step state
+        with hooks on, until one shows an op whose output (or its gradient) is non-finite or above 65504."""
+        optimizer.zero_grad(set_to_none=True)
+        for micro in range(micro_steps):
+            if pre_step:
+                stability.restore(raw_model, pre_step)
+            x, y = get_batch("train", step, micro, shape=shape)
+
+            def run_micro_batch():
+                with autocast:
+                    loss = raw_model(x, y)[1]
+                loss.backward()
+
+            record, _ = stability.find_first_overflow(raw_model, points, run_micro_batch)
+            raw_model.zero_grad(set_to_none=True)
+            if record:
+                return record
+        return None
+
+    def diverged(step, lr, reason, record=None):
+        if not master:
+            return 3
+        notes = []
+        if record is None:
+            notes.append("no op's output or gradient was above the float16 range (65504) or non-finite")
+        if not any(op == "q@k" for _, op, *_ in points):
+            notes.append("q@k needs --attn_impl=manual")
+        log_event(log_path, {"event": "diverged", "step": step, "steps_survived": step, "lr": lr, "reason": reason,
+                             "loss_tail": list(divergence.tail), "failed_op": record, "note": "; ".join(notes)})
+        where = "none"
+        if record:
+            layer = f" at layer {record['layer']}" if record["layer"] is not None else ""
+            where = f"{record['op']}{layer} ({record['pass']}, max |x| {record['max_abs']:.3g})"
+        print(f"diverged at step {step} (survived {step} steps, lr {lr:.3e}): {reason}; first op over the "
+              f"float16 range: {where}{' (' + '; '.join(notes) + ')' if notes else ''}; the last good checkpoint "
+              f"is kept.")
+        return 3
 
     resumed_at = saved_at = step if checkpoint else None
     t0, tokens_per_step = time.time(), global_batch["tokens"]
@@ -656,10 +790,10 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
                     best_val, best_step = losses["val"], step
                 saved_at = save(step)
             if not finite:
-                if master:
-                    print(f"step {step}: val loss is {losses['val']}; stopping, the last good checkpoint is kept")
-                return 1
+                return diverged(step, lr, f"non-finite validation loss ({losses['val']})")
         if step >= tc.max_iters:
+            if master:
+                log_event(log_path, {"event": "done", "step": step, "val_loss": losses["val"]})
             return 0
         if agree(stop.requested, ddp, device):
             if saved_at != step:
@@ -670,29 +804,60 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
                 print(f"interrupted at step {step}; the checkpoint is saved. To continue: "
                       f"{launcher} train.py --out_dir={tc.out_dir} --resume")
             return 130
-        loss_sum = torch.zeros((), device=device)
+        shape = sequence_shape(step, tc, model_cfg.block_size)
+        pre_step = stability.snapshot(raw_model, parameters=False) if stateful else None
+        sums = torch.zeros(2, device=device)  # cross-entropy and z-loss term, averaged over the micro-steps
         for micro in range(micro_steps):
-            x, y = get_batch("train", step, micro)
+            x, y = get_batch("train", step, micro, shape=shape)
             # DDP: all-reduce the gradients only on the last micro-step
             sync = micro == micro_steps - 1 or not ddp
             with (contextlib.nullcontext() if sync else model.no_sync()), autocast:
-                loss = model(x, y)[1] / micro_steps
-            scaler.scale(loss).backward()
-            loss_sum += loss.detach()
+                logits, loss = model(x, y)
+                z_term = z_loss_term(logits) if tc.z_loss else torch.zeros((), device=device)
+            scaler.scale((loss + tc.z_loss * z_term) / micro_steps).backward()
+            sums += torch.stack([loss.detach(), z_term.detach()]) / micro_steps
         scaler.unscale_(optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), tc.grad_clip or float("inf"))
-        scaler.step(optimizer)
+        if ddp:
+            dist.all_reduce(sums)  # every process then takes the same divergence and spike decisions
+            sums /= world_size
+        # the step's one host read: divergence and the spike monitor need it before the optimizer step
+        loss_value, z_value, grad_value = torch.cat([sums, grad_norm.view(1).float()]).tolist()
+        reason = divergence.check(loss_value, grad_value)
+        if reason:
+            return diverged(step, lr, reason, failed_op(step, pre_step, shape))
+        z_scores = monitor.update(loss_value, grad_value)
+        skip = tc.skip_spikes and monitor.is_spike(*z_scores)
+        if monitor.is_spike(*z_scores) and master:
+            log_event(log_path, {"event": "spike", "step": step + 1, "loss": loss_value, "grad_norm": grad_value,
+                                 "z_loss_score": z_scores[0], "z_grad_score": z_scores[1], "skipped": skip})
+        instrumented = master and any(n and (step + 1) % n == 0
+                                      for n in (tc.telemetry_interval, tc.fp16_headroom_interval))
+        before = stability.snapshot(raw_model) if instrumented else None
+        if not skip:
+            scaler.step(optimizer)
         scaler.update()
+        weights = None
+        if instrumented and tc.telemetry_interval and (step + 1) % tc.telemetry_interval == 0:
+            weights = stability.weight_stats(raw_model, before, splits=raw_model.weight_splits(),
+                                             label=raw_model.op_label)
         optimizer.zero_grad(set_to_none=True)
         step += 1
+        if instrumented:
+            telemetry(step, x, y, weights)
         if step % tc.log_interval == 0 and master:
-            loss_value, dt = loss_sum.item(), (time.time() - t0) / tc.log_interval
+            dt = (time.time() - t0) / tc.log_interval
             t0 = time.time()
-            print(f"step {step} | loss {loss_value:.4f} | lr {lr:.2e} | grad norm {grad_norm.item():.3f} | "
-                  f"{dt * 1000:.1f} ms/step | {tokens_per_step / dt:,.0f} tokens/s")
-            log_event(log_path, {"event": "train", "step": step, "loss": loss_value, "lr": lr,
-                                 "grad_norm": grad_norm.item(), "ms_per_step": dt * 1000,
-                                 "tokens_per_s": tokens_per_step / dt})
+            eta = format_duration(dt * (tc.max_iters - step))
+            print(f"step {step} | loss {loss_value:.4f} | lr {lr:.2e} | grad norm {grad_value:.3f} | "
+                  f"{dt * 1000:.1f} ms/step | {tokens_per_step / dt:,.0f} tokens/s | ETA {eta}")
+            event = {"event": "train", "step": step, "loss": loss_value, "lr": lr, "grad_norm": grad_value,
+                     "ms_per_step": dt * 1000, "tokens_per_s": tokens_per_step / dt}
+            if tc.z_loss:
+                event["z_loss"] = z_value
+            if tc.seq_warmup_iters:
+                event["seq_len"] = shape[0]
+            log_event(log_path, event)
 
 
 def main(argv):

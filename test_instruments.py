@@ -1,0 +1,212 @@
+"""The loss-spike instruments wired into train.py (issue: LR ramp, divergence, first-overflow forensics,
+spike monitor, telemetry, z-loss, sequence-length warmup), end to end on a tiny corpus, each checked
+against a quantity computed here independently (from checkpoints, .grad, an explicit q@k, a formula)."""
+
+import json
+import math
+import os
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import data
+import model
+import stability
+import train
+
+TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4", "--eval_iters=1",
+        "--log_interval=1", "--warmup_iters=0", "--lr=3e-3"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    rng = random.Random(1)
+    words = ["psi", "nu", "gamma", "ramp", "spike", "overflow", "head", "residual"]
+    path = tmp_path_factory.mktemp("corpus") / "words.txt"
+    path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(10)) for _ in range(300)))
+    return str(path)
+
+
+def run(corpus, tmp_path, *flags, out="out"):
+    return train.main([f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / out}",
+                       *TINY, *flags])
+
+
+def events(out_dir, kind=None):
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return [e for e in map(json.loads, f) if kind is None or e["event"] == kind]
+
+
+def test_ramp_schedule_values():
+    tc = train.TrainConfig(lr=0.1, max_iters=1000, lr_schedule="ramp", warmup_iters=50)
+    assert [train.get_lr(s, tc) for s in (0, 1, 500, 1000)] == [0.0, 0.1 / 1000, 0.05, 0.1]
+
+
+def test_loss_bound_stops_before_the_first_update(corpus, tmp_path, capsys):
+    assert run(corpus, tmp_path, "--max_iters=4", "--eval_interval=2", "--diverge_loss=0.5") == 3
+    out = tmp_path / "out"
+    [event] = events(out, "diverged")
+    assert event["step"] == 0 and event["steps_survived"] == 0 and "above the bound 0.5000" in event["reason"]
+    assert event["loss_tail"][0] > 0.5 and "q@k needs --attn_impl=manual" in event["note"]
+    assert not any(name.startswith("ckpt") for name in os.listdir(out))  # nothing from the diverged state
+    assert capsys.readouterr().out.count("diverged at step 0") == 1
+
+
+def test_gap_rule_and_default_bound_come_from_the_run(corpus, tmp_path):
+    """A loss that rises: the ramp to an absurd LR without clipping, in float32, stops with the gap rule
+    or the default bound (first loss + 1), never running to max_iters."""
+    code = run(corpus, tmp_path, "--max_iters=200", "--eval_interval=1000", "--lr_schedule=ramp", "--lr=20",
+               "--grad_clip=0", "--diverge_gap=0.5")
+    assert code == 3
+    [event] = events(tmp_path / "out", "diverged")
+    assert event["step"] < 200 and event["lr"] == pytest.approx(20 * event["step"] / 200)
+    losses = [e["loss"] for e in events(tmp_path / "out", "train")]
+    assert losses and event["loss_tail"][-2] == pytest.approx(losses[-1])
+
+
+def plant(factor, where):
+    """Multiply a weight of the freshly initialized model, so that forensics has something to find."""
+    original = model.GPT.init_weights
+
+    @torch.no_grad()
+    def init_weights(self):
+        original(self)
+        where(self).mul_(factor)
+    return init_weights
+
+
+@pytest.mark.parametrize("factor, where, expected", [
+    (1e7, lambda m: m.blocks[1].mlp.proj.weight, ("fc2", 1)),
+    (3e3, lambda m: m.blocks[1].attn.qkv.weight[:64], ("q@k", 1)),  # W_q and W_k of layer 1: q, k stay in range
+])
+def test_forensics_names_the_planted_op_and_layer(corpus, tmp_path, monkeypatch, factor, where, expected):
+    monkeypatch.setattr(model.GPT, "init_weights", plant(factor, where))
+    assert run(corpus, tmp_path, "--max_iters=2", "--attn_impl=manual", "--diverge_loss=0.01") == 3
+    [event] = events(tmp_path / "out", "diverged")
+    failed = event["failed_op"]
+    assert (failed["op"], failed["layer"], failed["pass"]) == (*expected, "forward")
+    assert failed["max_abs"] > stability.FP16_MAX
+
+
+def test_forensics_names_a_backward_op_for_an_inf_gradient(corpus, tmp_path, monkeypatch):
+    forward = model.GPT.forward
+
+    def huge_loss(self, idx, targets=None):
+        logits, loss = forward(self, idx, targets)
+        return logits, loss * 1e30  # finite, but its gradient into the logits is far above 65504
+    monkeypatch.setattr(model.GPT, "forward", huge_loss)
+    assert run(corpus, tmp_path, "--max_iters=2", "--diverge_loss=1e40") == 3  # the gradient norm is not finite
+    failed = events(tmp_path / "out", "diverged")[0]["failed_op"]
+    assert failed["pass"] == "backward" and failed["op"] == "logits"
+
+
+def test_telemetry_equals_direct_computation(corpus, tmp_path):
+    flags = ["--max_iters=2", "--eval_interval=1", "--keep_checkpoints=3", "--attn_impl=manual",
+             "--telemetry_interval=2", "--fp16_headroom_interval=2", "--scale_heads", "--norm=powernorm"]
+    assert run(corpus, tmp_path, *flags) == 0
+    out = tmp_path / "out"
+    [event] = events(out, "telemetry")
+    before = torch.load(out / "ckpt-1.pt", weights_only=True)["model"]
+    after_state = torch.load(out / "ckpt-2.pt", weights_only=True)
+    after = after_state["model"]
+    # the update/weight ratio of every (split) weight, from the checkpoints of steps 1 and 2
+    assert {row["op"] for row in event["weights"]} >= {"q", "k", "v", "out_proj", "fc1", "fc2", "attn_ln"}
+    for row in event["weights"]:
+        w0, w1 = before[row["name"]], after[row["name"]]
+        if row["op"] in ("q", "k", "v"):
+            w0, w1 = (w.chunk(3)["qkv".index(row["op"])] for w in (w0, w1))
+        if w0.norm() == 0:  # biases start at 0
+            continue
+        expected = ((w1 - w0).norm() / w0.norm()).item()
+        assert row["update_ratio"] == pytest.approx(expected, rel=1e-4, abs=1e-9), row["name"]
+    # gains: HeadScale and norm gains from the parameters
+    gains = {row["name"]: row for row in event["gains"]}
+    head_scale = after["blocks.1.attn.head_scale"].double()
+    assert gains["blocks.1.attn.head_scale"]["mean"] == pytest.approx(head_scale.mean().item())
+    assert gains["blocks.1.attn.head_scale"]["max"] == pytest.approx(head_scale.max().item())
+    # PowerNorm internals: nu of layer 0's attention norm
+    psi = {row["name"]: row for row in event["norm_stats"]}
+    nu = after["blocks.0.attn_norm.nu"]
+    assert psi["blocks.0.attn_norm"]["nu_max_abs"] == pytest.approx(nu.abs().max().item(), rel=1e-5)
+    # the attention logits of the step's last micro-batch, from an explicit q@k on the step-2 weights
+    cfg = model.GPTConfig(**after_state["model_config"])
+    gpt = model.GPT(cfg)
+    gpt.load_state_dict(after)
+    folder = os.path.join(tmp_path / "data", os.listdir(tmp_path / "data")[0])
+    x, y = data.get_batch(folder, "train", 4, 16, train.batch_generator(1337, 0, 1, 0), "cpu")
+    scores = []
+    hooks = [block.attn.scores.register_forward_hook(lambda m, i, o: scores.append(o.abs().max().item()))
+             for block in gpt.blocks]
+    logits, _ = gpt(x, y)
+    for h in hooks:
+        h.remove()
+    expected = [{"layer": i, "value": pytest.approx(s, rel=1e-5)} for i, s in enumerate(scores)]
+    assert event["attn_logit_max"] == expected
+    assert event["logits"]["mean_log_z"] == pytest.approx(torch.logsumexp(logits, -1).mean().item(), rel=1e-5)
+    [headroom] = events(out, "headroom")
+    ops = {(r["layer"], r["op"], r["pass"]) for r in headroom["ops"]}
+    assert (0, "q@k", "forward") in ops and (1, "fc2", "backward") in ops
+
+
+def test_instruments_leave_training_unchanged(corpus, tmp_path):
+    """Hooked passes restore weights, buffers, gradients and the RNG: dropout and PowerNorm still train
+    exactly as without them."""
+    flags = ["--max_iters=4", "--eval_interval=4", "--dropout=0.1", "--norm=powernorm"]
+    assert run(corpus, tmp_path, *flags, out="plain") == 0
+    assert run(corpus, tmp_path, *flags, "--telemetry_interval=1", "--fp16_headroom_interval=2", out="probed") == 0
+    plain = torch.load(tmp_path / "plain" / "ckpt.pt", weights_only=True)["model"]
+    probed = torch.load(tmp_path / "probed" / "ckpt.pt", weights_only=True)["model"]
+    assert all(torch.equal(plain[k], probed[k]) for k in plain)
+
+
+def test_skip_spikes_skips_the_flagged_steps_and_resumes_exactly(corpus, tmp_path):
+    flags = ["--eval_interval=1", "--keep_checkpoints=20", "--spike_window=3", "--spike_z=0.5", "--skip_spikes",
+             "--lr_schedule=constant"]
+    assert run(corpus, tmp_path, "--max_iters=10", *flags, out="straight") == 0
+    assert run(corpus, tmp_path, "--max_iters=5", *flags, out="split") == 0
+    assert run(corpus, tmp_path, "--max_iters=10", "--resume", *flags, out="split") == 0
+    spikes = events(tmp_path / "straight", "spike")
+    assert spikes and all(e["skipped"] for e in spikes) and spikes == events(tmp_path / "split", "spike")
+    skipped = {e["step"] for e in spikes}
+    states = [torch.load(tmp_path / "straight" / f"ckpt-{s}.pt", weights_only=True)["model"] for s in range(1, 11)]
+    for step in range(2, 11):
+        same = all(torch.equal(states[step - 2][k], states[step - 1][k]) for k in states[0])
+        assert same == (step in skipped), step
+    final = torch.load(tmp_path / "split" / "ckpt.pt", weights_only=True)["model"]
+    assert all(torch.equal(states[-1][k], final[k]) for k in final)
+
+
+def test_z_loss_value_and_gradient():
+    logits = torch.randn(3, 5, 11, dtype=torch.float64, requires_grad=True)
+    log_z = torch.log(torch.exp(logits).sum(-1))
+    assert train.z_loss_term(logits).item() == pytest.approx((log_z ** 2).mean().item(), rel=1e-6)
+    grad, = torch.autograd.grad(train.z_loss_term(logits), logits)
+    # d/dl mean(lse^2) = 2 lse softmax(l) / (number of tokens)
+    expected = 2 * log_z.unsqueeze(-1) * F.softmax(logits, -1) / 15
+    torch.testing.assert_close(grad.double(), expected.detach(), rtol=1e-5, atol=1e-7)
+
+
+def test_z_loss_adds_to_the_objective_and_logs_the_cross_entropy(corpus, tmp_path):
+    assert run(corpus, tmp_path, "--max_iters=1", "--eval_interval=1", "--z_loss=0.5", out="z") == 0
+    assert run(corpus, tmp_path, "--max_iters=1", "--eval_interval=1", out="plain") == 0
+    z_event, plain_event = events(tmp_path / "z", "train")[0], events(tmp_path / "plain", "train")[0]
+    assert z_event["loss"] == pytest.approx(plain_event["loss"], rel=1e-6)  # the same CE at the same weights
+    assert z_event["z_loss"] > 1.0  # log Z of 256 near-uniform logits is about ln 256 = 5.5
+    assert z_event["grad_norm"] != pytest.approx(plain_event["grad_norm"], rel=1e-3)
+
+
+def test_sequence_warmup_shapes():
+    tc = train.TrainConfig(batch_size=4, seq_warmup_iters=10, seq_warmup_start=4)
+    shapes = [train.sequence_shape(s, tc, 64) for s in range(12)]
+    assert shapes[0] == (4, 64) and shapes[10] == shapes[11] == (64, 4)
+    lengths = [length for length, _ in shapes]
+    assert lengths == [4 + 60 * s // 10 for s in range(10)] + [64, 64]
+    assert all(64 * 4 - length < length * batch <= 64 * 4 for length, batch in shapes)
+
+
+def test_sequence_warmup_trains_and_logs_lengths(corpus, tmp_path):
+    assert run(corpus, tmp_path, "--max_iters=4", "--eval_interval=4", "--seq_warmup_iters=4",
+               "--seq_warmup_start=4") == 0
+    assert [e["seq_len"] for e in events(tmp_path / "out", "train")] == [4, 7, 10, 13]
