@@ -83,8 +83,9 @@ class RMSNormFunction(torch.autograd.Function):
             dz_x, grad_weight = dy_x.sum(-1, keepdim=True), None
             grad_x = dy * rstd
         else:
-            dz_x = (dy_x @ weight).unsqueeze(-1)  # sum(g dy x), a matrix-vector product: one read
-            grad_weight = dy_x.mul_(rstd).reshape(-1, C).sum(0)  # sum over tokens of dy * z
+            # sum(g dy x) per token and sum over tokens of dy x / r, both matrix-vector products: one read each
+            dz_x = (dy_x @ weight).unsqueeze(-1)
+            grad_weight = rstd.flatten() @ dy_x.reshape(-1, C)
             grad_x = (dy * weight).mul_(rstd)
         # (dz - z * mean(dz * z)) / r = dz / r - x * sum(dz * x) / (C r^3)
         return grad_x.addcmul_(x, dz_x * rstd ** 3 / C, value=-1), grad_weight, None
@@ -184,7 +185,7 @@ class PNV(nn.Module):
             psi2 = mean_tokens(u * u)
             self.running_psi2.mul_(self.alpha).add_((1 - self.alpha) * psi2)
         # with the batch's psi_B and no nu, PowerNormFunction's gradient is PN-V's exact one, eq. (6)
-        return PowerNormFunction.apply(u, self.weight, self.bias, psi2, psi2, None, None, self.eps, None).to(x.dtype)
+        return PowerNormFunction.apply(u, self.weight, self.bias, psi2, None, None, None, self.eps, None).to(x.dtype)
 
 
 def group_scale(x, groups):
@@ -202,8 +203,8 @@ class PowerNormFunction(torch.autograd.Function):
 
     psi2 is the divisor the module chose (a constant for autograd), psi2_batch = mean_tokens(x^2). Where
     `warm` (PowerNorm's warmup) psi2 is psi2_batch and nu_(t-1) is replaced by this batch's Lambda, which
-    makes it PN-V's exact gradient eq. (6); nu then still takes the step of eq. (13). nu None: PN-V itself,
-    always eq. (6), no nu to update.
+    makes it PN-V's exact gradient eq. (6); nu then still takes the step of eq. (13). psi2, nu and warm None:
+    PN-V itself, divided by psi2_batch, always eq. (6), no nu to update.
 
     Autograd through x * rsqrt(psi2 + eps) * g + b would write about ten temporaries the size of x; here g
     and 1 / psi fold into one per-channel factor, mean_tokens(g_hat * z) = g / psi * mean_tokens(dL/dy * x)
@@ -212,7 +213,7 @@ class PowerNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, psi2_batch, psi2, nu, warm, eps, alpha_bwd):
-        rstd = torch.rsqrt(psi2 + eps)
+        rstd = torch.rsqrt((psi2_batch if psi2 is None else psi2) + eps)
         ctx.save_for_backward(x, weight, rstd, psi2_batch, warm)
         # nu is read and updated in backward, not saved: its value then is nu_(t-1)
         ctx.nu, ctx.alpha_bwd = nu, alpha_bwd

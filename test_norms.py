@@ -507,7 +507,7 @@ def test_compiled_module_matches_eager(kind, backend):
         for p, q in zip(eager.parameters(), compiled_module.parameters()):
             p.copy_(torch.rand(p.shape, generator=gen) + 0.5)
             q.copy_(p)
-    compiled = torch.compile(compiled_module, backend=backend)
+    compiled = torch.compile(compiled_module, backend=backend, fullgraph=True)  # a graph break would hide work
     for _ in range(3):  # warmup, then two calls with running statistics
         x, dy = torch.randn((2, 5, 12), generator=gen) + 0.5, torch.randn((2, 5, 12), generator=gen)
         for got, want in zip(run(compiled_module, x, dy, call=compiled), run(eager, x, dy)):
