@@ -208,7 +208,7 @@ class PowerNormFunction(torch.autograd.Function):
 
     Autograd through x * rsqrt(psi2 + eps) * g + b would write about ten temporaries the size of x; here g
     and 1 / psi fold into one per-channel factor, mean_tokens(g_hat * z) = g / psi * mean_tokens(dL/dy * x)
-    and Gamma = psi2_batch / (psi2 + eps), so each pass writes one tensor and the backward two.
+    and Gamma = psi2_batch / (psi2 + eps), so the forward writes one tensor and the backward two.
     """
 
     @staticmethod
