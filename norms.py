@@ -25,12 +25,10 @@ def gamma_beta(dim, affine):
     return weight, bias
 
 
-def scale_shift(z, weight, bias):
-    if weight is not None:
-        z = z * weight
-    if bias is not None:
-        z = z + bias
-    return z
+def normalize_affine(x, rstd, weight, bias):
+    """g * x * rstd + b for a per-channel rstd: g * rstd folds into one factor, so it is one pass over x."""
+    scale = rstd if weight is None else weight * rstd
+    return x * scale if bias is None else torch.addcmul(bias, x, scale)
 
 
 def upcast(x):
@@ -57,9 +55,46 @@ class LayerNorm(nn.Module):
         return y.to(x.dtype)
 
 
+class RMSNormFunction(torch.autograd.Function):
+    """y = g * x / r, r = sqrt(mean(x^2) + eps) over the last dim, with the closed-form gradient
+    dL/dx = (dz - z * mean(dz * z)) / r, z = x / r, dz = g * dL/dy, and dL/dg = sum over tokens of dL/dy * z
+    (Zhang & Sennrich 2019). g may be None (no gain).
+
+    On CPU F.rms_norm is a composite of six kernels and its autograd backward makes ten more passes over the
+    activations, each into a new tensor. Here the forward allocates one tensor and the backward two; the rest
+    are reductions and in-place updates. Since z * mean(dz * z) / r = x * mean(g dy x) / r^3, only x and r
+    are saved.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        # mean(x^2) = |x|^2 / C, read in one pass without an x^2 temporary
+        rstd = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True) ** 2 / x.shape[-1] + eps)
+        ctx.save_for_backward(x, rstd, weight)
+        y = x * rstd
+        return y if weight is None else y.mul_(weight)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, rstd, weight = ctx.saved_tensors
+        C = x.shape[-1]
+        dy_x = dy * x
+        if weight is None:
+            dz_x, grad_weight = dy_x.sum(-1, keepdim=True), None
+            grad_x = dy * rstd
+        else:
+            # sum(g dy x) per token and sum over tokens of dy x / r, both matrix-vector products: one read each
+            dz_x = (dy_x @ weight).unsqueeze(-1)
+            grad_weight = rstd.flatten() @ dy_x.reshape(-1, C)
+            grad_x = (dy * weight).mul_(rstd)
+        # (dz - z * mean(dz * z)) / r = dz / r - x * sum(dz * x) / (C r^3)
+        return grad_x.addcmul_(x, dz_x * rstd ** 3 / C, value=-1), grad_weight, None
+
+
 class RMSNorm(nn.Module):
     """y = x / sqrt(mean(x^2) + eps) * g over the C features of each token, never a bias
-    (Zhang & Sennrich 2019; the "T5" LN variant of NormFormer Table 8; Spike No More §5.3)."""
+    (Zhang & Sennrich 2019; the "T5" LN variant of NormFormer Table 8; Spike No More §5.3).
+    See RMSNormFunction for the gradient."""
 
     def __init__(self, dim, eps=1e-5, affine="both"):
         super().__init__()
@@ -68,8 +103,7 @@ class RMSNorm(nn.Module):
         self.weight, self.bias = gamma_beta(dim, affine)[0], None
 
     def forward(self, x):
-        y = F.rms_norm(upcast(x), x.shape[-1:], self.weight, self.eps)
-        return y.to(x.dtype)
+        return RMSNormFunction.apply(upcast(x), self.weight, self.eps).to(x.dtype)
 
 
 class CogViewLayerNorm(nn.Module):
@@ -85,8 +119,9 @@ class CogViewLayerNorm(nn.Module):
 
     def forward(self, x):
         u = upcast(x)
-        # the scale is a constant for autograd, as in CogView's code; tiny keeps an all-zero input finite
-        scale = (u.abs().amax().detach() / 8).clamp_min(torch.finfo(u.dtype).tiny)
+        # the scale is a constant for autograd, as in CogView's code; tiny keeps an all-zero input finite.
+        # max|u| is the infinity norm, read in one pass without an |u| temporary
+        scale = (torch.linalg.vector_norm(u, float("inf")).detach() / 8).clamp_min(torch.finfo(u.dtype).tiny)
         y = F.layer_norm(u / scale, x.shape[-1:], self.weight, self.bias, self.eps)
         return y.to(x.dtype)
 
@@ -109,15 +144,16 @@ class BatchNorm(nn.Module):
         self.register_buffer("running_var", torch.ones(dim))
 
     def forward(self, x):
-        u = upcast(x)
+        u = upcast(x).reshape(-1, x.shape[-1])
         if self.training:
-            mean = mean_tokens(u)
-            var = mean_tokens((u - mean) ** 2)  # biased, as in Alg. 1 (torch's BatchNorm keeps the unbiased one)
-            self.update_running(mean.detach(), var.detach())
+            # torch's fused kernel computes Alg. 1 with the biased variance, and its backward is the closed form
+            # of eq. (3). It also returns the batch mean and 1 / sqrt(var + eps) it used, from which the running
+            # statistics are updated: F.batch_norm would keep the unbiased variance.
+            y, mean, rstd = torch.native_batch_norm(u, self.weight, self.bias, None, None, True, 0.0, self.eps)
+            self.update_running(mean, rstd ** -2 - self.eps)
         else:
-            mean, var = self.running_mean, self.running_var
-        z = (u - mean) * torch.rsqrt(var + self.eps)
-        return scale_shift(z, self.weight, self.bias).to(x.dtype)
+            y = F.batch_norm(u, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps)
+        return y.reshape(x.shape).to(x.dtype)
 
     @torch.no_grad()
     def update_running(self, mean, var):
@@ -143,53 +179,62 @@ class PNV(nn.Module):
 
     def forward(self, x):
         u = upcast(x)
-        if self.training:
+        if not self.training:
+            return normalize_affine(u, torch.rsqrt(self.running_psi2 + self.eps), self.weight, self.bias).to(x.dtype)
+        with torch.no_grad():
             psi2 = mean_tokens(u * u)
-            with torch.no_grad():
-                self.running_psi2.mul_(self.alpha).add_((1 - self.alpha) * psi2)
-        else:
-            psi2 = self.running_psi2
-        z = u * torch.rsqrt(psi2 + self.eps)
-        return scale_shift(z, self.weight, self.bias).to(x.dtype)
+            self.running_psi2.mul_(self.alpha).add_((1 - self.alpha) * psi2)
+        # with the batch's psi_B and no nu, PowerNormFunction's gradient is PN-V's exact one, eq. (6)
+        return PowerNormFunction.apply(u, self.weight, self.bias, psi2, None, None, None, self.eps, None).to(x.dtype)
 
 
 def group_scale(x, groups):
     """x / sqrt(mean_group(x^2) + 1e-5) per token and group of C / groups channels, no parameters: the
-    "layer-scale layer" PowerNorm puts before the norm (App. A.1; reference code GroupScaling1D)."""
-    u = x.unflatten(-1, (groups, -1))
-    u = u * torch.rsqrt((u * u).mean(-1, keepdim=True) + GROUP_SCALING_EPS)
-    return u.flatten(-2)
+    "layer-scale layer" PowerNorm puts before the norm (App. A.1; reference code GroupScaling1D). That is
+    RMSNorm without a gain over each group."""
+    return RMSNormFunction.apply(x.unflatten(-1, (groups, -1)), None, GROUP_SCALING_EPS).flatten(-2)
 
 
 class PowerNormFunction(torch.autograd.Function):
-    """z = x / sqrt(psi2 + eps) with PowerNorm's approximate backward (eq. (11)-(13)).
+    """y = g * z + b, z = x / sqrt(psi2 + eps) per channel, with PowerNorm's approximate backward
+    (eq. (11)-(13)): g_hat = g * dL/dy, dL/dx = (g_hat - nu_(t-1) * z) / sqrt(psi2 + eps), then
+    nu <- nu * (1 - (1 - alpha_bwd) * Gamma) + (1 - alpha_bwd) * Lambda with Gamma = mean_tokens(z^2) and
+    Lambda = mean_tokens(g_hat * z); dL/dg = sum_tokens(dL/dy * z), dL/db = sum_tokens(dL/dy).
 
-    psi2 is the divisor the module chose (a constant for autograd). After warmup the gradient is
-    dL/dx = (g_hat - nu_(t-1) * z) / sqrt(psi2 + eps), g_hat = dL/dz = g * dL/dy. During warmup psi2 is the
-    batch's psi_B^2 and nu is replaced by this batch's Lambda, which makes it PN-V's exact gradient eq. (6).
-    Either way nu then takes the step of eq. (13).
+    psi2 is the divisor the module chose (a constant for autograd), psi2_batch = mean_tokens(x^2). Where
+    `warm` (PowerNorm's warmup) psi2 is psi2_batch and nu_(t-1) is replaced by this batch's Lambda, which
+    makes it PN-V's exact gradient eq. (6); nu then still takes the step of eq. (13). psi2, nu and warm None:
+    PN-V itself, divided by psi2_batch, always eq. (6), no nu to update.
+
+    Autograd through x * rsqrt(psi2 + eps) * g + b would write about ten temporaries the size of x; here g
+    and 1 / psi fold into one per-channel factor, mean_tokens(g_hat * z) = g / psi * mean_tokens(dL/dy * x)
+    and Gamma = psi2_batch / (psi2 + eps), so the forward writes one tensor and the backward two.
     """
 
     @staticmethod
-    def forward(ctx, x, psi2, nu, warm, eps, alpha_bwd):
-        z = x * torch.rsqrt(psi2 + eps)
-        ctx.save_for_backward(z, psi2, warm)
+    def forward(ctx, x, weight, bias, psi2_batch, psi2, nu, warm, eps, alpha_bwd):
+        rstd = torch.rsqrt((psi2_batch if psi2 is None else psi2) + eps)
+        ctx.save_for_backward(x, weight, rstd, psi2_batch, warm)
         # nu is read and updated in backward, not saved: its value then is nu_(t-1)
-        ctx.nu, ctx.eps, ctx.alpha_bwd = nu, eps, alpha_bwd
-        return z
+        ctx.nu, ctx.alpha_bwd = nu, alpha_bwd
+        return normalize_affine(x, rstd, weight, bias)
 
     @staticmethod
-    def backward(ctx, g_hat):
-        z, psi2, warm = ctx.saved_tensors
+    def backward(ctx, dy):
+        x, weight, rstd, psi2_batch, warm = ctx.saved_tensors
         nu, a = ctx.nu, ctx.alpha_bwd
-        gamma, lam = mean_tokens(z * z), mean_tokens(g_hat * z)  # Gamma^(t), Lambda^(t) of eq. (13)
-        x_hat = g_hat - torch.where(warm, lam, nu) * z  # eq. (11); eq. (6) in warmup
+        dy_z = mean_tokens(dy * x) * rstd
+        lam = dy_z if weight is None else weight * dy_z  # Lambda^(t) of eq. (13)
+        coef = lam if nu is None else torch.where(warm, lam, nu)  # eq. (11); eq. (6) in warmup and for PN-V
         # eq. (12) divides by the running psi_(t-1); the reference code (sIncerass/powernorm) divides by
-        # the batch psi_B here instead. We follow the paper.
-        grad_x = x_hat * torch.rsqrt(psi2 + ctx.eps)
-        with torch.no_grad():
-            nu.mul_(1 - (1 - a) * gamma).add_((1 - a) * lam)  # eq. (13)
-        return grad_x, None, None, None, None, None
+        # the batch psi_B here instead. We follow the paper. (g_hat - coef * z) / psi, z = x / psi:
+        grad_x = (dy * (rstd if weight is None else weight * rstd)).addcmul_(x, coef * rstd * rstd, value=-1)
+        if nu is not None:
+            with torch.no_grad():
+                nu.mul_(1 - (1 - a) * psi2_batch * rstd * rstd).add_((1 - a) * lam)  # eq. (13), Gamma = mean(z^2)
+        grad_weight = dy_z * (x.numel() // x.shape[-1]) if ctx.needs_input_grad[1] else None
+        grad_bias = dy.reshape(-1, dy.shape[-1]).sum(0) if ctx.needs_input_grad[2] else None
+        return grad_x, grad_weight, grad_bias, None, None, None, None, None, None
 
 
 class PowerNorm(nn.Module):
@@ -223,10 +268,10 @@ class PowerNorm(nn.Module):
         if self.groups:
             u = group_scale(u, self.groups)
         if self.training:
-            z = self.train_forward(u)
+            y = self.train_forward(u)
         else:
-            z = u * torch.rsqrt(self.running_psi2 + self.eps)
-        return scale_shift(z, self.weight, self.bias).to(x.dtype)
+            y = normalize_affine(u, torch.rsqrt(self.running_psi2 + self.eps), self.weight, self.bias)
+        return y.to(x.dtype)
 
     def train_forward(self, u):
         # tensors, not Python branches, so the warmup switch costs no host sync on a GPU
@@ -234,12 +279,15 @@ class PowerNorm(nn.Module):
         with torch.no_grad():
             psi2_batch = mean_tokens(u * u)
             psi2 = torch.where(warm, psi2_batch, self.running_psi2)  # eq. (8): psi_(t-1), from before this call
-            # the mean of psi_B^2 over the k = calls + 1 warmup calls so far, updated in place
+            # the mean of psi_B^2 over the k = calls + 1 warmup calls so far
             cumulative = self.running_psi2 + (psi2_batch - self.running_psi2) / (self.calls + 1)
             ema = self.alpha_fwd * self.running_psi2 + (1 - self.alpha_fwd) * psi2_batch  # eq. (10)
-            self.running_psi2.copy_(torch.where(warm, cumulative, ema))
-            self.calls.add_(1)
-        return PowerNormFunction.apply(u, psi2, self.nu, warm, self.eps, self.alpha_bwd)
+            # new tensors, not in-place updates: torch.compile's backward may recompute psi2 and warm from these
+            # buffers, and must find their values from before this call
+            self.running_psi2 = torch.where(warm, cumulative, ema)
+            self.calls = self.calls + 1
+        return PowerNormFunction.apply(u, self.weight, self.bias, psi2_batch, psi2, self.nu, warm, self.eps,
+                                       self.alpha_bwd)
 
 
 class Identity(nn.Module):

@@ -209,10 +209,10 @@ def test_make_norm_rejects_groups_that_do_not_divide_dim():
         make_norm("powernorm", 12, groups=5)
 
 
-NORM_CLASSES = [type(make_norm(kind, 8)) for kind in NORMS] + [norms.PowerNormFunction]
+NORM_CLASSES = [type(make_norm(kind, 8)) for kind in NORMS] + [norms.RMSNormFunction, norms.PowerNormFunction]
 SOURCES = {"LayerNorm": "Ba et al.", "RMSNorm": "Zhang & Sennrich", "CogViewLayerNorm": "Ding et al.",
            "BatchNorm": "Alg. 1", "PNV": "eq. (4)", "PowerNorm": "eq. (8)",
-           "PowerNormFunction": "eq. (11)", "Identity": "ablation"}
+           "RMSNormFunction": "Zhang & Sennrich", "PowerNormFunction": "eq. (11)", "Identity": "ablation"}
 
 
 @pytest.mark.parametrize("cls", NORM_CLASSES, ids=lambda c: c.__name__)
@@ -284,6 +284,20 @@ def test_gradcheck(kind, shape, affine):
     # CogView's detached max is the true derivative only where LN is exactly scale invariant: eps = 0
     m = build(kind, shape[-1], affine, gen, eps=0.0 if kind == "cogview" else EPS)
     assert module_gradcheck(m, rand(shape, gen))
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 2, 6), (4, 7, 13)])
+def test_rmsnorm_function_without_a_gain(shape):
+    """RMSNormFunction with no gain, as group_scale calls it on a (..., groups, C / groups) view: the forward
+    and the closed-form gradient per last dim, and gradcheck."""
+    gen = generator(17)
+    x, dy = rand(shape, gen), rand(shape, gen)
+    xr = x.clone().requires_grad_(True)
+    y = norms.RMSNormFunction.apply(xr, None, EPS)
+    y.backward(dy)
+    torch.testing.assert_close(y, rmsnorm_z(x, EPS), **EXACT)
+    torch.testing.assert_close(xr.grad, rmsnorm_dx(x, torch.ones(shape[-1], dtype=torch.float64), dy, EPS), **EXACT)
+    assert torch.autograd.gradcheck(lambda u: norms.RMSNormFunction.apply(u, None, EPS), (x.requires_grad_(True),))
 
 
 def test_none_is_the_identity():
@@ -483,7 +497,7 @@ COMPILE_BACKENDS = ["aot_eager", pytest.param("inductor", marks=pytest.mark.skip
 
 
 @pytest.mark.parametrize("backend", COMPILE_BACKENDS)
-@pytest.mark.parametrize("kind", ["batchnorm", "pnv", "powernorm"])
+@pytest.mark.parametrize("kind", ["rmsnorm", "batchnorm", "pnv", "powernorm"])
 def test_compiled_module_matches_eager(kind, backend):
     torch._dynamo.reset()
     gen = generator(16)
@@ -493,7 +507,7 @@ def test_compiled_module_matches_eager(kind, backend):
         for p, q in zip(eager.parameters(), compiled_module.parameters()):
             p.copy_(torch.rand(p.shape, generator=gen) + 0.5)
             q.copy_(p)
-    compiled = torch.compile(compiled_module, backend=backend)
+    compiled = torch.compile(compiled_module, backend=backend, fullgraph=True)  # a graph break would hide work
     for _ in range(3):  # warmup, then two calls with running statistics
         x, dy = torch.randn((2, 5, 12), generator=gen) + 0.5, torch.randn((2, 5, 12), generator=gen)
         for got, want in zip(run(compiled_module, x, dy, call=compiled), run(eager, x, dy)):
