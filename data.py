@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 import tiktoken
-import torch
 from tiktoken_ext.openai_public import r50k_pat_str
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -237,17 +236,19 @@ def load_meta(folder):
         # bool is an int to Python, and json writes a float that is whole as 2.0, never as 2
         if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
             raise DataError(f"{damaged} meta.json's {key} is {value!r}, not a {kind.__name__}")
-    if meta["dtype"] != np.dtype(token_dtype(meta["vocab_size"])).name:
-        raise DataError(f"{damaged} meta.json's dtype {meta['dtype']} does not hold vocab_size {meta['vocab_size']}")
+    dtype = np.dtype(token_dtype(meta["vocab_size"])).name
+    if meta["dtype"] != dtype:
+        raise DataError(f"{damaged} meta.json's dtype is {meta['dtype']}, but a vocab of {meta['vocab_size']} is "
+                        f"stored as {dtype}")
     for split in ("train", "val"):
-        expected = meta[f"{split}_tokens"] * np.dtype(meta["dtype"]).itemsize
+        expected = meta[f"{split}_tokens"] * np.dtype(dtype).itemsize
         try:
             size = (Path(folder) / f"{split}.bin").stat().st_size
         except FileNotFoundError:
             raise DataError(f"{damaged} {split}.bin is missing") from None
         if size != expected:
             raise DataError(f"{damaged} {split}.bin has {size} bytes, but meta.json's {meta[f'{split}_tokens']} "
-                            f"{meta['dtype']} tokens take {expected}")
+                            f"{dtype} tokens take {expected}")
     return meta
 
 
@@ -267,6 +268,7 @@ def bin_dtype(folder):
 
 def get_batch(folder, split, batch_size, block_size, generator, device):
     """x: batch_size random windows of block_size tokens from split; y: the same windows one token later."""
+    import torch  # here, not at the top: python data.py never needs it and starts in a tenth of the time
     dtype = bin_dtype(str(folder))
     # a fresh memmap every call, as in nanoGPT: a long-lived one grows the process's memory
     data = np.memmap(os.path.join(folder, f"{split}.bin"), dtype=dtype, mode="r")
