@@ -1,3 +1,4 @@
+import inspect
 import json
 import math
 import os
@@ -356,3 +357,12 @@ def test_cli_prepares_and_summarizes(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "855 train and 95 val tokens" in r.stdout and "nats/token" in r.stdout
     assert len(list((tmp_path / "data").glob("corpus.txt-*/meta.json"))) == 1
+
+
+def test_cli_help_lists_the_flags_with_prepares_defaults(capsys):
+    with pytest.raises(SystemExit) as e:
+        data.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert e.value.code == 0
+    for name, param in inspect.signature(data.prepare).parameters.items():
+        assert f"--{name}" in out and f"(default: {param.default})" in out, (name, out)
