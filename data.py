@@ -208,8 +208,8 @@ def prepare(dataset="builtin", tokenizer="byte", data_dir="data", url=None):
                 if not (folder / "meta.json").exists():  # another process may have prepared it while this one waited
                     write_prepared(folder, enc, text, source, tokenizer)
         except OSError as e:
-            raise DataError(f"cannot read or write {e.filename or data_dir} ({e.strerror}); --dataset must be readable and "
-                            f"--data_dir={data_dir} a folder you can write to") from e
+            raise DataError(f"cannot read or write {e.filename or data_dir} ({e.strerror}); --dataset must be "
+                            f"readable and --data_dir={data_dir} a folder you can write to") from e
     load_meta(folder)
     return str(folder)
 
@@ -235,7 +235,8 @@ def load_meta(folder):
         value = meta.get(key) if isinstance(meta, dict) else None
         # bool is an int to Python, and json writes a float that is whole as 2.0, never as 2
         if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
-            raise DataError(f"{damaged} meta.json's {key} is {value!r}, not a {kind.__name__}")
+            raise DataError(f"{damaged} meta.json's {key} is {value!r} (wanted: {kind.__name__}"
+                            f"{' >= 0' if kind is int else ''})")
     dtype = np.dtype(token_dtype(meta["vocab_size"])).name
     if meta["dtype"] != dtype:
         raise DataError(f"{damaged} meta.json's dtype is {meta['dtype']}, but a vocab of {meta['vocab_size']} is "

@@ -1,5 +1,6 @@
 """Bad input to data.py and bench.py, each run as a real process: exit code 2, one line on stderr, no traceback,
-and every file under the working folder (data_dir included) exactly as it was. train.py's table is test_errors_train.py."""
+and every file under the working folder (data_dir included) exactly as it was. train.py's table is in
+test_errors_train.py."""
 
 import json
 import os
