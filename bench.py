@@ -28,24 +28,40 @@ VARIANTS = {
 }
 
 
+OWN_FLAGS = {  # name: (default, meaning)
+    "variants": ("norms", f"the group of variants to time: {', '.join(VARIANTS)}"),
+    "rounds": ("5", "rounds; each times every variant once, in turn, and the table shows the median"),
+    "steps": ("5", "training steps per variant in each round"),
+}
+USAGE = "\n".join([
+    "usage: python bench.py [--variants=GROUP] [--rounds=N] [--steps=N] [train.py's model and system flags]",
+    *(f"  --{name:<10}{default:<8}{meaning}" for name, (default, meaning) in OWN_FLAGS.items()),
+    "Every other flag is train.py's (the model, --batch_size, --device, --dtype, --compile), same syntax and",
+    "defaults: python train.py --help lists them, as does configurable.txt.",
+])
+
+
 def parse(argv):
     """bench.py's own three flags, then train.py's parser for the rest (same syntax, same errors).
     Each variant's flags go in before the explicit ones, so the command line overrides them, as with --preset."""
-    own = {"variants": "norms", "rounds": "5", "steps": "5"}
-    rest = []
-    for arg in argv:
-        name, _, value = arg.removeprefix("--").partition("=")
-        if name in own:
-            own[name] = value
+    own = {name: default for name, (default, _) in OWN_FLAGS.items()}
+    rest, args = [], iter(argv)
+    for arg in args:
+        name, has_value, value = arg.removeprefix("--").partition("=")
+        if arg.startswith("--") and name in own:
+            own[name] = value if has_value else next(args, "")  # --key=value or --key value, as in train.py
         else:
             rest.append(arg)
     if own["variants"] not in VARIANTS:
         raise train.UsageError(f"--variants={own['variants']} is not allowed; choose one of {', '.join(VARIANTS)}")
-    if not (own["rounds"].isdigit() and own["steps"].isdigit() and int(own["rounds"]) and int(own["steps"])):
-        raise train.UsageError("--rounds and --steps must be positive integers")
+    for name in ("rounds", "steps"):
+        if not (own[name].isdigit() and int(own[name]) > 0):
+            raise train.UsageError(f"--{name}={own[name]} must be a positive integer")
     given = train.parse_flags(rest)
     configs = {name: train.build_configs({**flags, **given}) for name, flags in VARIANTS[own["variants"]].items()}
-    device, tc = train.resolve_device(next(iter(configs.values()))[1])
+    tc = next(iter(configs.values()))[1]
+    train.check_train_config(tc, world_size=1)
+    device, tc = train.resolve_device(tc)
     return {name: model_cfg for name, (model_cfg, _) in configs.items()}, int(own["rounds"]), int(own["steps"]), device, tc
 
 
@@ -78,6 +94,9 @@ def synchronize(device):
 
 
 def main(argv):
+    if "--help" in argv or "-h" in argv:
+        print(USAGE)
+        return 0
     try:
         configs, rounds, steps, device, tc = parse(argv)
     except train.UsageError as e:

@@ -9,6 +9,8 @@ Shakespeare, downloaded once), or a path to a text file or a folder of text file
 Tokenizers: byte (every byte is a token, vocab 256) and gpt2 (GPT-2 BPE, vocab 50257).
 """
 import argparse
+import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -20,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 import tiktoken
-import torch
 from tiktoken_ext.openai_public import r50k_pat_str
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -63,6 +64,16 @@ def read_text(path):
     return Path(path).read_bytes().decode("utf-8", errors="replace")
 
 
+def read_utf8(path):
+    """The file's text if it is UTF-8 text (decodes strictly, holds no NUL byte), else None: a binary or
+    latin-1 file would otherwise train the model on replacement characters."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return None if "\0" in text else text
+
+
 def builtin_files():
     """The stdlib's own *.py files, without installed packages and tests: (root, sorted relative paths)."""
     root = Path(sysconfig.get_paths()["stdlib"])
@@ -75,32 +86,27 @@ def builtin_files():
 
 
 def folder_files(root):
-    """The texts of the files under root that are UTF-8 text (decode strictly, hold no NUL byte), in sorted
-    path order; hidden files and folders (names starting with '.') are skipped."""
+    """The texts of the files under root that are UTF-8 text (read_utf8), in sorted path order; hidden files
+    and folders (names starting with '.') are skipped."""
     texts = []
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root)
-        if not path.is_file() or any(p.startswith(".") for p in rel.parts):
-            continue
-        try:
-            text = path.read_bytes().decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-        if "\0" not in text:
-            texts.append(text)
-    return texts
+        if path.is_file() and not any(p.startswith(".") for p in rel.parts):
+            texts.append(read_utf8(path))
+    return [text for text in texts if text is not None]
 
 
 def download(url, path):
     if path.exists():
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with urllib.request.urlopen(url, timeout=30) as r:
-            write_atomic(path, r.read())
+            text = r.read()
     except (OSError, ValueError) as e:
         raise DataError(f"could not download {url} ({getattr(e, 'reason', e)}); without network, put tiny "
                         f"Shakespeare's input.txt at {path} by hand and run again") from e
+    path.parent.mkdir(parents=True, exist_ok=True)  # after the download: a failed one leaves nothing behind
+    write_atomic(path, text)
 
 
 def corpus_name(dataset):
@@ -127,7 +133,11 @@ def read_corpus(dataset, data_dir, url):
         raise DataError(f"--dataset={dataset}: no such file or folder; use builtin, shakespeare, "
                         "or a path to a text file or a folder of text files")
     if path.is_file():
-        return read_text(path), dict(dataset=dataset, path=str(path), files=1)
+        text = read_utf8(path)
+        if text is None:
+            raise DataError(f"--dataset={dataset} is not UTF-8 text (it holds NUL bytes or is in another encoding, "
+                            "such as latin-1); convert it to UTF-8, e.g. iconv -f latin1 -t utf-8")
+        return text, dict(dataset=dataset, path=str(path), files=1)
     texts = folder_files(path)
     return "\n".join(texts), dict(dataset=dataset, path=str(path), files=len(texts))
 
@@ -148,39 +158,99 @@ def write_atomic(path, data):
     os.replace(tmp, path)
 
 
-def prepare(dataset="builtin", tokenizer="byte", data_dir="data", url=None):
-    """Tokenizes the corpus into <data_dir>/<name>-<tokenizer>/ unless its meta.json exists; returns the folder."""
-    if url is not None and dataset != "shakespeare":
-        raise DataError(f"--url only applies to --dataset=shakespeare, not --dataset={dataset}")
-    folder = Path(data_dir) / f"{corpus_name(dataset)}-{tokenizer}"
-    if (folder / "meta.json").exists():
-        return str(folder)
-    enc = get_tokenizer(tokenizer)  # before reading the corpus, so a bad name fails at once
-    text, source = read_corpus(dataset, data_dir, url)
-    if not text.strip():
-        raise DataError(f"--dataset={dataset} holds no text (files read: {source['files']}); "
-                        "give a non-empty UTF-8 text file or a folder holding some")
-    vocab_size = enc.n_vocab
-    dtype = token_dtype(vocab_size)
+def encode(enc, text):
+    """The token ids of text as a numpy array."""
+    if enc.name == "byte":
+        # the byte tokenizer has no merges, so its ids are the UTF-8 bytes: numpy reads them in milliseconds,
+        # where tiktoken's per-piece loop takes seconds on the 12 MB builtin corpus
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
     # encode_ordinary: "<|endoftext|>" in a source file is plain text, not a special token
-    ids = np.array(enc.encode_ordinary(text), dtype=dtype)
+    return np.array(enc.encode_ordinary(text))
+
+
+def write_prepared(folder, enc, text, source, tokenizer):
+    dtype = token_dtype(enc.n_vocab)
+    ids = encode(enc, text).astype(dtype)
     n_train = len(ids) * 9 // 10  # integer arithmetic: no float rounding in the split
     train, val = ids[:n_train], ids[n_train:]
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(exist_ok=True)
     write_atomic(folder / "train.bin", train)
     write_atomic(folder / "val.bin", val)
-    meta = dict(tokenizer=tokenizer, vocab_size=vocab_size, dtype=np.dtype(dtype).name,
+    meta = dict(tokenizer=tokenizer, vocab_size=enc.n_vocab, dtype=np.dtype(dtype).name,
                 train_tokens=len(train), val_tokens=len(val), source=source,
-                unigram_entropy=unigram_entropy(val, vocab_size))
+                unigram_entropy=unigram_entropy(val, enc.n_vocab))
     write_atomic(folder / "meta.json", json.dumps(meta, indent=2).encode())  # last: its presence means complete
+
+
+def prepare(dataset="builtin", tokenizer="byte", data_dir="data", url=None):
+    """Tokenizes the corpus into <data_dir>/<name>-<tokenizer>/ unless its meta.json exists; returns the folder
+    after checking it (load_meta). Every process may call it at once: one process per data_dir (per disk)
+    tokenizes while the others wait on a file lock, then all find the same folder."""
+    if url is not None and dataset != "shakespeare":
+        raise DataError(f"--url only applies to --dataset=shakespeare, not --dataset={dataset}")
+    if not dataset.strip():
+        raise DataError("--dataset is empty (it would read the current folder); use builtin, shakespeare, "
+                        "or a path to a text file or a folder of text files")
+    folder = Path(data_dir) / f"{corpus_name(dataset)}-{tokenizer}"
+    if not (folder / "meta.json").exists():
+        enc = get_tokenizer(tokenizer)  # before reading the corpus, so a bad name fails at once
+        try:
+            # read and checked before the lock: a bad corpus writes nothing, not even the lock file
+            text, source = read_corpus(dataset, data_dir, url)
+            if not text.strip():
+                raise DataError(f"--dataset={dataset} holds no text (UTF-8 text files read: {source['files']}); "
+                                "give a non-empty UTF-8 text file or a folder holding some")
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            # flock, not a marker file: the kernel releases it when its holder exits, even on kill -9. The lock
+            # file stays: removing it would let a third process lock a new file while the first holds the old one
+            with open(f"{folder}.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not (folder / "meta.json").exists():  # another process may have prepared it while this one waited
+                    write_prepared(folder, enc, text, source, tokenizer)
+        except OSError as e:
+            raise DataError(f"cannot read or write {e.filename or data_dir} ({e.strerror}); --dataset must be "
+                            f"readable and --data_dir={data_dir} a folder you can write to") from e
+    load_meta(folder)
     return str(folder)
 
 
+META_TYPES = dict(tokenizer=str, vocab_size=int, dtype=str, train_tokens=int, val_tokens=int, source=dict,
+                  unigram_entropy=float)
+
+
 def load_meta(folder):
+    """meta.json of a prepared folder, checked against train.bin and val.bin. A damaged folder is a DataError
+    naming what is wrong; nothing on disk is changed."""
     path = Path(folder) / "meta.json"
     if not path.exists():
         raise DataError(f"{folder} is not a prepared dataset (no meta.json); run python data.py --dataset=...")
-    return json.loads(path.read_text())
+    damaged = f"{folder} is a damaged prepared dataset; delete the folder and run again to prepare it anew:"
+    try:
+        meta = json.loads(path.read_bytes())
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
+        raise DataError(f"{damaged} meta.json is not JSON") from None
+    except OSError as e:
+        raise DataError(f"cannot read {path} ({e.strerror})") from e
+    for key, kind in META_TYPES.items():
+        value = meta.get(key) if isinstance(meta, dict) else None
+        # bool is an int to Python, and json writes a float that is whole as 2.0, never as 2
+        if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
+            raise DataError(f"{damaged} meta.json's {key} is {value!r} (wanted: {kind.__name__}"
+                            f"{' >= 0' if kind is int else ''})")
+    dtype = np.dtype(token_dtype(meta["vocab_size"])).name
+    if meta["dtype"] != dtype:
+        raise DataError(f"{damaged} meta.json's dtype is {meta['dtype']}, but a vocab of {meta['vocab_size']} is "
+                        f"stored as {dtype}")
+    for split in ("train", "val"):
+        expected = meta[f"{split}_tokens"] * np.dtype(dtype).itemsize
+        try:
+            size = (Path(folder) / f"{split}.bin").stat().st_size
+        except FileNotFoundError:
+            raise DataError(f"{damaged} {split}.bin is missing") from None
+        if size != expected:
+            raise DataError(f"{damaged} {split}.bin has {size} bytes, but meta.json's {meta[f'{split}_tokens']} "
+                            f"{dtype} tokens take {expected}")
+    return meta
 
 
 def check_length(meta, block_size):
@@ -191,9 +261,16 @@ def check_length(meta, block_size):
                             "more than block_size); use a smaller --block_size or a bigger corpus")
 
 
+@functools.cache
+def bin_dtype(folder):
+    # read once per folder, not at every micro-step; a folder's tokenizer, and so its dtype, is in its name
+    return load_meta(folder)["dtype"]
+
+
 def get_batch(folder, split, batch_size, block_size, generator, device):
     """x: batch_size random windows of block_size tokens from split; y: the same windows one token later."""
-    dtype = load_meta(folder)["dtype"]
+    import torch  # here, not at the top: python data.py never needs it and starts in a tenth of the time
+    dtype = bin_dtype(str(folder))
     # a fresh memmap every call, as in nanoGPT: a long-lived one grows the process's memory
     data = np.memmap(os.path.join(folder, f"{split}.bin"), dtype=dtype, mode="r")
     ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator).tolist()
@@ -211,9 +288,9 @@ def fail(message):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Tokenize a corpus into train.bin/val.bin/meta.json.",
-                                     allow_abbrev=False)
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     parser.add_argument("--dataset", default="builtin",
-                        help="builtin, shakespeare, or a path to a text file or a folder of text files")
+                        help="builtin, shakespeare, or a path to a UTF-8 text file or a folder of text files")
     parser.add_argument("--tokenizer", default="byte", help=" or ".join(TOKENIZERS))
     parser.add_argument("--data_dir", default="data", help="where the prepared folders go")
     parser.add_argument("--url", default=None, help="where to download shakespeare from (file:// works)")
@@ -222,7 +299,7 @@ def main(argv=None):
     try:
         folder = prepare(args.dataset, args.tokenizer, args.data_dir, args.url)
         meta = load_meta(folder)
-    except (DataError, OSError) as e:
+    except DataError as e:
         fail(e)
     print(f"{folder}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens ({meta['dtype']}), "
           f"vocab {meta['vocab_size']}, {meta['source']['files']} files read")

@@ -1,0 +1,131 @@
+"""Bad input to data.py and bench.py, each run as a real process: exit code 2, one line on stderr, no traceback,
+and every file under the working folder (data_dir included) exactly as it was. train.py's table is in
+test_errors_train.py."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import data
+
+HERE = Path(__file__).resolve().parent
+# an embedding no machine can allocate: a bench case that gets past the checks fails at once with a traceback
+HUGE = ["--vocab_size=10000000000000"]
+
+
+def snapshot(root):
+    return {p.relative_to(root): p.read_bytes() if p.is_file() else None for p in root.rglob("*")}
+
+
+def run(tmp_path, script, args):
+    before = snapshot(tmp_path)
+    r = subprocess.run([sys.executable, str(HERE / script), *args], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert r.stderr.startswith(f"{script}: ") and r.stderr.count("\n") == 1, r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert snapshot(tmp_path) == before  # nothing written, nothing changed
+    return r.stderr
+
+
+@pytest.fixture
+def corpora(tmp_path):
+    (tmp_path / "corpus.txt").write_text("some text, enough for a split\n" * 10)
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "latin1.txt").write_bytes("café au lait\n".encode("latin-1"))
+    (tmp_path / "blob.txt").write_bytes(b"valid UTF-8 with a NUL\x00 byte\n")
+    (tmp_path / "a_file").write_text("not a folder\n")
+    (tmp_path / "no_text").mkdir()
+    (tmp_path / "no_text" / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    (tmp_path / "nothing").mkdir()
+    return tmp_path
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--dataset="], "--dataset is empty"),
+    (["--dataset=absent.txt"], "no such file"),
+    (["--dataset=empty.txt"], "holds no text"),
+    (["--dataset=latin1.txt"], "not UTF-8 text"),
+    (["--dataset=blob.txt"], "not UTF-8 text"),
+    (["--dataset=nothing"], "holds no text"),
+    (["--dataset=no_text"], "holds no text"),
+    (["--dataset=corpus.txt", "--tokenizer=bpe"], "byte, gpt2"),
+    (["--dataset=corpus.txt", "--tokenizer="], "byte, gpt2"),
+    (["--dataset=corpus.txt", "--bogus=1"], "--bogus"),
+    (["corpus.txt"], "unrecognized arguments"),
+    (["--dataset"], "expected one argument"),
+    (["--dataset=corpus.txt", "--url=file:///x"], "--url only applies"),
+    (["--dataset=shakespeare", "--url=file:///no/such/input.txt"], "could not download"),
+    (["--dataset=corpus.txt", "--data_dir=a_file/data"], "a_file/data"),
+    (["--dataset=corpus.txt", "--data_dir=a_file"], "--data_dir=a_file"),
+])
+def test_data_bad_input(corpora, args, says):
+    if not any(arg.startswith("--data_dir") for arg in args):
+        args = [*args, "--data_dir=data"]
+    assert says in run(corpora, "data.py", args)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into any folder")
+def test_data_dir_not_writable(corpora):
+    (corpora / "locked").mkdir(mode=0o555)
+    assert "--data_dir=locked/data" in run(corpora, "data.py", ["--dataset=corpus.txt", "--data_dir=locked/data"])
+
+
+def damage_meta(edit):
+    def damage(folder):
+        meta = json.loads((folder / "meta.json").read_text())
+        edit(meta)
+        (folder / "meta.json").write_text(json.dumps(meta))
+    return damage
+
+
+def truncate(name, n_bytes):
+    def damage(folder):
+        path = folder / name
+        path.write_bytes(path.read_bytes()[:n_bytes])
+    return damage
+
+
+@pytest.mark.parametrize("damage, says", [
+    (truncate("train.bin", -2), "train.bin has"),
+    (truncate("train.bin", -1), "train.bin has"),  # half a token
+    (truncate("train.bin", 0), "train.bin has 0 bytes"),
+    (lambda folder: (folder / "val.bin").unlink(), "val.bin is missing"),
+    (lambda folder: (folder / "meta.json").write_bytes(b"\x00{garbage"), "meta.json is not JSON"),
+    (lambda folder: (folder / "meta.json").write_text("[]"), "meta.json's tokenizer"),
+    (damage_meta(lambda meta: meta.pop("dtype")), "meta.json's dtype is None"),
+    (damage_meta(lambda meta: meta.update(train_tokens=str(meta["train_tokens"]))), "meta.json's train_tokens"),
+    (damage_meta(lambda meta: meta.update(val_tokens=True)), "meta.json's val_tokens"),
+    (damage_meta(lambda meta: meta.update(train_tokens=meta["train_tokens"] + 1)), "train.bin has"),
+    (damage_meta(lambda meta: meta.update(val_tokens=meta["val_tokens"] - 1)), "val.bin has"),
+    (damage_meta(lambda meta: meta.update(dtype="uint32")), "stored as uint16"),
+    (damage_meta(lambda meta: meta.update(dtype="float16")), "stored as uint16"),
+])
+def test_damaged_prepared_dataset(corpora, damage, says):
+    folder = Path(data.prepare(str(corpora / "corpus.txt"), "byte", str(corpora / "data")))
+    damage(folder)
+    err = run(corpora, "data.py", ["--dataset=corpus.txt", "--data_dir=data"])
+    assert says in err and "damaged" in err and str(folder.relative_to(corpora)) in err, err
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--variants=everything"], "--variants=everything is not allowed; choose one of norms"),
+    (["--variants="], "--variants= is not allowed"),
+    (["--rounds=two"], "--rounds=two must be a positive integer"),
+    (["--steps=0"], "--steps=0 must be"),
+    (["--norm=groupnorm"], "--norm=groupnorm is not allowed"),
+    (["--bogus=1"], "unknown flag --bogus"),
+    (["--batch_size=0"], "--batch_size=0 must be"),
+    (["--device=tpu"], "--device=tpu is not a device"),
+    (["extra"], "unexpected argument 'extra'"),
+    (["--variants=presets", "--layout=post", "--scale_resids"], "scale_resids"),
+    pytest.param(["--device=cuda"], "CUDA is not available",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
+])
+def test_bench_bad_input(tmp_path, args, says):
+    assert says in run(tmp_path, "bench.py", [*HUGE, *args])
