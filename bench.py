@@ -60,7 +60,7 @@ def parse(argv):
     given = train.parse_flags(rest)
     configs = {name: train.build_configs({**flags, **given}) for name, flags in VARIANTS[own["variants"]].items()}
     tc = next(iter(configs.values()))[1]
-    train.check_train_config(tc, world_size=1)
+    train.check_train_config(tc, given)
     device, tc = train.resolve_device(tc)
     return {name: model_cfg for name, (model_cfg, _) in configs.items()}, int(own["rounds"]), int(own["steps"]), device, tc
 

@@ -134,7 +134,7 @@ def test_telemetry_equals_direct_computation(corpus, tmp_path):
     cfg = model.GPTConfig(**after_state["model_config"])
     gpt = model.GPT(cfg)
     gpt.load_state_dict(after)
-    folder = os.path.join(tmp_path / "data", os.listdir(tmp_path / "data")[0])
+    [folder] = [p for p in (tmp_path / "data").iterdir() if p.is_dir()]
     x, y = data.get_batch(folder, "train", 4, 16, train.batch_generator(1337, 0, 1, 0), "cpu")
     scores = []
     hooks = [block.attn.scores.register_forward_hook(lambda m, i, o: scores.append(o.abs().max().item()))

@@ -150,8 +150,8 @@ def test_skip_and_resume_a_half_finished_sweep(corpus, tmp_path, capsys):
 
     real_save = train.save_checkpoint
 
-    def save_then_stop(path, state):  # Ctrl-C right after the first checkpoint (step 2 of 4)
-        real_save(path, state)
+    def save_then_stop(out_dir, state, keep):  # a crash right after the first checkpoint (step 2 of 4)
+        real_save(out_dir, state, keep)
         raise KeyboardInterrupt
 
     train.save_checkpoint = save_then_stop
