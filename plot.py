@@ -243,6 +243,9 @@ def parse_args(argv):
 
 
 def main(argv):
+    if "--help" in argv or "-h" in argv:
+        print(__doc__.strip())
+        return 0
     try:
         paths, opts = parse_args(argv)
         runs, sweeps = find_runs(paths)

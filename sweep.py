@@ -303,6 +303,9 @@ def write_summary(args, runs):
 
 
 def main(argv):
+    if "--help" in argv or "-h" in argv:
+        print(__doc__.strip())
+        return 0
     try:
         args = parse_args(argv)
         runs = grid(args)

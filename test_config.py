@@ -60,7 +60,7 @@ def test_catalog_allowed_values_match_the_code():
             values = [v for v in allowed.split("|") if not (optional and v == "None")]
             assert values == choices, f"{name}: catalog allows {allowed}, code allows {choices}"
         elif kind is bool:
-            assert allowed == "bool", name
+            assert allowed == ("bool, or None" if optional else "bool") or allowed.startswith("bool, or None ("), name
         elif kind in (int, float):
             assert allowed.startswith(kind.__name__), f"{name}: allowed values should start with {kind.__name__}"
 

@@ -129,3 +129,9 @@ def test_damaged_prepared_dataset(corpora, damage, says):
 ])
 def test_bench_bad_input(tmp_path, args, says):
     assert says in run(tmp_path, "bench.py", [*HUGE, *args])
+
+
+@pytest.mark.parametrize("script", ["sweep.py", "plot.py"])
+def test_sweep_and_plot_help(script):
+    done = subprocess.run([sys.executable, os.path.join(HERE, script), "--help"], capture_output=True, text=True)
+    assert done.returncode == 0 and "--out" in done.stdout and not done.stderr

@@ -202,3 +202,19 @@ def test_two_process_ddp_keeps_ranks_identical(corpus, tmp_path, norm):
     assert all(e["rank_spread"] == 0.0 for e in evals)
     losses = [e["loss"] for e in events(tmp_path / "out", "train")]
     assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("name, flag, expected", [
+    ("NVIDIA H100 80GB HBM3", None, 989e12), ("NVIDIA H100 PCIe", None, 756e12), ("NVIDIA A100-SXM4-40GB", None, 312e12),
+    ("NVIDIA H200", None, 989e12), ("Some Future GPU", None, None), ("Some Future GPU", 500.0, 500e12),
+])
+def test_mfu_peak_is_the_gpus_own(monkeypatch, name, flag, expected):
+    """nanoGPT issue #182: MFU against a hard-coded A100 peak is wrong on every other GPU."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert train.gpu_peak_flops(train.TrainConfig(gpu_peak_tflops=flag), "cuda") == expected
+
+
+def test_compile_default_is_per_device():
+    assert train.resolve_device(train.TrainConfig(device="cpu"))[1].compile is False
+    assert train.resolve_device(train.TrainConfig(device="cpu", compile=True))[1].compile is True
+    assert train.parse_flags(["--compile"]) == {"compile": True}

@@ -38,13 +38,13 @@ class TrainConfig:
     dataset: str = "builtin"
     tokenizer: Literal["byte", "gpt2"] = "byte"
     data_dir: str = "data"
-    batch_size: int = 32  # sequences per micro-step on each process
+    batch_size: int = 16  # sequences per micro-step on each process
     grad_accum: int = 1  # micro-steps per optimizer step on each process
     # optimizer and schedule
-    lr: float = 2e-3
-    min_lr: float = 2e-4
+    lr: float = 4e-3
+    min_lr: float = 4e-4
     warmup_iters: int = 50
-    max_iters: int = 1000
+    max_iters: int = 800
     lr_decay_iters: Optional[int] = None  # None: decay until max_iters
     lr_schedule: Literal["cosine", "linear", "constant", "ramp"] = "cosine"  # ramp: NormFormer §4 LR stability test
     weight_decay: float = 0.1
@@ -53,8 +53,8 @@ class TrainConfig:
     grad_clip: float = 1.0  # 0 disables clipping (the norm is still logged)
     # evaluation, logging, checkpoints
     out_dir: str = "out"
-    eval_interval: int = 250
-    eval_iters: int = 20
+    eval_interval: int = 200
+    eval_iters: int = 10
     log_interval: int = 25
     always_save_checkpoint: bool = True
     resume: bool = False
@@ -76,7 +76,8 @@ class TrainConfig:
     # system
     device: str = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
-    compile: bool = False
+    compile: Optional[bool] = None  # None: on CUDA, off on CPU (where inductor is slower at small shapes)
+    gpu_peak_tflops: Optional[float] = None  # for MFU; None: looked up by GPU name
 
 
 class UsageError(Exception):
@@ -139,7 +140,7 @@ def parse_flags(argv):
         kind = types[name][1]
         if not has_value:
             next_is_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
-            if kind is bool and not next_is_value:
+            if kind in (bool, Optional[bool]) and not next_is_value:
                 text = "True"
             elif next_is_value:
                 text, i = argv[i + 1], i + 1
@@ -197,6 +198,7 @@ def check_train_config(tc, given):
         ("beta2", 0 <= tc.beta2 < 1, "in [0, 1)"),
         ("grad_clip", tc.grad_clip >= 0, ">= 0 (0 turns clipping off)"),
         ("seed", 0 <= tc.seed < 2 ** 63, "in [0, 2^63)"),
+        ("gpu_peak_tflops", tc.gpu_peak_tflops is None or tc.gpu_peak_tflops > 0, "> 0, or None"),
         ("diverge_gap", tc.diverge_gap >= 0, ">= 0 (0 turns it off)"),
         ("spike_window", tc.spike_window >= 2, ">= 2 (a standard deviation needs two values)"),
         ("spike_z", tc.spike_z > 0, "> 0"),
@@ -454,7 +456,24 @@ def resolve_device(tc):
         tc = dataclasses.replace(tc, dtype="bfloat16" if bf16_ok else "float32")
     if tc.dtype == "bfloat16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
         raise UsageError("--dtype=bfloat16 is not supported by this GPU; use --dtype=float16")
+    if tc.compile is None:
+        # measured: inductor beats eager on GPUs, but on a 2-core CPU at the quickstart shape it was slower
+        tc = dataclasses.replace(tc, compile=device_type == "cuda")
     return device, tc
+
+
+# Dense bf16 peak of common GPUs, FLOP/s (vendor datasheets, without sparsity). MFU = achieved model FLOP/s over
+# this peak (PaLM App. B); nanoGPT issue #182: a hard-coded A100 peak gives wrong MFU on any other GPU.
+GPU_PEAK_BF16 = (("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("GH200", 989e12), ("A100", 312e12),
+                 ("L40S", 362e12), ("L4", 121e12), ("A10", 125e12), ("RTX 4090", 165e12), ("RTX 3090", 71e12))
+
+
+def gpu_peak_flops(tc, device):
+    """The peak used for MFU on this GPU, or None where it is not known (then MFU is not printed)."""
+    if tc.gpu_peak_tflops:
+        return tc.gpu_peak_tflops * 1e12
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in GPU_PEAK_BF16 if key in name), None)
 
 
 # Flags of the machine, not of the run: a resume takes them from its own command line, not the checkpoint.
@@ -773,6 +792,10 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
 
     resumed_at = saved_at = step if checkpoint else None
     t0, tokens_per_step = time.time(), global_batch["tokens"]
+    # model FLOPs per token: 6N for the weights' matmuls, forward and backward, plus 12 L T d for attention
+    # (nanoGPT's estimate, PaLM App. B)
+    flops_per_token = 6 * raw_model.num_params() + 12 * model_cfg.n_layer * model_cfg.block_size * model_cfg.n_embd
+    peak = gpu_peak_flops(tc, device) if device_type == "cuda" else None
     while True:
         lr = get_lr(step, tc)
         for group in optimizer.param_groups:
@@ -849,8 +872,9 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
             dt = (time.time() - t0) / tc.log_interval
             t0 = time.time()
             eta = format_duration(dt * (tc.max_iters - step))
+            mfu = f" | MFU {flops_per_token * tokens_per_step / dt / peak / world_size:.1%}" if peak else ""
             print(f"step {step} | loss {loss_value:.4f} | lr {lr:.2e} | grad norm {grad_value:.3f} | "
-                  f"{dt * 1000:.1f} ms/step | {tokens_per_step / dt:,.0f} tokens/s | ETA {eta}")
+                  f"{dt * 1000:.1f} ms/step | {tokens_per_step / dt:,.0f} tokens/s{mfu} | ETA {eta}")
             event = {"event": "train", "step": step, "loss": loss_value, "lr": lr, "grad_norm": grad_value,
                      "ms_per_step": dt * 1000, "tokens_per_s": tokens_per_step / dt}
             if tc.z_loss:
