@@ -33,7 +33,7 @@ API:
   -> {"mean", "max_abs", "mean_log_z"}. label(name) gives the op label (default: the module path); for
   buffer_stats it gets the module name. Each reads the device once.
 - snapshot(model, parameters=True) -> {name: copy}; restore(model, snap).
-- DivergenceCheck(max_loss=None, margin=1.0, gap=1.5, window=10, tail=20): .check(loss, grad_norm) -> reason
+- DivergenceCheck(max_loss=None, margin=1.0, gap=1.5, window=10, tail=20, patience=3): .check(loss, grad_norm) -> reason
   or None; .tail (the last losses, for the "diverged" event); .state_dict() / .load_state_dict(state).
 
 Spike monitor (llm.c's outlier detector; llm-foundry's KillLossSpike; ZClip): z = (x - mean) / std over the
@@ -95,13 +95,15 @@ class SpikeMonitor:
 class DivergenceCheck:
     """A run has diverged when, after a step's backward (before its optimizer step):
     1. the loss or the gradient norm is not finite;
-    2. the loss is above max_loss (None: the first loss checked plus `margin`);
+    2. the loss is above max_loss (None: the first loss checked plus `margin`) on `patience` steps in a row
+       (one step above it is a spike, which the SpikeMonitor reports; a divergence stays up);
     3. the mean of the last `window` losses is above the best such mean by more than `gap` (0: off): a
        loss that blows up, or stalls far above its best, which is how float32 runs fail at high LR.
     NormFormer §4 (Table 3, Fig. 5) runs the LR ramp until this point and reports the step and LR."""
 
-    def __init__(self, max_loss=None, margin=1.0, gap=1.5, window=10, tail=20):
-        self.max_loss, self.margin, self.gap = max_loss, margin, gap
+    def __init__(self, max_loss=None, margin=1.0, gap=1.5, window=10, tail=20, patience=3):
+        self.max_loss, self.margin, self.gap, self.patience = max_loss, margin, gap, patience
+        self.above = 0
         self.recent, self.tail = deque(maxlen=window), deque(maxlen=tail)
         self.best_mean = math.inf
 
@@ -112,8 +114,9 @@ class DivergenceCheck:
             return f"non-finite loss ({loss}) or gradient norm ({grad_norm})"
         if self.max_loss is None:
             self.max_loss = loss + self.margin
-        if loss > self.max_loss:
-            return f"loss {loss:.4f} above the bound {self.max_loss:.4f}"
+        self.above = self.above + 1 if loss > self.max_loss else 0
+        if self.above >= self.patience:
+            return f"loss {loss:.4f} above the bound {self.max_loss:.4f} for {self.above} steps"
         self.recent.append(loss)
         if len(self.recent) == self.recent.maxlen:
             mean = math.fsum(self.recent) / len(self.recent)
@@ -124,11 +127,11 @@ class DivergenceCheck:
         return None
 
     def state_dict(self):
-        return {"max_loss": self.max_loss, "best_mean": self.best_mean, "recent": list(self.recent),
+        return {"max_loss": self.max_loss, "best_mean": self.best_mean, "above": self.above, "recent": list(self.recent),
                 "tail": list(self.tail)}
 
     def load_state_dict(self, state):
-        self.max_loss, self.best_mean = state["max_loss"], state["best_mean"]
+        self.max_loss, self.best_mean, self.above = state["max_loss"], state["best_mean"], state["above"]
         self.recent.extend(state["recent"])
         self.tail.extend(state["tail"])
 

@@ -381,11 +381,13 @@ def test_divergence_non_finite_loss_or_gradient():
 
 
 def test_divergence_loss_bound_defaults_to_first_loss_plus_margin():
-    check = DivergenceCheck(margin=0.5, gap=0)
+    check = DivergenceCheck(margin=0.5, gap=0, patience=2)
     assert check.check(5.0, 1.0) is None  # the bound becomes 5.5
-    assert check.check(5.5, 1.0) is None  # at the bound is not above it
-    assert "above the bound 5.5000" in check.check(5.51, 1.0)
-    explicit = DivergenceCheck(max_loss=2.0, gap=0)
+    assert check.check(9.0, 1.0) is None  # one step above it is a spike
+    assert check.check(5.5, 1.0) is None  # at the bound is not above it, and the count restarts
+    assert check.check(5.51, 1.0) is None
+    assert "above the bound 5.5000 for 2 steps" in check.check(5.6, 1.0)
+    explicit = DivergenceCheck(max_loss=2.0, gap=0, patience=1)
     assert explicit.check(1.9, 1.0) is None and explicit.check(2.1, 1.0) is not None
 
 

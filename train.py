@@ -542,11 +542,8 @@ def setup(argv):
     if device_type == "cpu":
         # torchrun sets OMP_NUM_THREADS=1 per process: give each process its share of the cores instead
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // local_world_size))
-    if rank == 0:
-        data.prepare(tc.dataset, tc.tokenizer, tc.data_dir)
-    if ddp:
-        dist.barrier()  # the other processes wait until process 0 has prepared the data
-    folder = data.prepare(tc.dataset, tc.tokenizer, tc.data_dir)  # prepared now: this only finds the folder
+    # every process asks: data.prepare's file lock lets one process per disk tokenize while the others wait
+    folder = data.prepare(tc.dataset, tc.tokenizer, tc.data_dir)
     meta = data.load_meta(folder)
     data.check_length(meta, model_cfg.block_size)
     if tc.seq_warmup_iters and tc.seq_warmup_start > model_cfg.block_size:
