@@ -42,6 +42,10 @@ def read_events(path):
 def find_runs(paths):
     """(label, events) of every run: a folder holding log.jsonl, or each run folder under a sweep folder."""
     runs, sweeps = [], []
+    # sweep runs end in .../<variant>/<lr>/<seed>: several given run folders differ only higher up
+    common = os.path.dirname(os.path.commonpath([os.path.abspath(p) for p in paths]))
+    if len(paths) > 1:
+        common = os.path.commonpath([os.path.abspath(p) for p in paths])
     for path in paths:
         if not os.path.isdir(path):
             raise UsageError(f"{path} is not a folder; pass run folders (train.py --out_dir) or sweep folders")
@@ -50,7 +54,9 @@ def find_runs(paths):
             raise UsageError(f"{path} holds no log.jsonl; pass run folders (train.py --out_dir) or sweep folders")
         for log in logs:
             label = os.path.relpath(os.path.dirname(log), path)
-            runs.append((os.path.basename(os.path.abspath(path)) if label == "." else label, read_events(log)))
+            if label == ".":  # a run folder given itself: its path below what all the given folders share
+                label = os.path.relpath(os.path.abspath(path), common)
+            runs.append((label, read_events(log)))
         if os.path.exists(os.path.join(path, "summary.json")):
             sweeps.append(path)
     return runs, sweeps

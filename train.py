@@ -63,7 +63,7 @@ class TrainConfig:
     overwrite: bool = False  # start afresh in an out_dir that holds a run
     keep_checkpoints: int = 1  # ckpt-<step>.pt of the last K checkpoints, and of the best
     # loss-spike instruments (stability.py) and mitigations
-    diverge_loss: Optional[float] = None  # diverged above this training loss; None: the first step's loss + 1
+    diverge_loss: Optional[float] = None  # diverged above this loss 3 steps in a row; None: first loss + 1
     diverge_gap: float = 1.5  # diverged when the 10-step mean loss is this far above its best; 0: off
     spike_window: int = 100  # steps in the spike monitor's running mean and std
     spike_z: float = 5.0  # a loss or grad-norm z-score above this is a spike
