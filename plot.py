@@ -111,7 +111,7 @@ def plot_loss_vs_lr(sweep, out):
         return
     fig, ax = plt.subplots(figsize=(7, 5))
     for i, row in enumerate(summary["variants"]):
-        color = f"C{i % 10}"
+        color = plt.get_cmap("tab20")(i % 20)  # a sweep of the papers' variants has more than 10
         # the row's L(lr) columns: median over seeds, inf where it diverged
         curve = sorted((float(k[2:-1]), v) for k, v in row.items() if k.startswith("L(") and math.isfinite(v))
         runs = [r for r in summary["runs"] if r["variant"] == row["variant"]]
@@ -119,7 +119,7 @@ def plot_loss_vs_lr(sweep, out):
         diverged = [(float(r["lr"]), row["init_loss"]) for r in runs if r["status"] == "diverged"]
         for points, style in ((curve, "-"), (done, "o"), (diverged, "x")):
             ax.plot([p[0] for p in points], [p[1] for p in points], style, color=color, ms=8 if style == "x" else 4,
-                    mew=2, label=row["variant"] if style == "-" else None)
+                    mew=2, label=row["variant"] if style == "-" else None, ls="--" if i % 2 and style == "-" else None)
     ax.set(xscale="log", xlabel="learning rate", ylabel="final val loss (x: diverged, at L_0)",
            title=f"final loss vs LR: {sweep}")
     ax.legend(fontsize=7)
