@@ -260,7 +260,8 @@ def test_kill_9_leaves_a_loadable_checkpoint_and_resume_continues_exactly(corpus
         kill_when(process, printed=f"paused at {point}")
     checkpoint = torch.load(out / "ckpt.pt", weights_only=True)
     assert checkpoint["step"] >= 3 and (point == "step" or checkpoint["step"] == 3)
-    assert (out / "ckpt.pt.tmp").exists() == (point == "save@6")  # the partial write was never renamed
+    if point != "step":  # a kill timed by polling the log may also land inside a checkpoint write
+        assert (out / "ckpt.pt.tmp").exists() == (point == "save@6")  # the partial write was never renamed
     assert train.main([*run, "--resume"]) == 0
     assert losses(out) == losses(reference)  # each step once: the log lost what the checkpoint did not keep
     assert not (out / "ckpt.pt.tmp").exists()
