@@ -1,7 +1,9 @@
 """
 Speed and memory of the variants, side by side in one run: one training step (forward, backward, AdamW)
-of each variant, interleaved round by round so that drift in the machine's load hits them all alike, and
-reported as the median time and as a ratio to the first variant (the baseline).
+of each variant, interleaved round by round so that drift in the machine's load hits them all alike. Each
+round gives every variant a ratio to the first variant (the baseline) timed in that same round; the table
+shows the median time, the median of those paired ratios, and the range of the middle half of them
+(a ratio whose range holds 1.00 is no difference this run could see).
     python bench.py                                    # every --norm, the quickstart model, on CPU here
     python bench.py --variants=presets --n_layer=12 --n_head=12 --n_embd=768 --block_size=1024 \
         --batch_size=16 --compile                      # GPT-2 small shape on a GPU
@@ -30,7 +32,7 @@ VARIANTS = {
 
 OWN_FLAGS = {  # name: (default, meaning)
     "variants": ("norms", f"the group of variants to time: {', '.join(VARIANTS)}"),
-    "rounds": ("5", "rounds; each times every variant once, in turn, and the table shows the median"),
+    "rounds": ("9", "rounds; each times every variant once, in turn, and the table shows medians over rounds"),
     "steps": ("5", "training steps per variant in each round"),
 }
 USAGE = "\n".join([
@@ -107,6 +109,8 @@ def main(argv):
         torch._dynamo.config.recompile_limit = 8 * len(configs)
     dtype = getattr(torch, tc.dtype)
     cuda = device.startswith("cuda")
+    if device == "cpu":
+        train.keep_freed_memory()  # as train.py does: without it every step's new tensors page-fault
     runs = {}
     for name, cfg in configs.items():
         runs[name] = Variant(cfg, tc, device, dtype)
@@ -128,16 +132,25 @@ def main(argv):
                 run.step_bytes = max(run.step_bytes, torch.cuda.max_memory_allocated() - resident)
     print(f"device {device} {tc.dtype}, compile {tc.compile}, batch {tc.batch_size} x {block_size}, "
           f"{rounds} rounds x {steps} steps, torch {torch.__version__}")
-    baseline = statistics.median(next(iter(runs.values())).times)
-    header = f"{'variant':<28}{'ms/step':>10}{'ratio':>8}{'tokens/s':>12}"
+    baseline = next(iter(runs.values())).times
+    header = f"{'variant':<28}{'ms/step':>10}{'ratio':>8}{'middle half':>14}{'tokens/s':>12}"
     print(header + (f"{'step MiB':>10}{'TFLOP/s':>9}" if cuda else ""))
     for name, run in runs.items():
         ms = statistics.median(run.times)
-        line = f"{name:<28}{ms * 1000:>10.1f}{ms / baseline:>8.2f}{tokens / steps / ms:>12,.0f}"
+        low, ratio, high = middle_half([t / b for t, b in zip(run.times, baseline)])
+        line = f"{name:<28}{ms * 1000:>10.1f}{ratio:>8.2f}{f'{low:.2f}-{high:.2f}':>14}{tokens / steps / ms:>12,.0f}"
         if cuda:
             line += f"{run.step_bytes / 2**20:>10,.0f}{run.flops_per_token * tokens / steps / ms / 1e12:>9.1f}"
         print(line)
     return 0
+
+
+def middle_half(values):
+    """(first quartile, median, third quartile) of values; all three the value itself for a single round."""
+    if len(values) == 1:
+        return values * 3
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, median, q3
 
 
 if __name__ == "__main__":

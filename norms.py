@@ -36,9 +36,16 @@ def upcast(x):
     return x.float() if x.element_size() < 4 else x
 
 
-def mean_tokens(x):
-    """Mean over every dim but the last: the per-channel batch statistic over all B*T tokens."""
-    return x.reshape(-1, x.shape[-1]).mean(0)
+def tokens(x):
+    """x as a (B*T, C) matrix: the batch-statistic norms treat every token of the batch alike."""
+    return x.reshape(-1, x.shape[-1])
+
+
+def mean_square_tokens(x):
+    """psi_B^2 = mean of x^2 over all B*T tokens, per channel (PowerNorm eq. (4)). A sum divided by the count:
+    on CPU, mean over the token dim takes a slower reduction path than sum (about 4x at the quickstart shape)."""
+    x = tokens(x)
+    return x.square().sum(0).div_(x.shape[0])
 
 
 class LayerNorm(nn.Module):
@@ -60,16 +67,16 @@ class RMSNormFunction(torch.autograd.Function):
     dL/dx = (dz - z * mean(dz * z)) / r, z = x / r, dz = g * dL/dy, and dL/dg = sum over tokens of dL/dy * z
     (Zhang & Sennrich 2019). g may be None (no gain).
 
-    On CPU F.rms_norm is a composite of six kernels and its autograd backward makes ten more passes over the
-    activations, each into a new tensor. Here the forward allocates one tensor and the backward two; the rest
-    are reductions and in-place updates. Since z * mean(dz * z) / r = x * mean(g dy x) / r^3, only x and r
-    are saved.
+    The backward is LayerNorm's fused kernel given a mean of 0 and RMSNorm's 1/r: it then computes
+    (dz - mean(dz) - z * mean(dz * z)) / r and dL/dg in one pass over the activations, and adding back
+    mean(dz) / r per token gives RMSNorm's dL/dx. On CPU, torch's own rms_norm is about ten kernels each way,
+    each writing a new tensor the size of x; this writes one tensor forward and one backward.
     """
 
     @staticmethod
     def forward(ctx, x, weight, eps):
-        # mean(x^2) = |x|^2 / C, read in one pass without an x^2 temporary
-        rstd = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True) ** 2 / x.shape[-1] + eps)
+        # mean(x^2) = |x|^2 / C, read in one pass without an x^2 temporary; the rest is in place on (..., 1)
+        rstd = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(x.shape[-1]).add_(eps).rsqrt_()
         ctx.save_for_backward(x, rstd, weight)
         y = x * rstd
         return y if weight is None else y.mul_(weight)
@@ -78,17 +85,11 @@ class RMSNormFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x, rstd, weight = ctx.saved_tensors
         C = x.shape[-1]
-        dy_x = dy * x
-        if weight is None:
-            dz_x, grad_weight = dy_x.sum(-1, keepdim=True), None
-            grad_x = dy * rstd
-        else:
-            # sum(g dy x) per token and sum over tokens of dy x / r, both matrix-vector products: one read each
-            dz_x = (dy_x @ weight).unsqueeze(-1)
-            grad_weight = rstd.flatten() @ dy_x.reshape(-1, C)
-            grad_x = (dy * weight).mul_(rstd)
-        # (dz - z * mean(dz * z)) / r = dz / r - x * sum(dz * x) / (C r^3)
-        return grad_x.addcmul_(x, dz_x * rstd ** 3 / C, value=-1), grad_weight, None
+        mask = [True, weight is not None and ctx.needs_input_grad[1], False]
+        grad_x, grad_weight, _ = torch.ops.aten.native_layer_norm_backward(
+            dy, x, [C], torch.zeros_like(rstd), rstd, weight, None, mask)
+        dz_sum = dy.sum(-1, keepdim=True) if weight is None else (dy @ weight).unsqueeze(-1)
+        return grad_x.add_(dz_sum.mul_(rstd).div_(C)), grad_weight, None
 
 
 class RMSNorm(nn.Module):
@@ -144,7 +145,7 @@ class BatchNorm(nn.Module):
         self.register_buffer("running_var", torch.ones(dim))
 
     def forward(self, x):
-        u = upcast(x).reshape(-1, x.shape[-1])
+        u = tokens(upcast(x))
         if self.training:
             # torch's fused kernel computes Alg. 1 with the biased variance, and its backward is the closed form
             # of eq. (3). It also returns the batch mean and 1 / sqrt(var + eps) it used, from which the running
@@ -182,7 +183,7 @@ class PNV(nn.Module):
         if not self.training:
             return normalize_affine(u, torch.rsqrt(self.running_psi2 + self.eps), self.weight, self.bias).to(x.dtype)
         with torch.no_grad():
-            psi2 = mean_tokens(u * u)
+            psi2 = mean_square_tokens(u)
             self.running_psi2.mul_(self.alpha).add_((1 - self.alpha) * psi2)
         # with the batch's psi_B and no nu, PowerNormFunction's gradient is PN-V's exact one, eq. (6)
         return PowerNormFunction.apply(u, self.weight, self.bias, psi2, None, None, None, self.eps, None).to(x.dtype)
@@ -200,41 +201,47 @@ class PowerNormFunction(torch.autograd.Function):
     (eq. (11)-(13)): g_hat = g * dL/dy, dL/dx = (g_hat - nu_(t-1) * z) / sqrt(psi2 + eps), then
     nu <- nu * (1 - (1 - alpha_bwd) * Gamma) + (1 - alpha_bwd) * Lambda with Gamma = mean_tokens(z^2) and
     Lambda = mean_tokens(g_hat * z); dL/dg = sum_tokens(dL/dy * z), dL/db = sum_tokens(dL/dy).
+    (mean_tokens and sum_tokens: per channel, over all B*T tokens of the batch.)
 
     psi2 is the divisor the module chose (a constant for autograd), psi2_batch = mean_tokens(x^2). Where
     `warm` (PowerNorm's warmup) psi2 is psi2_batch and nu_(t-1) is replaced by this batch's Lambda, which
     makes it PN-V's exact gradient eq. (6); nu then still takes the step of eq. (13). psi2, nu and warm None:
     PN-V itself, divided by psi2_batch, always eq. (6), no nu to update.
 
-    Autograd through x * rsqrt(psi2 + eps) * g + b would write about ten temporaries the size of x; here g
-    and 1 / psi fold into one per-channel factor, mean_tokens(g_hat * z) = g / psi * mean_tokens(dL/dy * x)
-    and Gamma = psi2_batch / (psi2 + eps), so the forward writes one tensor and the backward two.
+    Autograd through x * rsqrt(psi2 + eps) * g + b would write about ten temporaries the size of x. Here the
+    forward folds g and 1 / psi into one per-channel factor (one pass), and the backward starts from batch
+    norm's fused eval-mode kernel given a mean of 0 and variance psi2: in one pass it computes g_hat / psi,
+    sum_tokens(dL/dy * z) = dL/dg and sum_tokens(dL/dy) = dL/db. Lambda = g * dL/dg / (B*T) and
+    Gamma = psi2_batch / (psi2 + eps) follow without touching x, and one more pass subtracts coef * z / psi.
     """
 
     @staticmethod
     def forward(ctx, x, weight, bias, psi2_batch, psi2, nu, warm, eps, alpha_bwd):
-        rstd = torch.rsqrt((psi2_batch if psi2 is None else psi2) + eps)
-        ctx.save_for_backward(x, weight, rstd, psi2_batch, warm)
+        psi2 = psi2_batch if psi2 is None else psi2
+        rstd = torch.rsqrt(psi2 + eps)
+        ctx.save_for_backward(x, weight, psi2, rstd, psi2_batch, warm)
         # nu is read and updated in backward, not saved: its value then is nu_(t-1)
-        ctx.nu, ctx.alpha_bwd = nu, alpha_bwd
+        ctx.nu, ctx.alpha_bwd, ctx.eps = nu, alpha_bwd, eps
         return normalize_affine(x, rstd, weight, bias)
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, rstd, psi2_batch, warm = ctx.saved_tensors
+        x, weight, psi2, rstd, psi2_batch, warm = ctx.saved_tensors
         nu, a = ctx.nu, ctx.alpha_bwd
-        dy_z = mean_tokens(dy * x) * rstd
-        lam = dy_z if weight is None else weight * dy_z  # Lambda^(t) of eq. (13)
+        X, dY = tokens(x), tokens(dy)
+        mask = [True, True, ctx.needs_input_grad[2]]  # dL/dg is always needed: it gives Lambda
+        grad_x, dy_z, grad_bias = torch.ops.aten.native_batch_norm_backward(
+            dY, X, weight, torch.zeros_like(psi2), psi2, None, None, False, ctx.eps, mask)
+        lam = dy_z / X.shape[0] if weight is None else weight * dy_z / X.shape[0]  # Lambda^(t) of eq. (13)
         coef = lam if nu is None else torch.where(warm, lam, nu)  # eq. (11); eq. (6) in warmup and for PN-V
         # eq. (12) divides by the running psi_(t-1); the reference code (sIncerass/powernorm) divides by
         # the batch psi_B here instead. We follow the paper. (g_hat - coef * z) / psi, z = x / psi:
-        grad_x = (dy * (rstd if weight is None else weight * rstd)).addcmul_(x, coef * rstd * rstd, value=-1)
+        grad_x.addcmul_(X, coef * rstd * rstd, value=-1)
         if nu is not None:
             with torch.no_grad():
                 nu.mul_(1 - (1 - a) * psi2_batch * rstd * rstd).add_((1 - a) * lam)  # eq. (13), Gamma = mean(z^2)
-        grad_weight = dy_z * (x.numel() // x.shape[-1]) if ctx.needs_input_grad[1] else None
-        grad_bias = dy.reshape(-1, dy.shape[-1]).sum(0) if ctx.needs_input_grad[2] else None
-        return grad_x, grad_weight, grad_bias, None, None, None, None, None, None
+        grad_weight = dy_z if ctx.needs_input_grad[1] else None
+        return grad_x.view(x.shape), grad_weight, grad_bias, None, None, None, None, None, None
 
 
 class PowerNorm(nn.Module):
@@ -277,14 +284,14 @@ class PowerNorm(nn.Module):
         # tensors, not Python branches, so the warmup switch costs no host sync on a GPU
         warm = self.calls < self.warmup
         with torch.no_grad():
-            psi2_batch = mean_tokens(u * u)
+            psi2_batch = mean_square_tokens(u)
             psi2 = torch.where(warm, psi2_batch, self.running_psi2)  # eq. (8): psi_(t-1), from before this call
-            # the mean of psi_B^2 over the k = calls + 1 warmup calls so far
-            cumulative = self.running_psi2 + (psi2_batch - self.running_psi2) / (self.calls + 1)
-            ema = self.alpha_fwd * self.running_psi2 + (1 - self.alpha_fwd) * psi2_batch  # eq. (10)
+            # both updates move running_psi2 toward psi_B^2: by 1 / k in warmup (k = calls + 1, the cumulative
+            # mean of psi_B^2 over the k warmup calls so far), by 1 - alpha_fwd after it (the EMA of eq. (10))
+            step = torch.where(warm, (self.calls + 1).to(psi2_batch.dtype).reciprocal_(), 1 - self.alpha_fwd)
             # new tensors, not in-place updates: torch.compile's backward may recompute psi2 and warm from these
             # buffers, and must find their values from before this call
-            self.running_psi2 = torch.where(warm, cumulative, ema)
+            self.running_psi2 = self.running_psi2.lerp(psi2_batch, step)
             self.calls = self.calls + 1
         return PowerNormFunction.apply(u, self.weight, self.bias, psi2_batch, psi2, self.nu, warm, self.eps,
                                        self.alpha_bwd)
