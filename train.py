@@ -321,7 +321,7 @@ class CheckpointError(Exception):
 
 
 def pause_for_tests(point):
-    """test_resume.py SIGKILLs a run paused here (NANONORM_PAUSE_AT=eval@6 or save@6) mid-operation."""
+    """test_resume.py SIGKILLs a run paused here (NANONORM_PAUSE_AT=step@5, eval@6 or save@6) mid-operation."""
     if os.environ.get("NANONORM_PAUSE_AT") == point:
         print(f"paused at {point}", flush=True)
         time.sleep(60)
@@ -873,6 +873,7 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
         instrumented = master and any(n and (step + 1) % n == 0
                                       for n in (tc.telemetry_interval, tc.fp16_headroom_interval))
         before = stability.snapshot(raw_model) if instrumented else None
+        pause_for_tests(f"step@{step + 1}")  # gradients computed, weights not yet updated
         if not skip:
             scaler.step(optimizer)
         scaler.update()
