@@ -18,6 +18,8 @@ import sys
 import time
 
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 import train
 from model import GPT, PRESETS
@@ -27,7 +29,11 @@ VARIANTS = {
     "norms": {f"norm={kind}": {"norm": kind} for kind in NORMS},
     "presets": {f"preset={name}": {"preset": name} for name in PRESETS},
     "attention": {"attn_impl=sdpa": {"attn_impl": "sdpa"}, "attn_impl=manual": {"attn_impl": "manual"}},
+    # the plainest GPT-2 of the same shape (PlainGPT, below) against nanonorm's model with every flag at its
+    # default: the same math, so a ratio above 1 is work that a switched-off flag left in the step
+    "baseline": {"plain GPT-2": {}, "nanonorm defaults": {}},
 }
+PLAIN = "plain GPT-2"
 
 
 OWN_FLAGS = {  # name: (default, meaning)
@@ -67,13 +73,48 @@ def parse(argv):
     return {name: model_cfg for name, (model_cfg, _) in configs.items()}, int(own["rounds"]), int(own["steps"]), device, tc
 
 
+class PlainGPT(nn.Module):
+    """GPT-2 with no options, the baseline of --variants=baseline: token and learned position embeddings, per
+    layer x = x + W_O attn(LN(x)) and x = x + W_2 gelu(W_1 LN(x)), a final LN and the tied head (GPT-2 §2.3;
+    nanoGPT's model). It reads only the shape from the config (layers, heads, width, context, vocabulary,
+    ffn_mult, bias) and lists its parameters in the order GPT does, so one can load the other's weights."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        d = cfg.n_embd
+        self.n_head = cfg.n_head
+        self.wte = nn.Embedding(cfg.vocab_size, d)
+        self.wpe = nn.Embedding(cfg.block_size, d)
+        self.layers = nn.ModuleList(nn.ModuleDict({
+            "ln_1": nn.LayerNorm(d), "qkv": nn.Linear(d, 3 * d, bias=cfg.bias), "out": nn.Linear(d, d, bias=cfg.bias),
+            "ln_2": nn.LayerNorm(d), "fc": nn.Linear(d, cfg.ffn_mult * d, bias=cfg.bias),
+            "fc_out": nn.Linear(cfg.ffn_mult * d, d, bias=cfg.bias),
+        }) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(d)
+        self.lm_head = nn.Linear(d, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, idx, targets):
+        B, T = idx.shape
+        x = self.wte(idx) + self.wpe.weight[:T]
+        for layer in self.layers:
+            qkv = layer.qkv(layer.ln_1(x)).split(x.size(-1), dim=2)
+            q, k, v = (t.view(B, T, self.n_head, -1).transpose(1, 2) for t in qkv)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + layer.out(y.transpose(1, 2).reshape(B, T, -1))
+            x = x + layer.fc_out(F.gelu(layer.fc(layer.ln_2(x))))
+        logits = self.lm_head(self.ln_f(x))
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
 class Variant:
     """One model, its optimizer and a fixed batch, ready to time training steps."""
 
-    def __init__(self, model_cfg, tc, device, dtype):
+    def __init__(self, model_cfg, tc, device, dtype, plain=False):
         torch.manual_seed(tc.seed)
-        self.model = GPT(model_cfg).to(device)
-        self.flops_per_token = 6 * self.model.num_params() + 12 * model_cfg.n_layer * model_cfg.block_size * model_cfg.n_embd
+        self.model = (PlainGPT if plain else GPT)(model_cfg).to(device)
+        params = sum(p.numel() for p in self.model.parameters())  # the tied head counted once
+        self.flops_per_token = 6 * params + 12 * model_cfg.n_layer * model_cfg.block_size * model_cfg.n_embd
         self.step_model = torch.compile(self.model) if tc.compile else self.model
         self.optimizer = train.configure_optimizer(self.model, tc, device.split(":")[0])
         shape = (tc.batch_size, model_cfg.block_size)
@@ -113,7 +154,7 @@ def main(argv):
         train.keep_freed_memory()  # as train.py does: without it every step's new tensors page-fault
     runs = {}
     for name, cfg in configs.items():
-        runs[name] = Variant(cfg, tc, device, dtype)
+        runs[name] = Variant(cfg, tc, device, dtype, plain=name == PLAIN)
         runs[name].step()  # warm up: allocator, kernels, torch.compile
     block_size = next(iter(configs.values())).block_size
     tokens = tc.batch_size * block_size * steps

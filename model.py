@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from norms import make_norm
+from norms import make_norm, upcast
 
 
 # norms whose statistics are per token: the only ones that mean something over one head's q or k (--qk_norm)
@@ -485,5 +485,6 @@ class GPT(nn.Module):
         logits = self.lm_head(optional(self.final_norm, x))
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+            # half-precision logits are upcast for the softmax; float32 and float64 stay as they are
+            loss = F.cross_entropy(upcast(logits).view(-1, logits.size(-1)), targets.view(-1))
         return logits, loss

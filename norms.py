@@ -86,7 +86,7 @@ class RMSNormFunction(torch.autograd.Function):
         x, rstd, weight = ctx.saved_tensors
         C = x.shape[-1]
         mask = [True, weight is not None and ctx.needs_input_grad[1], False]
-        grad_x, grad_weight, _ = torch.ops.aten.native_layer_norm_backward(
+        grad_x, grad_weight, _ = torch.ops.aten.native_layer_norm_backward.default(
             dy, x, [C], torch.zeros_like(rstd), rstd, weight, None, mask)
         dz_sum = dy.sum(-1, keepdim=True) if weight is None else (dy @ weight).unsqueeze(-1)
         return grad_x.add_(dz_sum.mul_(rstd).div_(C)), grad_weight, None
@@ -230,16 +230,19 @@ class PowerNormFunction(torch.autograd.Function):
         nu, a = ctx.nu, ctx.alpha_bwd
         X, dY = tokens(x), tokens(dy)
         mask = [True, True, ctx.needs_input_grad[2]]  # dL/dg is always needed: it gives Lambda
-        grad_x, dy_z, grad_bias = torch.ops.aten.native_batch_norm_backward(
+        grad_x, dy_z, grad_bias = torch.ops.aten.native_batch_norm_backward.default(
             dY, X, weight, torch.zeros_like(psi2), psi2, None, None, False, ctx.eps, mask)
         lam = dy_z / X.shape[0] if weight is None else weight * dy_z / X.shape[0]  # Lambda^(t) of eq. (13)
         coef = lam if nu is None else torch.where(warm, lam, nu)  # eq. (11); eq. (6) in warmup and for PN-V
         # eq. (12) divides by the running psi_(t-1); the reference code (sIncerass/powernorm) divides by
         # the batch psi_B here instead. We follow the paper. (g_hat - coef * z) / psi, z = x / psi:
-        grad_x.addcmul_(X, coef * rstd * rstd, value=-1)
+        inv_var = rstd.square()
+        grad_x.addcmul_(X, coef * inv_var, value=-1)
         if nu is not None:
             with torch.no_grad():
-                nu.mul_(1 - (1 - a) * psi2_batch * rstd * rstd).add_((1 - a) * lam)  # eq. (13), Gamma = mean(z^2)
+                # eq. (13), nu <- nu (1 - (1 - a) Gamma) + (1 - a) Lambda, written nu += (1 - a)(Lambda - Gamma nu)
+                gamma = psi2_batch * inv_var  # Gamma = mean_tokens(z^2)
+                nu.add_(torch.addcmul(lam, gamma, nu, value=-1), alpha=1 - a)
         grad_weight = dy_z if ctx.needs_input_grad[1] else None
         return grad_x.view(x.shape), grad_weight, grad_bias, None, None, None, None, None, None
 
@@ -288,11 +291,12 @@ class PowerNorm(nn.Module):
             psi2 = torch.where(warm, psi2_batch, self.running_psi2)  # eq. (8): psi_(t-1), from before this call
             # both updates move running_psi2 toward psi_B^2: by 1 / k in warmup (k = calls + 1, the cumulative
             # mean of psi_B^2 over the k warmup calls so far), by 1 - alpha_fwd after it (the EMA of eq. (10))
-            step = torch.where(warm, (self.calls + 1).to(psi2_batch.dtype).reciprocal_(), 1 - self.alpha_fwd)
+            calls = self.calls + 1
+            step = torch.where(warm, calls.to(psi2_batch.dtype).reciprocal_(), 1 - self.alpha_fwd)
             # new tensors, not in-place updates: torch.compile's backward may recompute psi2 and warm from these
             # buffers, and must find their values from before this call
             self.running_psi2 = self.running_psi2.lerp(psi2_batch, step)
-            self.calls = self.calls + 1
+            self.calls = calls
         return PowerNormFunction.apply(u, self.weight, self.bias, psi2_batch, psi2, self.nu, warm, self.eps,
                                        self.alpha_bwd)
 

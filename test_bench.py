@@ -1,7 +1,13 @@
 """bench.py runs every variant of a group and reports each against the first (bad input: test_errors.py)."""
 
+import pytest
+import torch
+
 import bench
+import train
+from model import GPT, GPTConfig
 from norms import NORMS
+from test_model import AtenOps
 
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8", "--batch_size=2", "--vocab_size=64"]
 
@@ -28,3 +34,61 @@ def test_bench_help_lists_its_flags_with_the_defaults_it_uses(capsys):
         assert any(line.split()[:2] == [f"--{name}", default] for line in out.splitlines()), (name, out)
     assert "python train.py --help" in out and "configurable.txt" in out
     assert all(group in out for group in bench.VARIANTS)
+
+
+def plain_and_default(dtype=torch.float32, **shape):
+    """nanonorm's GPT at its defaults and bench.PlainGPT of the same shape holding the same weights."""
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig(**{"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "vocab_size": 64, **shape}))
+    plain = bench.PlainGPT(gpt.config)
+    pairs = list(zip(gpt.named_parameters(), plain.named_parameters()))
+    assert len(pairs) == len(list(plain.parameters())) == len(list(gpt.parameters()))
+    with torch.no_grad():
+        for (name, p), (plain_name, q) in pairs:
+            assert p.shape == q.shape, (name, plain_name)
+            q.copy_(p)
+    return gpt.to(dtype), plain.to(dtype)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_plain_gpt_is_the_default_model(bias):
+    """The baseline is the same function as nanonorm's default GPT, value and gradient (float64): its ratio in
+    --variants=baseline times only the work around the math."""
+    gpt, plain = plain_and_default(torch.float64, bias=bias)
+    idx, targets = torch.randint(0, 64, (3, 16)), torch.randint(0, 64, (3, 16))
+    (logits, loss), (plain_logits, plain_loss) = gpt(idx, targets), plain(idx, targets)
+    torch.testing.assert_close(plain_logits, logits, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(plain_loss, loss, rtol=1e-12, atol=1e-12)
+    loss.backward(), plain_loss.backward()
+    for (name, p), q in zip(gpt.named_parameters(), plain.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-10, atol=1e-14, msg=name)
+
+
+def training_step_ops(model):
+    """The aten ops of one training step (forward, backward, fused AdamW), counted by name, after a first step
+    that created the optimizer's states."""
+    optimizer = train.configure_optimizer(model, train.TrainConfig(), "cpu")
+    idx, targets = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
+
+    def step():
+        model(idx, targets)[1].backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()
+    with AtenOps() as ops:
+        step()
+    return ops.counts
+
+
+def test_the_default_training_step_does_the_plain_gpts_work_and_no_more():
+    """Every op of nanonorm's default training step, backward and optimizer included, is one the plainest GPT-2
+    also runs, as often: a flag that is off leaves no multiply by 1, dtype round trip or identity in the step."""
+    gpt, plain = plain_and_default()
+    assert training_step_ops(gpt) == training_step_ops(plain)
+
+
+def test_bench_baseline_times_nanonorm_against_the_plain_gpt(capsys):
+    assert bench.main(["--variants=baseline", "--rounds=1", "--steps=1", *TINY]) == 0
+    rows = [line.split()[:3] for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [" ".join(row[:-1]) for row in rows] == ["plain GPT-2", "nanonorm defaults"]

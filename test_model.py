@@ -333,7 +333,7 @@ def test_embed_grad_scale_keeps_forward_and_scales_embedding_gradient(embed_norm
     idx = tokens()
     out_off, out_on = off(idx)[0], on(idx)[0]
     torch.testing.assert_close(out_on, out_off, rtol=1e-12, atol=1e-12)
-    # a fixed random functional of the logits in float64 (the model's loss is computed in float32)
+    # a fixed random functional of the logits: a test of the gradient that does not go through the loss
     r = torch.randn(out_off.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     (out_off * r).sum().backward(), (out_on * r).sum().backward()
     for (name, p_off), p_on in zip(off.named_parameters(), on.parameters()):
