@@ -7,6 +7,7 @@ shows the median time, the median of those paired ratios, and the range of the m
     python bench.py                                    # every --norm, the quickstart model, on CPU here
     python bench.py --variants=presets --n_layer=12 --n_head=12 --n_embd=768 --block_size=1024 \
         --batch_size=16 --compile                      # GPT-2 small shape on a GPU
+    python bench.py --part=norm                        # each norm module alone, forward and backward
 Model and system flags are train.py's (configurable.txt); bench.py adds --variants, --rounds and --steps.
 On CUDA it also reports the memory a step allocates on top of the resident weights and optimizer states
 (activations and workspaces) and the achieved TFLOP/s (6N + 12 L T d FLOPs per token, as in nanoGPT).
@@ -20,9 +21,10 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils._python_dispatch
 
 import train
-from model import GPT, PRESETS
+from model import GPT, PRESETS, norm
 from norms import NORMS
 
 VARIANTS = {
@@ -40,9 +42,11 @@ OWN_FLAGS = {  # name: (default, meaning)
     "variants": ("norms", f"the group of variants to time: {', '.join(VARIANTS)}"),
     "rounds": ("9", "rounds; each times every variant once, in turn, and the table shows medians over rounds"),
     "steps": ("5", "training steps per variant in each round"),
+    "part": ("step", "what is timed: step (a training step of the model) or norm (forward and backward of one "
+                     "norm module on a batch of activations, with --variants=norms)"),
 }
 USAGE = "\n".join([
-    "usage: python bench.py [--variants=GROUP] [--rounds=N] [--steps=N] [train.py's model and system flags]",
+    "usage: python bench.py [--variants=GROUP] [--rounds=N] [--steps=N] [--part=step|norm] [train.py's flags]",
     *(f"  --{name:<10}{default:<8}{meaning}" for name, (default, meaning) in OWN_FLAGS.items()),
     "Every other flag is train.py's (the model, --batch_size, --device, --dtype, --compile), same syntax and",
     "defaults: python train.py --help lists them, as does configurable.txt.",
@@ -62,6 +66,10 @@ def parse(argv):
             rest.append(arg)
     if own["variants"] not in VARIANTS:
         raise train.UsageError(f"--variants={own['variants']} is not allowed; choose one of {', '.join(VARIANTS)}")
+    if own["part"] not in ("step", "norm"):
+        raise train.UsageError(f"--part={own['part']} is not allowed; choose step or norm")
+    if own["part"] == "norm" and own["variants"] != "norms":
+        raise train.UsageError(f"--part=norm times the norms of --variants=norms, not --variants={own['variants']}")
     for name in ("rounds", "steps"):
         if not (own[name].isdigit() and int(own[name]) > 0):
             raise train.UsageError(f"--{name}={own[name]} must be a positive integer")
@@ -70,7 +78,8 @@ def parse(argv):
     tc = next(iter(configs.values()))[1]
     train.check_train_config(tc, given)
     device, tc = train.resolve_device(tc)
-    return {name: model_cfg for name, (model_cfg, _) in configs.items()}, int(own["rounds"]), int(own["steps"]), device, tc
+    models = {name: model_cfg for name, (model_cfg, _) in configs.items()}
+    return models, int(own["rounds"]), int(own["steps"]), own["part"], device, tc
 
 
 class PlainGPT(nn.Module):
@@ -131,6 +140,45 @@ class Variant:
         self.optimizer.zero_grad(set_to_none=True)
 
 
+class AtenOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts, by name, the aten ops dispatched while it is active: the kernels a piece of code launches."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket).removeprefix("aten.")
+        name = "attention" if "scaled_dot_product" in name else name  # the kernel's name depends on the device
+        self.counts[name] = self.counts.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+class NormVariant:
+    """One norm module as the model builds it, a fixed batch of activations and a fixed output gradient, ready
+    to time the module's forward and backward alone (--part=norm): the norms' share of a step, one by one."""
+
+    def __init__(self, model_cfg, tc, device, dtype):
+        torch.manual_seed(tc.seed)
+        self.model = norm(model_cfg, model_cfg.n_embd).to(device)
+        self.flops_per_token = 0
+        self.step_model = torch.compile(self.model) if tc.compile else self.model
+        shape = (tc.batch_size, model_cfg.block_size, model_cfg.n_embd)
+        self.x = torch.randn(shape, device=device, requires_grad=True)
+        self.dy = torch.randn(shape, device=device)
+        self.autocast = torch.autocast(device.split(":")[0], dtype=dtype, enabled=dtype != torch.float32)
+        self.times, self.step_bytes = [], 0
+        with AtenOps() as ops:  # the kernels of one forward and backward
+            self.step()
+        self.ops = sum(ops.counts.values())
+
+    def step(self):
+        with self.autocast:
+            y = self.step_model(self.x)
+        y.backward(self.dy.to(y.dtype))
+        self.x.grad = None
+
+
 def synchronize(device):
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -141,7 +189,7 @@ def main(argv):
         print(USAGE)
         return 0
     try:
-        configs, rounds, steps, device, tc = parse(argv)
+        configs, rounds, steps, part, device, tc = parse(argv)
     except train.UsageError as e:
         print(f"bench.py: {e}", file=sys.stderr)
         return 2
@@ -154,7 +202,8 @@ def main(argv):
         train.keep_freed_memory()  # as train.py does: without it every step's new tensors page-fault
     runs = {}
     for name, cfg in configs.items():
-        runs[name] = Variant(cfg, tc, device, dtype, plain=name == PLAIN)
+        runs[name] = NormVariant(cfg, tc, device, dtype) if part == "norm" else Variant(cfg, tc, device, dtype,
+                                                                                        plain=name == PLAIN)
         runs[name].step()  # warm up: allocator, kernels, torch.compile
     block_size = next(iter(configs.values())).block_size
     tokens = tc.batch_size * block_size * steps
@@ -172,16 +221,21 @@ def main(argv):
             if cuda:
                 run.step_bytes = max(run.step_bytes, torch.cuda.max_memory_allocated() - resident)
     print(f"device {device} {tc.dtype}, compile {tc.compile}, batch {tc.batch_size} x {block_size}, "
-          f"{rounds} rounds x {steps} steps, torch {torch.__version__}")
+          f"{rounds} rounds x {steps} steps, {'the norm modules alone' if part == 'norm' else 'training steps'}, "
+          f"torch {torch.__version__}")
     baseline = next(iter(runs.values())).times
     header = f"{'variant':<28}{'ms/step':>10}{'ratio':>8}{'middle half':>14}{'tokens/s':>12}"
+    header += f"{'ops':>6}" if part == "norm" else ""
     print(header + (f"{'step MiB':>10}{'TFLOP/s':>9}" if cuda else ""))
     for name, run in runs.items():
         ms = statistics.median(run.times)
         low, ratio, high = middle_half([t / b for t, b in zip(run.times, baseline)])
-        line = f"{name:<28}{ms * 1000:>10.1f}{ratio:>8.2f}{f'{low:.2f}-{high:.2f}':>14}{tokens / steps / ms:>12,.0f}"
+        line = f"{name:<28}{ms * 1000:>10.{3 if part == 'norm' else 1}f}{ratio:>8.2f}{f'{low:.2f}-{high:.2f}':>14}"
+        line += f"{tokens / steps / ms:>12,.0f}"
+        line += f"{run.ops:>6}" if part == "norm" else ""
         if cuda:
-            line += f"{run.step_bytes / 2**20:>10,.0f}{run.flops_per_token * tokens / steps / ms / 1e12:>9.1f}"
+            tflops = f"{run.flops_per_token * tokens / steps / ms / 1e12:.1f}" if run.flops_per_token else "-"
+            line += f"{run.step_bytes / 2**20:>10,.0f}{tflops:>9}"
         print(line)
     return 0
 

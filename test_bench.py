@@ -7,7 +7,6 @@ import bench
 import train
 from model import GPT, GPTConfig
 from norms import NORMS
-from test_model import AtenOps
 
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8", "--batch_size=2", "--vocab_size=64"]
 
@@ -19,6 +18,14 @@ def test_bench_times_every_norm_against_the_first(capsys):
     assert rows[0][2] == "1.00" and all(float(row[1]) > 0 for row in rows)
 
 
+def test_bench_times_each_norm_module_alone(capsys):
+    assert bench.main(["--part=norm", "--rounds=1", "--steps=1", *TINY, "--norm_affine=no_bias"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "the norm modules alone" in lines[0]
+    rows = [line.split() for line in lines[2:]]
+    assert [row[0] for row in rows] == [f"norm={kind}" for kind in NORMS] and rows[0][2] == "1.00"
+
+
 def test_bench_presets_with_an_explicit_override(capsys):
     assert bench.main(["--variants", "presets", "--rounds", "1", "--steps=1", *TINY, "--activation=geglu"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -28,8 +35,8 @@ def test_bench_presets_with_an_explicit_override(capsys):
 def test_bench_help_lists_its_flags_with_the_defaults_it_uses(capsys):
     assert bench.main(["--steps=2", "--help"]) == 0
     out = capsys.readouterr().out
-    _, rounds, steps, _, _ = bench.parse(["--variants", "norms"])
-    defaults = {"variants": "norms", "rounds": str(rounds), "steps": str(steps)}
+    _, rounds, steps, part, _, _ = bench.parse(["--variants", "norms"])
+    defaults = {"variants": "norms", "rounds": str(rounds), "steps": str(steps), "part": part}
     for name, default in defaults.items():
         assert any(line.split()[:2] == [f"--{name}", default] for line in out.splitlines()), (name, out)
     assert "python train.py --help" in out and "configurable.txt" in out
@@ -76,7 +83,7 @@ def training_step_ops(model):
         optimizer.zero_grad(set_to_none=True)
 
     step()
-    with AtenOps() as ops:
+    with bench.AtenOps() as ops:
         step()
     return ops.counts
 

@@ -118,6 +118,8 @@ def test_damaged_prepared_dataset(corpora, damage, says):
     (["--variants="], "--variants= is not allowed"),
     (["--rounds=two"], "--rounds=two must be a positive integer"),
     (["--steps=0"], "--steps=0 must be"),
+    (["--part=layer"], "--part=layer is not allowed; choose step or norm"),
+    (["--part=norm", "--variants=presets"], "--part=norm times the norms of --variants=norms"),
     (["--norm=groupnorm"], "--norm=groupnorm is not allowed"),
     (["--bogus=1"], "unknown flag --bogus"),
     (["--batch_size=0"], "--batch_size=0 must be"),

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils._python_dispatch
 
+import bench
 import norms
 from model import GPT, GPTConfig, PER_TOKEN_NORMS, PRESETS, norm
 
@@ -287,20 +287,6 @@ def test_dropout_acts_on_embeddings_and_branch_outputs_in_training_only(where):
         torch.testing.assert_close(dropped[kept], clean[kept] / (1 - p))
 
 
-class AtenOps(torch.utils._python_dispatch.TorchDispatchMode):
-    """Counts the aten ops a forward dispatches."""
-
-    def __init__(self):
-        super().__init__()
-        self.counts = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = str(func.overloadpacket).removeprefix("aten.")
-        name = "attention" if "scaled_dot_product" in name else name  # the kernel's name depends on the device
-        self.counts[name] = self.counts.get(name, 0) + 1
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("flags", [dict(), dict(layout="post"), dict(pos="sinusoidal")], ids=str)
 def test_flags_that_are_off_leave_no_work_in_the_forward(flags):
     """The plainest GPT (GPT-2, nanoGPT) and nothing else: no dropout at p = 0, no multiply by alpha = 1 in
@@ -310,7 +296,7 @@ def test_flags_that_are_off_leave_no_work_in_the_forward(flags):
     model = build(dtype=torch.float32, **flags)
     model.train()
     idx, targets = tokens(), tokens(seed=2)
-    with AtenOps() as ops:
+    with bench.AtenOps() as ops:
         model(idx, targets)
     pre = flags.get("layout", "pre") == "pre"
     math_ops = {"embedding": 1, "add": 1 + 2 * N, "native_layer_norm": 2 * N + pre, "addmm": 4 * N,
