@@ -8,7 +8,7 @@ shows the median time, the median of those paired ratios, and the range of the m
     python bench.py --variants=presets --n_layer=12 --n_head=12 --n_embd=768 --block_size=1024 \
         --batch_size=16 --compile                      # GPT-2 small shape on a GPU
     python bench.py --part=norm                        # each norm module alone, forward and backward
-Model and system flags are train.py's (configurable.txt); bench.py adds --variants, --rounds and --steps.
+Model and system flags are train.py's (configurable.txt); bench.py adds --variants, --rounds, --steps and --part.
 On CUDA it also reports the memory a step allocates on top of the resident weights and optimizer states
 (activations and workspaces) and the achieved TFLOP/s (6N + 12 L T d FLOPs per token, as in nanoGPT).
 Absolute times only mean something on a GPU with nothing else running; on a shared CPU read the ratios.
@@ -168,13 +168,16 @@ class NormVariant:
         self.dy = torch.randn(shape, device=device)
         self.autocast = torch.autocast(device.split(":")[0], dtype=dtype, enabled=dtype != torch.float32)
         self.times, self.step_bytes = [], 0
-        with AtenOps() as ops:  # the kernels of one forward and backward
-            self.step()
+        with AtenOps() as ops:  # the kernels of one forward and backward, counted on the eager module
+            self.forward_backward(self.model)
         self.ops = sum(ops.counts.values())
 
     def step(self):
+        self.forward_backward(self.step_model)
+
+    def forward_backward(self, module):
         with self.autocast:
-            y = self.step_model(self.x)
+            y = module(self.x)
         y.backward(self.dy.to(y.dtype))
         self.x.grad = None
 
