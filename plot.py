@@ -117,9 +117,10 @@ def plot_loss_vs_lr(sweep, out):
         runs = [r for r in summary["runs"] if r["variant"] == row["variant"]]
         done = [(float(r["lr"]), r["final_loss"]) for r in runs if r["status"] == "done"]
         diverged = [(float(r["lr"]), row["init_loss"]) for r in runs if r["status"] == "diverged"]
-        for points, style in ((curve, "-"), (done, "o"), (diverged, "x")):
+        line = "--" if i % 2 else "-"  # every other curve dashed: neighbours among the 20 colors look alike
+        for points, style in ((curve, line), (done, "o"), (diverged, "x")):
             ax.plot([p[0] for p in points], [p[1] for p in points], style, color=color, ms=8 if style == "x" else 4,
-                    mew=2, label=row["variant"] if style == "-" else None, ls="--" if i % 2 and style == "-" else None)
+                    mew=2, label=row["variant"] if style == line else None)
     ax.set(xscale="log", xlabel="learning rate", ylabel="final val loss (x: diverged, at L_0)",
            title=f"final loss vs LR: {sweep}")
     ax.legend(fontsize=7)
