@@ -1,9 +1,10 @@
 """
 Speed and memory of the variants, side by side in one run: one training step (forward, backward, AdamW)
-of each variant, interleaved round by round so that drift in the machine's load hits them all alike. Each
-round gives every variant a ratio to the first variant (the baseline) timed in that same round; the table
-shows the median time, the median of those paired ratios, and the range of the middle half of them
-(a ratio whose range holds 1.00 is no difference this run could see).
+of each variant, interleaved round by round so that drift in the machine's load hits them all alike. The
+order runs forward in even rounds and backward in odd ones, so no variant always runs next to the baseline
+or after the same neighbour. Each round gives every variant a ratio to the first variant (the baseline)
+timed in that same round; the table shows the median time, the median of those paired ratios, and a 95%
+interval for that median (a ratio whose interval holds 1.00 is no difference this run could see).
     python bench.py                                    # every --norm, the quickstart model, on CPU here
     python bench.py --variants=presets --n_layer=12 --n_head=12 --n_embd=768 --block_size=1024 \
         --batch_size=16 --compile                      # GPT-2 small shape on a GPU
@@ -14,6 +15,7 @@ On CUDA it also reports the memory a step allocates on top of the resident weigh
 Absolute times only mean something on a GPU with nothing else running; on a shared CPU read the ratios.
 """
 
+import math
 import statistics
 import sys
 import time
@@ -40,8 +42,8 @@ PLAIN = "plain GPT-2"
 
 OWN_FLAGS = {  # name: (default, meaning)
     "variants": ("norms", f"the group of variants to time: {', '.join(VARIANTS)}"),
-    "rounds": ("9", "rounds; each times every variant once, in turn, and the table shows medians over rounds"),
-    "steps": ("5", "training steps per variant in each round"),
+    "rounds": ("45", "rounds; each times every variant once, in turn, and the table shows medians over rounds"),
+    "steps": ("1", "training steps per variant in each round"),
     "part": ("step", "what is timed: step (a training step of the model) or norm (forward and backward of one "
                      "norm module on a batch of activations, with --variants=norms)"),
 }
@@ -155,8 +157,8 @@ class AtenOps(torch.utils._python_dispatch.TorchDispatchMode):
 
 
 class NormVariant:
-    """One norm module as the model builds it, a fixed batch of activations and a fixed output gradient, ready
-    to time the module's forward and backward alone (--part=norm): the norms' share of a step, one by one."""
+    """One norm module as the model builds it, a batch of activations and an output gradient, ready to time the
+    module's forward and backward alone (--part=norm): the norms' share of a step, one by one."""
 
     def __init__(self, model_cfg, tc, device, dtype):
         torch.manual_seed(tc.seed)
@@ -165,7 +167,7 @@ class NormVariant:
         self.step_model = torch.compile(self.model) if tc.compile else self.model
         shape = (tc.batch_size, model_cfg.block_size, model_cfg.n_embd)
         self.x = torch.randn(shape, device=device, requires_grad=True)
-        self.dy = torch.randn(shape, device=device)
+        self.residual, self.dy = torch.randn(shape, device=device), torch.randn(shape, device=device)
         self.autocast = torch.autocast(device.split(":")[0], dtype=dtype, enabled=dtype != torch.float32)
         self.times, self.step_bytes = [], 0
         with AtenOps() as ops:  # the kernels of one forward and backward, counted on the eager module
@@ -176,9 +178,12 @@ class NormVariant:
         self.forward_backward(self.step_model)
 
     def forward_backward(self, module):
+        # the input and the output gradient are new tensors in each call, as in a model, where they come from the
+        # residual add and the next layer's backward: ops that reread the same few cached tensors in a loop can
+        # take a tenth of the time they take on data just written by another core
         with self.autocast:
-            y = module(self.x)
-        y.backward(self.dy.to(y.dtype))
+            y = module(self.x + self.residual)
+        y.backward(self.dy.to(y.dtype, copy=True))
         self.x.grad = None
 
 
@@ -210,8 +215,9 @@ def main(argv):
         runs[name].step()  # warm up: allocator, kernels, torch.compile
     block_size = next(iter(configs.values())).block_size
     tokens = tc.batch_size * block_size * steps
-    for _ in range(rounds):
-        for run in runs.values():
+    order = list(runs.values())
+    for i in range(rounds):
+        for run in (order if i % 2 == 0 else order[::-1]):
             if cuda:
                 resident = torch.cuda.memory_allocated()
                 torch.cuda.reset_peak_memory_stats()
@@ -227,12 +233,13 @@ def main(argv):
           f"{rounds} rounds x {steps} steps, {'the norm modules alone' if part == 'norm' else 'training steps'}, "
           f"torch {torch.__version__}")
     baseline = next(iter(runs.values())).times
-    header = f"{'variant':<28}{'ms/step':>10}{'ratio':>8}{'middle half':>14}{'tokens/s':>12}"
+    header = f"{'variant':<28}{'ms/step':>10}{'ratio':>8}{'95% interval':>14}{'tokens/s':>12}"
     header += f"{'ops':>6}" if part == "norm" else ""
     print(header + (f"{'step MiB':>10}{'TFLOP/s':>9}" if cuda else ""))
     for name, run in runs.items():
         ms = statistics.median(run.times)
-        low, ratio, high = middle_half([t / b for t, b in zip(run.times, baseline)])
+        ratios = [t / b for t, b in zip(run.times, baseline)]
+        ratio, (low, high) = statistics.median(ratios), median_interval(ratios)
         line = f"{name:<28}{ms * 1000:>10.{3 if part == 'norm' else 1}f}{ratio:>8.2f}{f'{low:.2f}-{high:.2f}':>14}"
         line += f"{tokens / steps / ms:>12,.0f}"
         line += f"{run.ops:>6}" if part == "norm" else ""
@@ -243,12 +250,14 @@ def main(argv):
     return 0
 
 
-def middle_half(values):
-    """(first quartile, median, third quartile) of values; all three the value itself for a single round."""
-    if len(values) == 1:
-        return values * 3
-    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return q1, median, q3
+def median_interval(values):
+    """A 95% confidence interval for the median of values, whatever their distribution: the true median lies
+    below the (k+1)-th smallest of n values only if at most k of them fall below it, which has probability
+    P(Binomial(n, 1/2) <= k). k is the largest with twice that at most 5%; with 5 values or fewer there is
+    none, and the interval is the whole range."""
+    ordered, n = sorted(values), len(values)
+    k = max((j for j in range(n // 2) if 40 * sum(math.comb(n, i) for i in range(j + 1)) <= 2 ** n), default=0)
+    return ordered[k], ordered[-1 - k]
 
 
 if __name__ == "__main__":
