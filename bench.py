@@ -9,6 +9,7 @@ interval for that median (a ratio whose interval holds 1.00 is no difference thi
     python bench.py --variants=presets --n_layer=12 --n_head=12 --n_embd=768 --block_size=1024 \
         --batch_size=16 --compile                      # GPT-2 small shape on a GPU
     python bench.py --part=norm                        # each norm module alone, forward and backward
+    python bench.py --variants=function                # LayerNorm's kernels through a Python autograd.Function
 Model and system flags are train.py's (configurable.txt); bench.py adds --variants, --rounds, --steps and --part.
 On CUDA it also reports the memory a step allocates on top of the resident weights and optimizer states
 (activations and workspaces) and the achieved TFLOP/s (6N + 12 L T d FLOPs per token, as in nanoGPT).
@@ -27,7 +28,7 @@ import torch.utils._python_dispatch
 
 import train
 from model import GPT, PRESETS, norm
-from norms import NORMS
+from norms import NORMS, LayerNorm, upcast
 
 VARIANTS = {
     "norms": {f"norm={kind}": {"norm": kind} for kind in NORMS},
@@ -36,8 +37,11 @@ VARIANTS = {
     # the plainest GPT-2 of the same shape (PlainGPT, below) against nanonorm's model with every flag at its
     # default: the same math, so a ratio above 1 is work that a switched-off flag left in the step
     "baseline": {"plain GPT-2": {}, "nanonorm defaults": {}},
+    # LayerNorm's own two fused kernels, called through a Python torch.autograd.Function (LayerNormFunction,
+    # below): a ratio above 1 is what the Function itself costs, which RMSNorm, PN-V and PowerNorm pay
+    "function": {"norm=layernorm": {"norm": "layernorm"}, "layernorm via a Function": {"norm": "layernorm"}},
 }
-PLAIN = "plain GPT-2"
+PLAIN, THROUGH_FUNCTION = "plain GPT-2", "layernorm via a Function"
 
 
 OWN_FLAGS = {  # name: (default, meaning)
@@ -118,12 +122,40 @@ class PlainGPT(nn.Module):
         return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
+class LayerNormFunction(torch.autograd.Function):
+    """y = LN(x) * g + b by the kernels F.layer_norm calls, forward and backward, from Python."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        y, mean, rstd = torch.native_layer_norm(x, x.shape[-1:], weight, bias, eps)
+        ctx.save_for_backward(x, mean, rstd, weight, bias)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, mean, rstd, weight, bias = ctx.saved_tensors
+        grads = torch.ops.aten.native_layer_norm_backward.default(dy, x, x.shape[-1:], mean, rstd, weight, bias,
+                                                                   list(ctx.needs_input_grad[:3]))
+        return *grads, None
+
+
+class FunctionLayerNorm(LayerNorm):
+    """norms.LayerNorm through LayerNormFunction: the same parameters, math and kernels."""
+
+    def forward(self, x):
+        return LayerNormFunction.apply(upcast(x), self.weight, self.bias, self.eps).to(x.dtype)
+
+
 class Variant:
     """One model, its optimizer and a fixed batch, ready to time training steps."""
 
-    def __init__(self, model_cfg, tc, device, dtype, plain=False):
+    def __init__(self, model_cfg, tc, device, dtype, name):
         torch.manual_seed(tc.seed)
-        self.model = (PlainGPT if plain else GPT)(model_cfg).to(device)
+        self.model = (PlainGPT if name == PLAIN else GPT)(model_cfg).to(device)
+        if name == THROUGH_FUNCTION:
+            for module in self.model.modules():
+                if isinstance(module, LayerNorm):
+                    module.__class__ = FunctionLayerNorm
         params = sum(p.numel() for p in self.model.parameters())  # the tied head counted once
         self.flops_per_token = 6 * params + 12 * model_cfg.n_layer * model_cfg.block_size * model_cfg.n_embd
         self.step_model = torch.compile(self.model) if tc.compile else self.model
@@ -210,8 +242,7 @@ def main(argv):
         train.keep_freed_memory()  # as train.py does: without it every step's new tensors page-fault
     runs = {}
     for name, cfg in configs.items():
-        runs[name] = NormVariant(cfg, tc, device, dtype) if part == "norm" else Variant(cfg, tc, device, dtype,
-                                                                                        plain=name == PLAIN)
+        runs[name] = NormVariant(cfg, tc, device, dtype) if part == "norm" else Variant(cfg, tc, device, dtype, name)
         runs[name].step()  # warm up: allocator, kernels, torch.compile
     block_size = next(iter(configs.values())).block_size
     tokens = tc.batch_size * block_size * steps

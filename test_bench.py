@@ -8,6 +8,7 @@ import torch
 import bench
 import train
 from model import GPT, GPTConfig
+import norms
 from norms import NORMS
 
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8", "--batch_size=2", "--vocab_size=64"]
@@ -129,3 +130,37 @@ def test_bench_baseline_times_nanonorm_against_the_plain_gpt(capsys):
     assert bench.main(["--variants=baseline", "--rounds=1", "--steps=1", *TINY]) == 0
     rows = [line.split()[:3] for line in capsys.readouterr().out.splitlines()[2:]]
     assert [" ".join(row[:-1]) for row in rows] == ["plain GPT-2", "nanonorm defaults"]
+
+
+@pytest.mark.parametrize("affine", ["both", "no_bias", "none"])
+def test_layernorm_through_a_function_is_layernorm(affine):
+    """--variants=function times the same math by the same kernels: values and gradients equal in float64."""
+    torch.manual_seed(0)
+    native = norms.LayerNorm(7, affine=affine).double()
+    through_function = bench.FunctionLayerNorm(7, affine=affine).double()
+    through_function.load_state_dict(native.state_dict())
+    with torch.no_grad():
+        for p in native.parameters():
+            p.normal_()
+        for p, q in zip(native.parameters(), through_function.parameters()):
+            q.copy_(p)
+    x = torch.randn(3, 5, 7, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(3, 5, 7, dtype=torch.float64)
+    grads = []
+    for module in (native, through_function):
+        y = module(x)
+        grads.append((y, *torch.autograd.grad(y, (x, *module.parameters()), dy)))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, rtol=0, atol=0)
+
+
+def test_bench_swaps_every_layernorm_for_the_function_and_the_step_dispatches_the_same_ops(capsys):
+    shape = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--vocab_size=64"]
+    configs, *_ = bench.parse(["--variants=function", *shape])
+    models = [bench.Variant(cfg, train.TrainConfig(), "cpu", torch.float32, name).model for name, cfg in configs.items()]
+    native, through_function = ([type(m) for m in model.modules() if isinstance(m, norms.LayerNorm)] for model in models)
+    assert native == [norms.LayerNorm] * 3 and through_function == [bench.FunctionLayerNorm] * 3  # two per block, final
+    assert training_step_ops(models[0]) == training_step_ops(models[1])
+    assert bench.main(["--variants=function", "--rounds=1", "--steps=1", *TINY]) == 0
+    rows = [line.split()[:3] for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [row[0] for row in rows] == ["norm=layernorm", "layernorm"] and rows[0][2] == "1.00"
