@@ -155,7 +155,7 @@ class Variant:
         if name == THROUGH_FUNCTION:
             for module in self.model.modules():
                 if isinstance(module, LayerNorm):
-                    module.__class__ = FunctionLayerNorm
+                    module.__class__ = FunctionLayerNorm  # its parameters stay; only forward changes
         params = sum(p.numel() for p in self.model.parameters())  # the tied head counted once
         self.flops_per_token = 6 * params + 12 * model_cfg.n_layer * model_cfg.block_size * model_cfg.n_embd
         self.step_model = torch.compile(self.model) if tc.compile else self.model
@@ -211,8 +211,8 @@ class NormVariant:
 
     def forward_backward(self, module):
         # the input and the output gradient are new tensors in each call, as in a model, where they come from the
-        # residual add and the next layer's backward: ops that reread the same few cached tensors in a loop can
-        # take a tenth of the time they take on data just written by another core
+        # residual add and the next layer's backward: some ops that reread the same cached tensors in a loop took
+        # a tenth of the time they take on data another op has just written
         with self.autocast:
             y = module(self.x + self.residual)
         y.backward(self.dy.to(y.dtype, copy=True))
