@@ -30,18 +30,18 @@ import train
 from model import GPT, PRESETS, norm
 from norms import NORMS, LayerNorm, upcast
 
+PLAIN, THROUGH_FUNCTION = "plain GPT-2", "layernorm via a Function"
 VARIANTS = {
     "norms": {f"norm={kind}": {"norm": kind} for kind in NORMS},
     "presets": {f"preset={name}": {"preset": name} for name in PRESETS},
     "attention": {"attn_impl=sdpa": {"attn_impl": "sdpa"}, "attn_impl=manual": {"attn_impl": "manual"}},
     # the plainest GPT-2 of the same shape (PlainGPT, below) against nanonorm's model with every flag at its
     # default: the same math, so a ratio above 1 is work that a switched-off flag left in the step
-    "baseline": {"plain GPT-2": {}, "nanonorm defaults": {}},
+    "baseline": {PLAIN: {}, "nanonorm defaults": {}},
     # LayerNorm's own two fused kernels, called through a Python torch.autograd.Function (LayerNormFunction,
     # below): a ratio above 1 is what the Function itself costs, which RMSNorm, PN-V and PowerNorm pay
-    "function": {"norm=layernorm": {"norm": "layernorm"}, "layernorm via a Function": {"norm": "layernorm"}},
+    "function": {"norm=layernorm": {"norm": "layernorm"}, THROUGH_FUNCTION: {"norm": "layernorm"}},
 }
-PLAIN, THROUGH_FUNCTION = "plain GPT-2", "layernorm via a Function"
 
 
 OWN_FLAGS = {  # name: (default, meaning)
