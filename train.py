@@ -468,7 +468,7 @@ def keep_freed_memory():
     """Make glibc keep the memory a CPU training step frees, for the next step to reuse. Returns whether it could.
 
     Each step allocates and frees every activation. By default glibc serves large blocks with mmap and gives them
-    back to the OS on free, so each new tensor page-faults on first touch: measured 1,400-5,700 faults a step at
+    back to the OS on free, so each new tensor page-faults on first touch: measured 476-5,700 faults a step at
     the quickstart shape and 36,000-71,000 at 2L/768d/T1024, batch 4. Never trimming the heap
     (M_TRIM_THRESHOLD = -1) and never using mmap (M_MMAP_MAX = 0) stops that; the process then holds its peak
     memory. Trimming off alone is worse: it also freezes glibc's adaptive mmap threshold at 128 KiB. Not glibc
