@@ -47,7 +47,7 @@ def mean_square_tokens(x):
     another op took 2-10x as long as these two sums (bench.py --part=norm)."""
     squares = x.square()
     per_sequence = squares.sum(-2) if x.dim() > 2 else squares
-    return per_sequence.reshape(-1, x.shape[-1]).sum(0).div_(x.numel() // x.shape[-1])
+    return tokens(per_sequence).sum(0).div_(x.numel() // x.shape[-1])
 
 
 class LayerNorm(nn.Module):
