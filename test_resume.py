@@ -260,8 +260,8 @@ def test_kill_9_leaves_a_loadable_checkpoint_and_resume_continues_exactly(corpus
     assert not (out / "ckpt.pt.tmp").exists()
 
 
-def torchrun(n, *args):
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", "train.py",
+def torchrun(n, *args, script="train.py"):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", str(script),
                *args]
     result = subprocess.run(command, capture_output=True, text=True, cwd=HERE, timeout=300,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -278,6 +278,25 @@ def test_the_defaults_work_under_torchrun(corpus, tmp_path, n):
     assert config["world_size"] == n and config["global_batch"] == {"sequences": 4 * n, "tokens": 4 * n * 32}
     assert [s for s, _ in losses(out)] == [1, 2]
     assert all(4.5 < loss < 6.5 for _, loss in losses(out))  # a real step: near ln(256) = 5.55 at the start
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads by their names in /proc (Linux)")
+def test_a_finished_torchrun_process_has_torn_gloo_down_before_it_exits(corpus, tmp_path):
+    """Gloo's threads still running when the interpreter exits can abort it (SIGABRT, "terminate called without an
+    active exception") after a run has finished. destroy_process_group joins them, unless something still holds
+    the group: torch.distributed.nn, when first imported after init_process_group, does."""
+    script = tmp_path / "then_count_threads.py"
+    script.write_text(
+        f"import os, sys\nsys.path.insert(0, {HERE!r})\nimport train\n"
+        "code = train.main(sys.argv[1:])\n"
+        "names = [open(f'/proc/self/task/{task}/comm').read().strip() for task in os.listdir('/proc/self/task')]\n"
+        f"open(os.path.join({str(tmp_path)!r}, 'gloo-threads-' + os.environ['RANK']), 'w')"
+        ".write(str(sum('gloo' in name for name in names)))\n"
+        "sys.exit(code)\n")
+    result = torchrun(2, *flags(corpus, tmp_path / "out", "--max_iters=2", "--eval_interval=2"), script=script)
+    assert result.returncode == 0, result.stderr[-3000:]
+    left = [(tmp_path / f"gloo-threads-{rank}").read_text() for rank in (0, 1)]
+    assert left == ["0", "0"], f"gloo threads still running after train.main returned, by rank: {left}"
 
 
 def test_exact_resume_under_torchrun_with_grad_accum_and_dropout(corpus, tmp_path):

@@ -27,6 +27,11 @@ from typing import Literal, Optional
 
 import torch
 import torch.distributed as dist
+# Imported before init_process_group on purpose: torch.distributed.nn binds group.WORLD as a default argument when
+# first imported, and DDP imports it (through torch._dynamo). Imported after, it pins the group for good, so
+# destroy_process_group leaves gloo's threads running into the interpreter's exit, where they can abort it
+# ("terminate called without an active exception": once in a CI run). Imported first, it binds None.
+import torch.distributed.nn  # noqa: F401
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import data
@@ -917,8 +922,7 @@ def main(argv):
         code = train(**run, stop=stop)
         if run["ddp"]:
             # every return of train() is agreed by all ranks: wait for each to leave its last collective before
-            # any tears gloo down. Without it, 4 of 20 two-process CPU runs aborted at exit after finishing
-            # ("terminate called without an active exception"); with it, 0 of 24.
+            # any tears the process group down
             dist.barrier()
         return code
     except UsageError as e:
