@@ -34,7 +34,7 @@ API:
   buffer_stats it gets the module name. Each reads the device once.
 - snapshot(model, parameters=True) -> {name: copy}; restore(model, snap).
 - DivergenceCheck(max_loss=None, margin=1.0, gap=1.5, window=10, tail=20, patience=3): .check(loss, grad_norm) -> reason
-  or None; .tail (the last losses, for the "diverged" event); .state_dict() / .load_state_dict(state).
+  or None (grad_norm None: the loss alone, for a float16 step the loss scaler skipped); .tail (the last losses, for the "diverged" event); .state_dict() / .load_state_dict(state).
 
 Spike monitor (llm.c's outlier detector; llm-foundry's KillLossSpike; ZClip): z = (x - mean) / std over the
 previous `window` values, std the population std. z is NaN until the window is full (as llm.c: a short
@@ -94,7 +94,7 @@ class SpikeMonitor:
 
 class DivergenceCheck:
     """A run has diverged when, after a step's backward (before its optimizer step):
-    1. the loss or the gradient norm is not finite;
+    1. the loss or the gradient norm is not finite (grad_norm None: not measured, only the loss is checked);
     2. the loss is above max_loss (None: the first loss checked plus `margin`) on `patience` steps in a row
        (one step above it is a spike, which the SpikeMonitor reports; a divergence stays up);
     3. the mean of the last `window` losses is above the best such mean by more than `gap` (0: off): a
@@ -110,7 +110,7 @@ class DivergenceCheck:
     def check(self, loss, grad_norm):
         """The reason the run diverged at this step (one line), or None."""
         self.tail.append(loss)
-        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        if not (math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm))):
             return f"non-finite loss ({loss}) or gradient norm ({grad_norm})"
         if self.max_loss is None:
             self.max_loss = loss + self.margin

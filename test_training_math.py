@@ -7,7 +7,8 @@
 - Gradient accumulation: one optimizer step over k micro-batches equals one step on their concatenation
   (the loss is divided by the number of micro-steps).
 - Clipping: the logged gradient norm is taken before clipping, the applied gradient is clipped to
-  --grad_clip, and under float16 the GradScaler unscales before clipping.
+  --grad_clip, and under float16 the GradScaler unscales before clipping; a loss-scale overflow skips the
+  update and halves the scale, and only an overflow at every scale down to 1e-4 is a divergence.
 - Evaluation: in eval mode (no dropout, running statistics, no running-statistic update), the model
   trains again afterwards, and under DDP the eval loss is the mean over the ranks; PowerNorm's warmup
   default counts training forward calls.
@@ -242,6 +243,55 @@ def test_float16_clips_the_unscaled_gradient(corpus, tmp_path, unclipped):
     half_clipped = run(corpus, tmp_path / "half_clipped", "--max_iters=1", "--dtype=float16", f"--grad_clip={clip}")
     beta1 = json.loads((half_clipped / "config.json").read_text())["train"]["beta1"]
     assert total_norm(adam_first_moments(half_clipped)) / (1 - beta1) == pytest.approx(clip, rel=1e-4)
+
+
+class ScaledFrom(torch.amp.GradScaler):
+    """GradScaler starting at 2^23 instead of 2^16: the first steps' float16 gradients overflow for real."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, init_scale=2.0 ** 23, **kwargs)
+
+
+def test_float16_overflow_skips_the_update_and_halves_the_scale(corpus, tmp_path, monkeypatch):
+    """A loss-scale overflow is routine under float16, not a divergence: GradScaler skips that update and halves
+    its scale (Micikevicius et al. 2018 §3.2), and the run goes on. At 2^23 the gradient of the mean cross-entropy
+    at the float16 logits, scale * (1 - p) / 64 tokens, is above 65504, so step 1 overflows; at the default 2^16
+    it does not (test_float16_clips_the_unscaled_gradient), so the run updates again within 10 steps."""
+    monkeypatch.setattr(torch.amp, "GradScaler", ScaledFrom)
+    out = run(corpus, tmp_path, "--max_iters=10", "--dtype=float16", "--always_save_checkpoint")
+    overflows = events(out, "overflow")
+    assert overflows[0]["step"] == 1 and len(overflows) < 10
+    assert [e["loss_scale"] for e in overflows] == [2.0 ** (23 - k) for k in range(1, len(overflows) + 1)]
+    skipped = [e["step"] for e in overflows]
+    assert [e["step"] for e in events(out, "train") if e["grad_norm"] is None] == skipped
+    assert all(math.isfinite(e["grad_norm"]) for e in events(out, "train") if e["step"] not in skipped)
+    assert not events(out, "diverged") and not events(out, "spike")
+    # every skipped update is one AdamW step fewer
+    steps = {int(s["step"]) for s in checkpoint(out)["optimizer"]["state"].values()}
+    assert steps == {10 - len(overflows)}
+
+
+class AlwaysOverflowing(torch.amp.GradScaler):
+    """A GradScaler that finds an infinite gradient at any scale, as when an op overflows float16 unscaled."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, init_scale=2.0 ** -12, **kwargs)
+
+    def unscale_(self, optimizer):
+        optimizer.param_groups[0]["params"][0].grad.fill_(math.inf)
+        super().unscale_(optimizer)
+
+
+def test_float16_overflow_at_any_scale_is_a_divergence(corpus, tmp_path, monkeypatch):
+    """The scale halves at each overflow; once the next one would be below train.MIN_LOSS_SCALE (1e-4, fairseq's
+    minimum) the run has diverged: 2^-12 -> 2^-13 = 1.2e-4 at step 1, and at step 2 the next, 6.1e-5, is below."""
+    monkeypatch.setattr(torch.amp, "GradScaler", AlwaysOverflowing)
+    code = train.main([f"--dataset={corpus / 'tiny.txt'}", f"--data_dir={corpus / 'data'}", f"--out_dir={tmp_path}",
+                       *TINY, "--max_iters=5", "--dtype=float16"])
+    assert code == 3
+    assert [(e["step"], e["loss_scale"]) for e in events(tmp_path, "overflow")] == [(1, 2.0 ** -13)]
+    (diverged,) = events(tmp_path, "diverged")
+    assert diverged["step"] == 1 and "overflow" in diverged["reason"]
 
 
 # evaluation

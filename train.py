@@ -307,6 +307,10 @@ def batch_generator(*stream):
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
 
 
+# float16: a run whose gradients overflow even with the loss scaled below this has diverged (fairseq's
+# --min-loss-scale default, the code NormFormer trained with)
+MIN_LOSS_SCALE = 1e-4
+
 EVAL_STREAM = -1  # in place of the step: eval batches are the same at every eval, and differ from training's
 
 
@@ -868,10 +872,17 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
             sums /= world_size
         # the step's one host read: divergence and the spike monitor need it before the optimizer step
         loss_value, z_value, grad_value = torch.cat([sums, grad_norm.view(1).float()]).tolist()
-        reason = divergence.check(loss_value, grad_value)
+        # float16: a non-finite gradient from a finite loss is the loss scale overflowing, not a divergence.
+        # GradScaler skips this update and halves the scale (Micikevicius et al. 2018 §3.2); only the loss is
+        # checked, and the spike monitor does not see the step
+        overflow = scaler.is_enabled() and math.isfinite(loss_value) and not math.isfinite(grad_value)
+        reason = divergence.check(loss_value, None if overflow else grad_value)
+        if overflow and not reason and scaler.get_scale() * scaler.get_backoff_factor() < MIN_LOSS_SCALE:
+            reason = (f"float16 gradients overflow with the loss scaled by {scaler.get_scale():.3g}; the next scale "
+                      f"would be below {MIN_LOSS_SCALE:g}")
         if reason:
             return diverged(step, lr, reason, failed_op(step, pre_step, shape))
-        z_scores = monitor.update(loss_value, grad_value)
+        z_scores = (math.nan, math.nan) if overflow else monitor.update(loss_value, grad_value)
         skip = tc.skip_spikes and monitor.is_spike(*z_scores)
         if monitor.is_spike(*z_scores) and master:
             log_event(log_path, {"event": "spike", "step": step + 1, "loss": loss_value, "grad_norm": grad_value,
@@ -883,6 +894,9 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
         if not skip:
             scaler.step(optimizer)
         scaler.update()
+        if overflow and master:
+            log_event(log_path, {"event": "overflow", "step": step + 1, "loss": loss_value,
+                                 "loss_scale": scaler.get_scale()})
         weights = None
         if instrumented and tc.telemetry_interval and (step + 1) % tc.telemetry_interval == 0:
             weights = stability.weight_stats(raw_model, before, splits=raw_model.weight_splits(),
@@ -896,9 +910,11 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
             t0 = time.time()
             eta = format_duration(dt * (tc.max_iters - step))
             mfu = f" | MFU {flops_per_token * tokens_per_step / dt / peak / world_size:.1%}" if peak else ""
-            print(f"step {step} | loss {loss_value:.4f} | lr {lr:.2e} | grad norm {grad_value:.3f} | "
+            grad_text = "overflow (update skipped)" if overflow else f"{grad_value:.3f}"
+            print(f"step {step} | loss {loss_value:.4f} | lr {lr:.2e} | grad norm {grad_text} | "
                   f"{dt * 1000:.1f} ms/step | {tokens_per_step / dt:,.0f} tokens/s{mfu} | ETA {eta}")
-            event = {"event": "train", "step": step, "loss": loss_value, "lr": lr, "grad_norm": grad_value,
+            event = {"event": "train", "step": step, "loss": loss_value, "lr": lr,
+                     "grad_norm": None if overflow else grad_value,
                      "ms_per_step": dt * 1000, "tokens_per_s": tokens_per_step / dt}
             if tc.z_loss:
                 event["z_loss"] = z_value
