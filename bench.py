@@ -164,13 +164,16 @@ class Variant:
         self.x = torch.randint(0, model_cfg.vocab_size, shape, device=device)
         self.y = torch.randint(0, model_cfg.vocab_size, shape, device=device)
         self.autocast = torch.autocast(device.split(":")[0], dtype=dtype, enabled=dtype != torch.float32)
+        # float16 steps pay for loss scaling as train.py's do: the scaled backward and the unscale and inf check
+        self.scaler = torch.amp.GradScaler(device.split(":")[0], enabled=dtype == torch.float16)
         self.times, self.step_bytes = [], 0
 
     def step(self):
         with self.autocast:
             loss = self.step_model(self.x, self.y)[1]
-        loss.backward()
-        self.optimizer.step()
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
 
 

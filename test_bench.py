@@ -132,6 +132,20 @@ def test_bench_baseline_times_nanonorm_against_the_plain_gpt(capsys):
     assert [" ".join(row[:-1]) for row in rows] == ["plain GPT-2", "nanonorm defaults"]
 
 
+def test_bench_float16_steps_scale_the_loss_as_train_does(monkeypatch, capsys):
+    """Under float16 every timed step (and each variant's warm-up step) goes through an enabled GradScaler, as
+    train.py's do: the loss scaled before backward, the optimizer stepped by the scaler (which skips on inf)."""
+    steps = []
+    scaler_step = torch.amp.GradScaler.step
+    monkeypatch.setattr(torch.amp.GradScaler, "step",
+                        lambda self, optimizer: steps.append(self.is_enabled()) or scaler_step(self, optimizer))
+    assert bench.main(["--variants=baseline", "--rounds=2", "--steps=1", "--dtype=float16", *TINY]) == 0
+    assert steps == [True] * 2 * (1 + 2)
+    steps.clear()
+    assert bench.main(["--variants=baseline", "--rounds=2", "--steps=1", *TINY]) == 0
+    assert steps == [False] * 2 * (1 + 2)
+
+
 @pytest.mark.parametrize("affine", ["both", "no_bias", "none"])
 def test_layernorm_through_a_function_is_layernorm(affine):
     """--variants=function times the same math by the same kernels: values and gradients equal in float64."""
