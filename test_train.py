@@ -204,6 +204,45 @@ def test_two_process_ddp_keeps_ranks_identical(corpus, tmp_path, norm):
     assert losses[-1] < losses[0]
 
 
+DRIFTED_RANK = """
+import sys, torch, torch.distributed as dist, train
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+layer = torch.nn.Linear(4, 3)
+if dist.get_rank() == 1:
+    with torch.no_grad():
+        layer.weight[0, 0] += 0.5  # as a gradient that skipped the all-reduce would leave it
+spread = train.rank_spread(layer)
+with open(sys.argv[1] + str(dist.get_rank()), "w") as f:
+    f.write(repr(spread))
+dist.destroy_process_group()
+"""
+
+
+def test_rank_spread_sees_one_rank_drift(tmp_path):
+    """rank_spread is 0 in every DDP eval above; here rank 1's weights differ by 0.5 in one entry, and both ranks
+    report it."""
+    script = tmp_path / "drift.py"
+    script.write_text(DRIFTED_RANK)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+               str(tmp_path / "spread")]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=HERE, timeout=120,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": HERE})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert [float((tmp_path / f"spread{rank}").read_text()) for rank in (0, 1)] == [0.5, 0.5]
+
+
+@pytest.mark.parametrize("device_type, local_rank, processes, gpus, expected", [
+    ("cpu", 1, 2, 0, ("cpu", "gloo")), ("cuda", 1, 2, 2, ("cuda:1", "nccl")), ("cuda", 3, 4, 8, ("cuda:3", "nccl")),
+    ("cuda", 1, 2, 1, ("cuda:0", "gloo")), ("cuda", 3, 4, 2, ("cuda:1", "gloo")),
+])
+def test_ddp_processes_share_the_gpus_when_there_are_fewer(monkeypatch, device_type, local_rank, processes, gpus,
+                                                           expected):
+    """NCCL refuses two processes on one GPU: with more processes than GPUs they take the GPUs in turn over gloo."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    assert train.ddp_device(device_type, local_rank, processes) == expected
+
+
 @pytest.mark.parametrize("name, flag, expected", [
     ("NVIDIA H100 80GB HBM3", None, 989e12), ("NVIDIA H100 PCIe", None, 756e12), ("NVIDIA A100-SXM4-40GB", None, 312e12),
     ("NVIDIA H200", None, 989e12), ("Some Future GPU", None, None), ("Some Future GPU", 500.0, 500e12),

@@ -440,10 +440,21 @@ def gather_rng_states(world_size):
 def rank_spread(model):
     """How far the processes' weights and buffers have drifted apart: DDP keeps them identical, so anything
     but 0 means a bug (an unsynchronized buffer, a gradient that skipped the all-reduce)."""
-    sums = torch.stack([t.detach().double().sum() for t in [*model.parameters(), *model.buffers()]])
-    gathered = [torch.zeros_like(sums) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, sums)
-    return max((g - sums).abs().max().item() for g in gathered)
+    sums = torch.stack([t.detach().double().sum() for t in [*model.parameters(), *model.buffers()]]).tolist()
+    gathered = [None] * dist.get_world_size()
+    # Python floats, not tensors: gloo, which carries processes that share a GPU, cannot all_gather CUDA tensors
+    dist.all_gather_object(gathered, sums)
+    return max(abs(theirs - ours) for other in gathered for theirs, ours in zip(other, sums, strict=True))
+
+
+def ddp_device(device_type, local_rank, local_world_size):
+    """This torchrun process's device and process-group backend. NCCL takes one process per GPU; with more
+    processes than GPUs (torchrun --nproc_per_node=2 on one GPU, to try DDP) they share the GPUs in turn, and
+    gloo, which copies CUDA tensors through host memory, carries their collectives."""
+    if device_type != "cuda":
+        return device_type, "gloo"
+    gpus = torch.cuda.device_count()
+    return f"cuda:{local_rank % gpus}", "nccl" if local_world_size <= gpus else "gloo"
 
 
 def log_event(path, event):
@@ -562,11 +573,15 @@ def setup(argv):
                          "with --resume, replace it with --overwrite, or choose another --out_dir")
     device, tc = resolve_device(tc)
     device_type = device.split(":")[0]
+    gpus = 0
+    if device_type == "cuda":
+        # the GPUs this run uses, for MFU: one per process, or every GPU of each node when processes share them
+        gpus = world_size // local_world_size * min(local_world_size, torch.cuda.device_count()) if ddp else 1
     if ddp:
+        device, backend = ddp_device(device_type, local_rank, local_world_size)
         if device_type == "cuda":
-            device = f"cuda:{local_rank}"
             torch.cuda.set_device(device)
-        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+        dist.init_process_group(backend=backend)
     if device_type == "cpu":
         # torchrun sets OMP_NUM_THREADS=1 per process: give each process its share of the cores instead
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // local_world_size))
@@ -590,7 +605,7 @@ def setup(argv):
         for warning in no_effect_warnings(given, model_cfg, tc):
             print(warning, file=sys.stderr)
     return dict(model_cfg=model_cfg, tc=tc, checkpoint=checkpoint, folder=folder, meta=meta, ddp=ddp, rank=rank,
-                world_size=world_size, device=device, device_type=device_type)
+                world_size=world_size, device=device, device_type=device_type, gpus=gpus)
 
 
 def restore(checkpoint, model, optimizer, scaler, tc, rank, device_type):
@@ -653,7 +668,7 @@ def agree(flag, ddp, device):
     return flag.item() > 0
 
 
-def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device, device_type, stop):
+def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device, device_type, gpus, stop):
     master = rank == 0
     micro_steps = tc.grad_accum
     os.makedirs(tc.out_dir, exist_ok=True)
@@ -909,7 +924,7 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
             dt = (time.time() - t0) / tc.log_interval
             t0 = time.time()
             eta = format_duration(dt * (tc.max_iters - step))
-            mfu = f" | MFU {flops_per_token * tokens_per_step / dt / peak / world_size:.1%}" if peak else ""
+            mfu = f" | MFU {flops_per_token * tokens_per_step / dt / peak / gpus:.1%}" if peak else ""
             grad_text = "overflow (update skipped)" if overflow else f"{grad_value:.3f}"
             print(f"step {step} | loss {loss_value:.4f} | lr {lr:.2e} | grad norm {grad_text} | "
                   f"{dt * 1000:.1f} ms/step | {tokens_per_step / dt:,.0f} tokens/s{mfu} | ETA {eta}")
