@@ -12,7 +12,8 @@ interval for that median (a ratio whose interval holds 1.00 is no difference thi
     python bench.py --variants=function                # LayerNorm's kernels through a Python autograd.Function
 Model and system flags are train.py's (configurable.txt); bench.py adds --variants, --rounds, --steps and --part.
 On CUDA it also reports the memory a step allocates on top of the resident weights and optimizer states
-(activations and workspaces) and the achieved TFLOP/s (6N + 12 L T d FLOPs per token, as in nanoGPT).
+(activations and workspaces), the achieved TFLOP/s (6N + 12 L T d FLOPs per token, as in nanoGPT) and MFU
+(over train.py's dense bf16 peak of the GPU, or --gpu_peak_tflops).
 Absolute times only mean something on a GPU with nothing else running; on a shared CPU read the ratios.
 """
 
@@ -269,7 +270,8 @@ def main(argv):
     baseline = next(iter(runs.values())).times
     header = f"{'variant':<28}{'ms/step':>10}{'ratio':>8}{'95% interval':>14}{'tokens/s':>12}"
     header += f"{'ops':>6}" if part == "norm" else ""
-    print(header + (f"{'step MiB':>10}{'TFLOP/s':>9}" if cuda else ""))
+    print(header + (f"{'step MiB':>10}{'TFLOP/s':>9}{'MFU':>7}" if cuda else ""))
+    peak = train.gpu_peak_flops(tc, device) if cuda else None  # per GPU, as train.py's MFU
     for name, run in runs.items():
         ms = statistics.median(run.times)
         ratios = [t / b for t, b in zip(run.times, baseline)]
@@ -278,8 +280,10 @@ def main(argv):
         line += f"{tokens / steps / ms:>12,.0f}"
         line += f"{run.ops:>6}" if part == "norm" else ""
         if cuda:
-            tflops = f"{run.flops_per_token * tokens / steps / ms / 1e12:.1f}" if run.flops_per_token else "-"
-            line += f"{run.step_bytes / 2**20:>10,.0f}{tflops:>9}"
+            flops = run.flops_per_token * tokens / steps / ms
+            tflops = f"{flops / 1e12:.1f}" if flops else "-"
+            mfu = f"{flops / peak:.1%}" if flops and peak else "-"
+            line += f"{run.step_bytes / 2**20:>10,.0f}{tflops:>9}{mfu:>7}"
         print(line)
     return 0
 
