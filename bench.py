@@ -160,13 +160,14 @@ class Variant:
         params = sum(p.numel() for p in self.model.parameters())  # the tied head counted once
         self.flops_per_token = 6 * params + 12 * model_cfg.n_layer * model_cfg.block_size * model_cfg.n_embd
         self.step_model = torch.compile(self.model) if tc.compile else self.model
-        self.optimizer = train.configure_optimizer(self.model, tc, device.split(":")[0])
+        device_type = device.split(":")[0]
+        self.optimizer = train.configure_optimizer(self.model, tc, device_type)
         shape = (tc.batch_size, model_cfg.block_size)
         self.x = torch.randint(0, model_cfg.vocab_size, shape, device=device)
         self.y = torch.randint(0, model_cfg.vocab_size, shape, device=device)
-        self.autocast = torch.autocast(device.split(":")[0], dtype=dtype, enabled=dtype != torch.float32)
+        self.autocast = torch.autocast(device_type, dtype=dtype, enabled=dtype != torch.float32)
         # float16 steps pay for loss scaling as train.py's do: the scaled backward and the unscale and inf check
-        self.scaler = torch.amp.GradScaler(device.split(":")[0], enabled=dtype == torch.float16)
+        self.scaler = torch.amp.GradScaler(device_type, enabled=dtype == torch.float16)
         self.times, self.step_bytes = [], 0
 
     def step(self):

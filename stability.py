@@ -34,7 +34,8 @@ API:
   buffer_stats it gets the module name. Each reads the device once.
 - snapshot(model, parameters=True) -> {name: copy}; restore(model, snap).
 - DivergenceCheck(max_loss=None, margin=1.0, gap=1.5, window=10, tail=20, patience=3): .check(loss, grad_norm) -> reason
-  or None (grad_norm None: the loss alone, for a float16 step the loss scaler skipped); .tail (the last losses, for the "diverged" event); .state_dict() / .load_state_dict(state).
+  or None (grad_norm None: the loss alone, for a float16 step the loss scaler skipped); .tail (the last losses,
+  for the "diverged" event); .state_dict() / .load_state_dict(state).
 
 Spike monitor (llm.c's outlier detector; llm-foundry's KillLossSpike; ZClip): z = (x - mean) / std over the
 previous `window` values, std the population std. z is NaN until the window is full (as llm.c: a short

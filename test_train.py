@@ -13,6 +13,7 @@ import torch
 import model
 import train
 from norms import NORMS
+from test_resume import torchrun
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
@@ -205,7 +206,9 @@ def test_two_process_ddp_keeps_ranks_identical(corpus, tmp_path, norm):
 
 
 DRIFTED_RANK = """
-import sys, torch, torch.distributed as dist, train
+import sys
+sys.path.insert(0, sys.argv[2])
+import torch, torch.distributed as dist, train
 dist.init_process_group("gloo")
 torch.manual_seed(0)
 layer = torch.nn.Linear(4, 3)
@@ -224,10 +227,7 @@ def test_rank_spread_sees_one_rank_drift(tmp_path):
     report it."""
     script = tmp_path / "drift.py"
     script.write_text(DRIFTED_RANK)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-               str(tmp_path / "spread")]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=HERE, timeout=120,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": HERE})
+    result = torchrun(2, str(tmp_path / "spread"), HERE, script=script)
     assert result.returncode == 0, result.stderr[-2000:]
     assert [float((tmp_path / f"spread{rank}").read_text()) for rank in (0, 1)] == [0.5, 0.5]
 

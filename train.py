@@ -576,7 +576,7 @@ def setup(argv):
     gpus = 0
     if device_type == "cuda":
         # the GPUs this run uses, for MFU: one per process, or every GPU of each node when processes share them
-        gpus = world_size // local_world_size * min(local_world_size, torch.cuda.device_count()) if ddp else 1
+        gpus = world_size // local_world_size * min(local_world_size, torch.cuda.device_count())
     if ddp:
         device, backend = ddp_device(device_type, local_rank, local_world_size)
         if device_type == "cuda":
