@@ -5,7 +5,8 @@ order runs forward in even rounds and backward in odd ones, so no variant always
 or after the same neighbour. Each round gives every variant a ratio to the first variant (the baseline)
 timed in that same round; the table shows the median time, the median of those paired ratios, and a 95%
 interval for that median (a ratio whose interval holds 1.00 is no difference this run could see).
-    python bench.py                                    # every --norm, the quickstart model, on CPU here
+    python bench.py                                    # every --norm (and powernorm without group
+                                                       # scaling), the quickstart model, on CPU here
     python bench.py --variants=presets --n_layer=12 --n_head=12 --n_embd=768 --block_size=1024 \
         --batch_size=16 --compile                      # GPT-2 small shape on a GPU
     python bench.py --part=norm                        # each norm module alone, forward and backward
@@ -32,8 +33,11 @@ from model import GPT, PRESETS, norm
 from norms import NORMS, LayerNorm, upcast
 
 PLAIN, THROUGH_FUNCTION = "plain GPT-2", "layernorm via a Function"
+POWERNORM_ALONE = "powernorm, no group scaling"
 VARIANTS = {
-    "norms": {f"norm={kind}": {"norm": kind} for kind in NORMS},
+    # every --norm, then PowerNorm without the group scaling App. A.1 puts before it (a second norm in the slot)
+    "norms": {**{f"norm={kind}": {"norm": kind} for kind in NORMS},
+              POWERNORM_ALONE: {"norm": "powernorm", "pn_group_scaling": False}},
     "presets": {f"preset={name}": {"preset": name} for name in PRESETS},
     "attention": {"attn_impl=sdpa": {"attn_impl": "sdpa"}, "attn_impl=manual": {"attn_impl": "manual"}},
     # the plainest GPT-2 of the same shape (PlainGPT, below) against nanonorm's model with every flag at its

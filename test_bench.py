@@ -11,14 +11,28 @@ from model import GPT, GPTConfig
 import norms
 from norms import NORMS
 
+def table_row(line):
+    """A row of bench.py's table: the variant's name (the first 28 characters), then the figures."""
+    return [line[:28].strip(), *line[28:].split()]
+
+
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8", "--batch_size=2", "--vocab_size=64"]
 
 
 def test_bench_times_every_norm_against_the_first(capsys):
     assert bench.main(["--rounds=1", "--steps=1", *TINY]) == 0
-    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
-    assert [row[0] for row in rows] == [f"norm={kind}" for kind in NORMS]
+    rows = [table_row(line) for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [row[0] for row in rows] == [f"norm={kind}" for kind in NORMS] + [bench.POWERNORM_ALONE]
     assert rows[0][2] == "1.00" and all(float(row[1]) > 0 for row in rows)
+
+
+def test_bench_times_powernorm_with_and_without_its_group_scaling():
+    """The last row of --variants=norms is PowerNorm alone (eq. (8)-(13)), without App. A.1's group scaling."""
+    models = bench.parse([])[0]
+    with_groups, alone = models["norm=powernorm"], models[bench.POWERNORM_ALONE]
+    assert (with_groups.norm, with_groups.pn_group_scaling) == ("powernorm", True)
+    assert (alone.norm, alone.pn_group_scaling) == ("powernorm", False)
+    assert GPT(alone).blocks[0].attn_norm.groups == 0 < GPT(with_groups).blocks[0].attn_norm.groups
 
 
 def test_bench_alternates_the_order_of_the_variants_round_by_round(monkeypatch, capsys):
@@ -53,8 +67,9 @@ def test_bench_times_each_norm_module_alone(capsys):
     assert bench.main(["--part=norm", "--rounds=1", "--steps=1", *TINY, "--norm_affine=no_bias"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "the norm modules alone" in lines[0]
-    rows = [line.split() for line in lines[2:]]
-    assert [row[0] for row in rows] == [f"norm={kind}" for kind in NORMS] and rows[0][2] == "1.00"
+    rows = [table_row(line) for line in lines[2:]]
+    assert [row[0] for row in rows] == [f"norm={kind}" for kind in NORMS] + [bench.POWERNORM_ALONE]
+    assert rows[0][2] == "1.00"
 
 
 def test_bench_presets_with_an_explicit_override(capsys):
