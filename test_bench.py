@@ -11,6 +11,7 @@ from model import GPT, GPTConfig
 import norms
 from norms import NORMS
 
+
 def table_row(line):
     """A row of bench.py's table: the variant's name (the first 28 characters), then the figures."""
     return [line[:28].strip(), *line[28:].split()]
@@ -143,8 +144,8 @@ def test_the_default_training_step_does_the_plain_gpts_work_and_no_more():
 
 def test_bench_baseline_times_nanonorm_against_the_plain_gpt(capsys):
     assert bench.main(["--variants=baseline", "--rounds=1", "--steps=1", *TINY]) == 0
-    rows = [line.split()[:3] for line in capsys.readouterr().out.splitlines()[2:]]
-    assert [" ".join(row[:-1]) for row in rows] == ["plain GPT-2", "nanonorm defaults"]
+    rows = [table_row(line) for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [row[0] for row in rows] == [bench.PLAIN, "nanonorm defaults"]
 
 
 def test_bench_float16_steps_scale_the_loss_as_train_does(monkeypatch, capsys):
@@ -189,5 +190,5 @@ def test_bench_swaps_every_layernorm_for_the_function_and_the_step_dispatches_th
     assert native == [norms.LayerNorm] * 3 and through_function == [bench.FunctionLayerNorm] * 3  # two per block, final
     assert training_step_ops(models[0]) == training_step_ops(models[1])
     assert bench.main(["--variants=function", "--rounds=1", "--steps=1", *TINY]) == 0
-    rows = [line.split()[:3] for line in capsys.readouterr().out.splitlines()[2:]]
-    assert [row[0] for row in rows] == ["norm=layernorm", "layernorm"] and rows[0][2] == "1.00"
+    rows = [table_row(line) for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [row[0] for row in rows] == ["norm=layernorm", bench.THROUGH_FUNCTION] and rows[0][2] == "1.00"
