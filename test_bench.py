@@ -1,6 +1,7 @@
 """bench.py runs every variant of a group and reports each against the first (bad input: test_errors.py)."""
 
 import math
+import shlex
 
 import pytest
 import torch
@@ -77,6 +78,29 @@ def test_bench_presets_with_an_explicit_override(capsys):
     assert bench.main(["--variants", "presets", "--rounds", "1", "--steps=1", *TINY, "--activation=geglu"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 + len(bench.PRESETS) and "1 rounds x 1 steps" in lines[0]
+
+
+def test_bench_headline_times_the_baseline_normformer_and_powernorm(capsys):
+    """The three the README's GPU runs time, in one run: GPT-2 as it is, NormFormer's three additions, and PowerNorm."""
+    models = bench.parse(["--variants=headline"])[0]
+    baseline, normformer, powernorm = models.values()
+    assert baseline == GPTConfig()
+    changed = {k for k, v in vars(normformer).items() if v != getattr(baseline, k)}
+    assert changed == {"scale_attn", "scale_fc", "scale_heads"} and normformer.scale_heads is True
+    assert (powernorm.norm, powernorm.pn_group_scaling) == ("powernorm", True)
+    assert bench.main(["--variants=headline", "--rounds=1", "--steps=1", *TINY]) == 0
+    rows = [table_row(line) for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [row[0] for row in rows] == ["preset=baseline", "preset=normformer", "norm=powernorm"]
+
+
+def test_every_bench_command_in_the_readme_is_accepted():
+    """The README's bench.py commands (the GPU ones too, with its $S) parse; none is run here."""
+    lines = [line.split("#")[0] for line in open("README.md", encoding="utf-8").read().splitlines()]
+    shape = next(line.strip().removeprefix("S=").strip('"') for line in lines if line.startswith("S="))
+    commands = [shlex.split(line.replace("$S", shape))[2:] for line in lines if line.startswith("python bench.py")]
+    assert len(commands) >= 10 and any("--variants=headline" in argv for argv in commands)
+    for argv in commands:
+        bench.parse([arg for arg in argv if arg != "\\"])
 
 
 def test_bench_help_lists_its_flags_with_the_defaults_it_uses(capsys):

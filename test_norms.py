@@ -518,3 +518,16 @@ def test_compiled_module_matches_eager(kind, backend):
     x = torch.randn((2, 5, 12), generator=gen)
     torch.testing.assert_close(compiled(x), eager(x), rtol=1e-5, atol=1e-6)
 
+
+
+@pytest.mark.parametrize("affine", AFFINE)
+@pytest.mark.parametrize("kind", NORMS)
+def test_no_norm_returns_a_tensor_it_changed_in_place(kind, affine):
+    """torch 2.11's torch.compile (the GPU machines' torch) drops the gradient of an autograd.Function whose output
+    was changed in place, with every backend: RMSNorm's (x / r).mul_(g) trained with dL/dx = dL/dg = 0 there.
+    A tensor's version counter counts the in-place changes to it, so this checks for that on any torch."""
+    m = make_norm(kind, 12, affine=affine, groups=3)
+    for training in (True, False):
+        m.train(training)
+        y = m(torch.randn(2, 5, 12, requires_grad=True))
+        assert y._version == 0, (kind, affine, training)
