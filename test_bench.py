@@ -1,6 +1,7 @@
 """bench.py runs every variant of a group and reports each against the first (bad input: test_errors.py)."""
 
 import math
+import os
 import shlex
 
 import pytest
@@ -95,7 +96,8 @@ def test_bench_headline_times_the_baseline_normformer_and_powernorm(capsys):
 
 def test_every_bench_command_in_the_readme_is_accepted():
     """The README's bench.py commands (the GPU ones too, with its $S) parse; none is run here."""
-    lines = [line.split("#")[0] for line in open("README.md", encoding="utf-8").read().splitlines()]
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md"), encoding="utf-8") as f:
+        lines = [line.split("#")[0] for line in f.read().splitlines()]
     shape = next(line.strip().removeprefix("S=").strip('"') for line in lines if line.startswith("S="))
     commands = [shlex.split(line.replace("$S", shape))[2:] for line in lines if line.startswith("python bench.py")]
     assert len(commands) >= 10 and any("--variants=headline" in argv for argv in commands)
