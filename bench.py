@@ -39,7 +39,7 @@ VARIANTS = {
     "norms": {**{f"norm={kind}": {"norm": kind} for kind in NORMS},
               POWERNORM_ALONE: {"norm": "powernorm", "pn_group_scaling": False}},
     "presets": {f"preset={name}": {"preset": name} for name in PRESETS},
-    # the three the README's GPU table reports: the GPT-2 baseline, NormFormer's preset and PowerNorm (with its
+    # the three the README's GPU runs time: the GPT-2 baseline, NormFormer's preset and PowerNorm (with its
     # App. A.1 group scaling): three compiles instead of the presets' ten, so one run fits a short GPU session
     "headline": {"preset=baseline": {"preset": "baseline"}, "preset=normformer": {"preset": "normformer"},
                  "norm=powernorm": {"norm": "powernorm"}},

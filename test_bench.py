@@ -102,7 +102,7 @@ def test_every_bench_command_in_the_readme_is_accepted():
     commands = [shlex.split(line.replace("$S", shape))[2:] for line in lines if line.startswith("python bench.py")]
     assert len(commands) >= 10 and any("--variants=headline" in argv for argv in commands)
     for argv in commands:
-        bench.parse([arg for arg in argv if arg != "\\"])
+        bench.parse(argv)
 
 
 def test_bench_help_lists_its_flags_with_the_defaults_it_uses(capsys):

@@ -519,7 +519,6 @@ def test_compiled_module_matches_eager(kind, backend):
     torch.testing.assert_close(compiled(x), eager(x), rtol=1e-5, atol=1e-6)
 
 
-
 @pytest.mark.parametrize("affine", AFFINE)
 @pytest.mark.parametrize("kind", NORMS)
 def test_no_norm_returns_a_tensor_it_changed_in_place(kind, affine):
