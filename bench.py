@@ -8,13 +8,13 @@ interval for that median (a ratio whose interval holds 1.00 is no difference thi
     python bench.py                                    # every --norm (and powernorm without group
                                                        # scaling), the quickstart model, on CPU here
     python bench.py --variants=headline --n_layer=12 --n_head=12 --n_embd=768 --block_size=1024 \
-        --batch_size=16                                # baseline, normformer, powernorm at GPT-2 small on a GPU
+        --vocab_size=50304 --batch_size=16             # baseline, normformer, powernorm at GPT-2 small on a GPU
     python bench.py --part=norm                        # each norm module alone, forward and backward
     python bench.py --variants=function                # LayerNorm's kernels through a Python autograd.Function
 Model and system flags are train.py's (configurable.txt); bench.py adds --variants, --rounds, --steps and --part.
 On CUDA it also reports the memory a step allocates on top of the resident weights and optimizer states
-(activations and workspaces), the achieved TFLOP/s (6N + 12 L T d FLOPs per token, as in nanoGPT) and MFU
-(over train.py's dense bf16 peak of the GPU, or --gpu_peak_tflops).
+(activations and workspaces), the achieved TFLOP/s (model.flops_per_token, nanoGPT's estimate) and MFU
+(over train.py's dense bf16 peak of the GPU, or --gpu_peak_tflops), with the GPU's name and the peak used.
 Absolute times only mean something on a GPU with nothing else running; on a shared CPU read the ratios.
 """
 
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 import torch.utils._python_dispatch
 
 import train
-from model import GPT, PRESETS, norm
+from model import GPT, PRESETS, flops_per_token, norm
 from norms import NORMS, LayerNorm, upcast
 
 PLAIN, THROUGH_FUNCTION = "plain GPT-2", "layernorm via a Function"
@@ -165,8 +165,7 @@ class Variant:
             for module in self.model.modules():
                 if isinstance(module, LayerNorm):
                     module.__class__ = FunctionLayerNorm  # its parameters stay; only forward changes
-        params = sum(p.numel() for p in self.model.parameters())  # the tied head counted once
-        self.flops_per_token = 6 * params + 12 * model_cfg.n_layer * model_cfg.block_size * model_cfg.n_embd
+        self.flops_per_token = flops_per_token(self.model, model_cfg)
         self.step_model = torch.compile(self.model) if tc.compile else self.model
         device_type = device.split(":")[0]
         self.optimizer = train.configure_optimizer(self.model, tc, device_type)
@@ -273,14 +272,17 @@ def main(argv):
             run.times.append((time.perf_counter() - t0) / steps)
             if cuda:
                 run.step_bytes = max(run.step_bytes, torch.cuda.max_memory_allocated() - resident)
-    print(f"device {device} {tc.dtype}, compile {tc.compile}, batch {tc.batch_size} x {block_size}, "
-          f"{rounds} rounds x {steps} steps, {'the norm modules alone' if part == 'norm' else 'training steps'}, "
-          f"torch {torch.__version__}")
+    peak = train.gpu_peak_flops(tc, device) if cuda else None  # per GPU, as train.py's MFU
+    print(f"device {train.describe_device(device)} {tc.dtype}, compile {tc.compile}, batch {tc.batch_size} x "
+          f"{block_size}, {rounds} rounds x {steps} steps, "
+          f"{'the norm modules alone' if part == 'norm' else 'training steps'}, torch {torch.__version__}")
+    if cuda:
+        print(f"MFU over a dense bf16 peak of {peak / 1e12:g} TFLOP/s" if peak else
+              "MFU: this GPU's peak is not in train.py's table; give it with --gpu_peak_tflops")
     baseline = next(iter(runs.values())).times
     header = f"{'variant':<28}{'ms/step':>10}{'ratio':>8}{'95% interval':>14}{'tokens/s':>12}"
     header += f"{'ops':>6}" if part == "norm" else ""
     print(header + (f"{'step MiB':>10}{'TFLOP/s':>9}{'MFU':>7}" if cuda else ""))
-    peak = train.gpu_peak_flops(tc, device) if cuda else None  # per GPU, as train.py's MFU
     for name, run in runs.items():
         ms = statistics.median(run.times)
         ratios = [t / b for t, b in zip(run.times, baseline)]

@@ -172,7 +172,6 @@ class Attention(nn.Module):
         self.dropout = cfg.dropout
         self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        self.resid_dropout = dropout(cfg)
         # NormFormer Table 4/5 "+3 More LN": a norm on each of q, k and v, over all d features
         self.qkv_norm = nn.ModuleList(norm(cfg, cfg.n_embd) for _ in range(3)) if cfg.qkv_norm else None
         # QK normalization (Dehghani et al. 2023 §2; Wortsman et al. 2023 §3.1, qk-layernorm): q and k of
@@ -203,8 +202,7 @@ class Attention(nn.Module):
                                                dropout_p=self.dropout if self.training else 0.0)
         if self.head_scale is not None:
             y = y * self.head_scale.view(1, -1, 1, 1)  # before the concat and W_O, as in the paper
-        y = self.proj(y.transpose(1, 2).reshape(B, T, C))
-        return optional(self.resid_dropout, y)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
     def manual_attention(self, q, k, v):
         """The same math as SDPA, one op at a time, so a hook or anomaly check can name the op that
@@ -247,11 +245,9 @@ class MLP(nn.Module):
         # NormFormer "FFN LN": a norm on the 4d hidden features, after the activation, before fc2
         self.fc_norm = norm(cfg, hidden) if cfg.scale_fc else None
         self.proj = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)
-        self.dropout = dropout(cfg)
 
     def forward(self, x):
-        h = optional(self.fc_norm, self.act(self.fc(x)))
-        return optional(self.dropout, self.proj(h))
+        return self.proj(optional(self.fc_norm, self.act(self.fc(x))))
 
 
 class Block(nn.Module):
@@ -274,21 +270,24 @@ class Block(nn.Module):
         self.attn_out_norm = norm(cfg, d) if cfg.scale_attn else None
         # CogView sandwich-LN: the same on the FFN output
         self.ffn_out_norm = norm(cfg, d) if cfg.ffn_out_norm else None
+        # GPT-2 (Vaswani et al. §5.4): dropout on each sublayer's output, before it is added to the residual
+        self.attn_dropout, self.ffn_dropout = dropout(cfg), dropout(cfg)
         # NormFormer §3 ResScale: lambda_resid * x + FFN(LN(x)), one lambda per channel
         self.resid_scale = nn.Parameter(torch.full((d,), cfg.scale_resids_init)) if cfg.scale_resids else None
         # LayerScale (CaiT): x + diag(lambda) * Branch(x) on both branches, lambda small at init
         self.attn_layer_scale = nn.Parameter(torch.full((d,), cfg.layer_scale_init)) if cfg.layer_scale else None
         self.ffn_layer_scale = nn.Parameter(torch.full((d,), cfg.layer_scale_init)) if cfg.layer_scale else None
 
-    def branch(self, x, sublayer, in_norm, out_norm, layer_scale):
-        """Branch(x) of either sublayer: its input norm (pre layout only), the sublayer itself, then the
-        optional output norm (sandwich / post-attn LN) and LayerScale."""
+    def branch(self, x, sublayer, in_norm, out_norm, out_dropout, layer_scale):
+        """Branch(x) of either sublayer: its input norm (pre layout only), the sublayer itself, the optional
+        output norm (sandwich / post-attn LN), dropout and LayerScale. Dropout comes after the output norm, as
+        in fairseq's NormFormer: a norm after it would undo its 1/(1-p) scaling in training, not in eval."""
         y = sublayer(in_norm(x) if self.layout == "pre" else x)
-        return scaled(optional(out_norm, y), layer_scale)
+        return scaled(optional(out_dropout, optional(out_norm, y)), layer_scale)
 
     def forward(self, x):
-        attn = (self.attn, self.attn_norm, self.attn_out_norm, self.attn_layer_scale)
-        ffn = (self.mlp, self.ffn_norm, self.ffn_out_norm, self.ffn_layer_scale)
+        attn = (self.attn, self.attn_norm, self.attn_out_norm, self.attn_dropout, self.attn_layer_scale)
+        ffn = (self.mlp, self.ffn_norm, self.ffn_out_norm, self.ffn_dropout, self.ffn_layer_scale)
         if self.layout == "pre":
             x = x + self.branch(x, *attn)
             return scaled(x, self.resid_scale) + self.branch(x, *ffn)
@@ -321,6 +320,15 @@ BLOCK_OPS = {
 PARAM_OPS = {"attn.head_scale": "head_scale", "resid_scale": "resid_scale",
              "attn_layer_scale": "attn_layer_scale", "ffn_layer_scale": "ffn_layer_scale"}
 TOP_OPS = {"wte": "embed", "wpe": "embed", "embed_norm": "embed_ln", "final_norm": "final_ln", "lm_head": "logits"}
+
+
+def flops_per_token(model, cfg):
+    """Model FLOPs of one training token, forward and backward, as nanoGPT's estimate_mfu (PaLM App. B):
+    6 N for the matmuls of the N parameters, less the position table (it is looked up, not multiplied), plus
+    12 L T d for attention's q@k and probs@v. Norms, softmax and the optimizer are not model FLOPs."""
+    positions = cfg.block_size * cfg.n_embd if cfg.pos == "learned" else 0
+    params = sum(p.numel() for p in model.parameters()) - positions  # the tied head counted once
+    return 6 * params + 12 * cfg.n_layer * cfg.block_size * cfg.n_embd
 
 
 def output_of(module_name):

@@ -117,7 +117,8 @@ class CogViewLayerNorm(nn.Module):
     """y = LN(x / (max|x| / 8)), the max over the whole tensor and detached
     (CogView "PB-relax", Ding et al. 2021 §2.4; NormFormer Table 8). Equal to LN up to eps: it keeps
     fp16 activations in range, it does not change the math. The whole-tensor max couples the tokens of a
-    batch only through eps (NormFormer writes LN(X / Max(X)); the /8 is CogView's code)."""
+    batch only through eps, in eval too: LN(x / s) is LN(x) with eps * s^2 for eps, so one large token, a later
+    one included, changes the others a little (NormFormer writes LN(X / Max(X)); the /8 is CogView's code)."""
 
     def __init__(self, dim, eps=1e-5, affine="both"):
         super().__init__()
@@ -241,8 +242,9 @@ class PowerNormFunction(torch.autograd.Function):
             dY, X, weight, torch.zeros_like(psi2), psi2, None, None, False, ctx.eps, mask)
         lam = dy_z / X.shape[0] if weight is None else weight * dy_z / X.shape[0]  # Lambda^(t) of eq. (13)
         coef = lam if nu is None else torch.where(warm, lam, nu)  # eq. (11); eq. (6) in warmup and for PN-V
-        # eq. (12) divides by the running psi_(t-1); the reference code (sIncerass/powernorm) divides by
-        # the batch psi_B here instead. We follow the paper. (g_hat - coef * z) / psi, z = x / psi:
+        # eq. (12) divides by the running psi_(t-1). Alg. 2, read line by line, divides by the psi the forward
+        # has just updated, psi_t, and the reference code (sIncerass/powernorm) by the batch psi_B. We follow
+        # eq. (12). (g_hat - coef * z) / psi, z = x / psi:
         inv_var = rstd.square()
         grad_x.addcmul_(X, coef * inv_var, value=-1)
         if nu is not None:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import bench
 import norms
-from model import GPT, GPTConfig, PER_TOKEN_NORMS, PRESETS, norm
+from model import GPT, GPTConfig, PER_TOKEN_NORMS, PRESETS, flops_per_token, norm
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -115,6 +115,17 @@ def test_parameter_counts_of_gpt3_small_and_medium(N, d, H, baseline, paper_m, p
     # prints 354.98M for NormFormer-355M where the formula gives 354.988M, so 0.01M is the tolerance there.
     assert round(base / 1e6, 1) == paper_m[0] and round(nf / 1e6, 1) == paper_nf_m[0]
     assert abs(base / 1e6 - paper_m[1]) <= 0.005 and abs(nf / 1e6 - paper_nf_m[1]) <= 0.01
+
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal"])
+def test_flops_per_token_is_nanogpts_estimate_at_gpt2_small(pos):
+    """MFU's numerator, as nanoGPT's estimate_mfu: 6 N + 12 L T d per token, N the parameters without the position
+    table. GPT-2 small has 124,439,808 parameters (the released checkpoint), 1024 x 768 of them its positions; with
+    sinusoids there is no table and the same N."""
+    cfg = GPTConfig(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257, bias=True, pos=pos)
+    with torch.device("meta"):
+        flops = flops_per_token(GPT(cfg), cfg)
+    assert flops == 6 * (124_439_808 - 1024 * 768) + 12 * 12 * 1024 * 768
 
 
 # 3. every flag acts on the forward and adds exactly the parameters its paper says
@@ -257,8 +268,7 @@ def test_manual_attention_equals_sdpa(dropout, train):
 
 @pytest.mark.parametrize("attn_impl", ["sdpa", "manual"])
 def test_attention_dropout_acts_in_training_only(attn_impl):
-    attn = build(dropout=0.3, attn_impl=attn_impl).blocks[0].attn
-    attn.resid_dropout = torch.nn.Identity()  # leave only the dropout on the attention probabilities
+    attn = build(dropout=0.3, attn_impl=attn_impl).blocks[0].attn  # the dropout on its output is the block's
     x = torch.randn(2, 16, d, dtype=torch.float64)
     torch.manual_seed(0)
     train_out = attn(x)
@@ -267,14 +277,20 @@ def test_attention_dropout_acts_in_training_only(attn_impl):
     assert (train_out - attn(x)).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("out_norms", [False, True], ids=["plain", "output norms"])
 @pytest.mark.parametrize("where", ["embeddings", "attention output", "ffn output"])
-def test_dropout_acts_on_embeddings_and_branch_outputs_in_training_only(where):
-    """GPT-2 (as in Vaswani et al. §5.4): dropout on the summed embeddings and on each sublayer's output."""
+def test_dropout_acts_on_embeddings_and_branch_outputs_in_training_only(where, out_norms):
+    """GPT-2 (as in Vaswani et al. §5.4): dropout on the summed embeddings and on each sublayer's output, after
+    the output norms of NormFormer and CogView (as fairseq's NormFormer): each kept output is its eval value
+    over (1 - p), which a norm after the dropout would break."""
     p = 0.25
-    model = build(dropout=p)
+    model = build(dropout=p, embed_norm=out_norms, scale_attn=out_norms, ffn_out_norm=out_norms)
     block = model.blocks[0]
+    block.attn.dropout = 0.0  # leave only the dropout on the branch output, not the one on the probabilities
+    attn = (block.attn, block.attn_norm, block.attn_out_norm, block.attn_dropout, block.attn_layer_scale)
+    ffn = (block.mlp, block.ffn_norm, block.ffn_out_norm, block.ffn_dropout, block.ffn_layer_scale)
     run = {"embeddings": lambda: model.embed(tokens()),
-           "attention output": lambda: block.attn(x), "ffn output": lambda: block.mlp(x)}[where]
+           "attention output": lambda: block.branch(x, *attn), "ffn output": lambda: block.branch(x, *ffn)}[where]
     x = torch.randn(3, 16, d, dtype=torch.float64)
     model.eval()
     clean = run()
@@ -283,8 +299,7 @@ def test_dropout_acts_on_embeddings_and_branch_outputs_in_training_only(where):
     dropped = run()
     kept = dropped != 0
     assert abs(1 - kept.double().mean().item() - p) < 0.05  # a fraction p of the outputs is zeroed
-    if where != "attention output":  # there the attention probabilities are dropped as well
-        torch.testing.assert_close(dropped[kept], clean[kept] / (1 - p))
+    torch.testing.assert_close(dropped[kept], clean[kept] / (1 - p))
 
 
 @pytest.mark.parametrize("flags", [dict(), dict(layout="post"), dict(pos="sinusoidal")], ids=str)

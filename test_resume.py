@@ -314,19 +314,50 @@ def test_exact_resume_under_torchrun_with_grad_accum_and_dropout(corpus, tmp_pat
     assert losses(split) == losses(whole)
 
 
-def test_ctrl_c_under_torchrun_stops_every_process_at_the_same_step(corpus, tmp_path):
+def worker_pids(parent):
+    """{RANK: pid} of the child processes of torchrun's pid `parent`, read from Linux's /proc."""
+    pids = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])  # the field after the state
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                ranks = [v[len(b"RANK="):] for v in f.read().split(b"\0") if v.startswith(b"RANK=")]
+        except OSError:  # a process that ended meanwhile, or someone else's
+            continue
+        if ppid == parent and ranks:
+            pids[int(ranks[0])] = int(pid)
+    return pids
+
+
+@pytest.mark.parametrize("who", ["the process group", "rank 1 alone"])
+def test_ctrl_c_under_torchrun_stops_every_process_at_the_same_step(corpus, tmp_path, who):
     """Ctrl-C in a terminal signals the whole process group: torchrun, which SIGTERMs its workers, and the
-    workers themselves. All of them stop at one step boundary with one checkpoint."""
+    workers themselves. A SIGINT to one worker's pid reaches that one alone; its request travels to the others
+    with the step's loss all-reduce. Either way all stop at one step boundary, with one checkpoint."""
     out = tmp_path / "out"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
                *flags(corpus, out, "--max_iters=100000", "--eval_interval=1000")]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=HERE,
                                env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not (os.path.exists(out / "log.jsonl") and len(losses(out)) >= 3):
-        time.sleep(0.05)
-    os.killpg(process.pid, signal.SIGINT)
-    output = process.communicate(timeout=120)[0]
+    workers = {}
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (os.path.exists(out / "log.jsonl") and len(losses(out)) >= 3):
+            time.sleep(0.05)
+        workers = worker_pids(process.pid)
+        if who == "rank 1 alone":
+            os.kill(workers[1], signal.SIGINT)
+        else:
+            os.killpg(process.pid, signal.SIGINT)
+        output = process.communicate(timeout=120)[0]
+    finally:
+        # a failed test must not leave a 100,000-step run behind; the workers have process groups of their own
+        for pid in [process.pid, *workers.values()]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     interrupted = events(out, "interrupted")
     assert len(interrupted) == 1 and "torchrun --nproc_per_node=2 train.py" in output, output[-3000:]
     checkpoint = torch.load(out / "ckpt.pt", weights_only=True)

@@ -36,7 +36,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import data
 import stability
-from model import GPT, GPTConfig, PRESETS
+from model import GPT, GPTConfig, PRESETS, flops_per_token
 
 
 @dataclass
@@ -442,7 +442,7 @@ def rank_spread(model):
     but 0 means a bug (an unsynchronized buffer, a gradient that skipped the all-reduce)."""
     sums = torch.stack([t.detach().double().sum() for t in [*model.parameters(), *model.buffers()]]).tolist()
     gathered = [None] * dist.get_world_size()
-    # Python floats, not tensors: gloo, which carries processes that share a GPU, cannot all_gather CUDA tensors
+    # a list of Python floats per process, gathered as one object: one call, whatever the backend and device
     dist.all_gather_object(gathered, sums)
     return max(abs(theirs - ours) for other in gathered for theirs, ours in zip(other, sums, strict=True))
 
@@ -502,9 +502,16 @@ def keep_freed_memory():
 
 
 # Dense bf16 peak of common GPUs, FLOP/s (vendor datasheets, without sparsity). MFU = achieved model FLOP/s over
-# this peak (PaLM App. B); nanoGPT issue #182: a hard-coded A100 peak gives wrong MFU on any other GPU.
-GPU_PEAK_BF16 = (("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("GH200", 989e12), ("A100", 312e12),
-                 ("L40S", 362e12), ("L4", 121e12), ("A10", 125e12), ("RTX 4090", 165e12), ("RTX 3090", 71e12))
+# this peak (PaLM App. B); nanoGPT issue #182: a hard-coded A100 peak gives wrong MFU on any other GPU. The first
+# key found in the device's name wins, so a name that holds another ("H100 NVL" holds "H100") comes before it.
+GPU_PEAK_BF16 = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12), ("A100", 312e12),
+                 ("L40S", 362e12), ("L40", 181e12), ("L4", 121e12), ("A10", 125e12), ("RTX 4090", 165e12),
+                 ("RTX 3090", 71e12))
+
+
+def describe_device(device):
+    """The device as the progress output names it: with the GPU's model, so that timings say where they ran."""
+    return f"{device} ({torch.cuda.get_device_name(device)})" if device.startswith("cuda") else device
 
 
 def gpu_peak_flops(tc, device):
@@ -660,7 +667,7 @@ class StopRequest:
 
 
 def agree(flag, ddp, device):
-    """True on every process if it is True on any (a stop request, a failed write), so all stop together."""
+    """True on every process if it is True on any (a failed checkpoint write), so all stop together."""
     if not ddp:
         return flag
     flag = torch.tensor(float(flag), device=device)
@@ -698,9 +705,9 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
                        "world_size": world_size, "global_batch": global_batch, "data": meta,
                        "torch": torch.__version__}, f, indent=2)
         print(f"{model.num_params():,} parameters | data {folder} | unigram entropy of val "
-              f"{meta['unigram_entropy']:.4f} nats/token | device {device} {tc.dtype} x{world_size} | global batch "
-              f"{sequences} sequences = {tc.batch_size} x {tc.grad_accum} micro-steps x {world_size} processes, "
-              f"{global_batch['tokens']:,} tokens")
+              f"{meta['unigram_entropy']:.4f} nats/token | device {describe_device(device)} {tc.dtype} x{world_size} "
+              f"| global batch {sequences} sequences = {tc.batch_size} x {tc.grad_accum} micro-steps x {world_size} "
+              f"processes, {global_batch['tokens']:,} tokens")
         if checkpoint and tc.lr_schedule != "constant" and tc.max_iters > tc.lr_decay_iters > tc.warmup_iters:
             print(f"resumed at step {step}: the LR stays at --min_lr={tc.min_lr} after --lr_decay_iters="
                   f"{tc.lr_decay_iters} (the checkpoint's schedule); raise --lr_decay_iters to decay over the longer run")
@@ -832,10 +839,9 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
         return 3
 
     resumed_at = saved_at = step if checkpoint else None
-    t0, tokens_per_step = time.time(), global_batch["tokens"]
-    # model FLOPs per token: 6N for the weights' matmuls, forward and backward, plus 12 L T d for attention
-    # (nanoGPT's estimate, PaLM App. B)
-    flops_per_token = 6 * raw_model.num_params() + 12 * model_cfg.n_layer * model_cfg.block_size * model_cfg.n_embd
+    t0, timed_steps, tokens_per_step = time.time(), 0, global_batch["tokens"]
+    first_step, stop_everywhere = step, False
+    model_flops = flops_per_token(raw_model, model_cfg)
     peak = gpu_peak_flops(tc, device) if device_type == "cuda" else None
     while True:
         lr = get_lr(step, tc)
@@ -859,7 +865,7 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
             if master:
                 log_event(log_path, {"event": "done", "step": step, "val_loss": losses["val"]})
             return 0
-        if agree(stop.requested, ddp, device):
+        if stop_everywhere if ddp else stop.requested:
             if saved_at != step:
                 save(step)
             if master:
@@ -870,7 +876,7 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
             return 130
         shape = sequence_shape(step, tc, model_cfg.block_size)
         pre_step = stability.snapshot(raw_model, parameters=False) if stateful else None
-        sums = torch.zeros(2, device=device)  # cross-entropy and z-loss term, averaged over the micro-steps
+        sums = torch.zeros(3, device=device)  # cross-entropy, z-loss term (means over micro-steps), stop request
         for micro in range(micro_steps):
             x, y = get_batch("train", step, micro, shape=shape)
             # DDP: all-reduce the gradients only on the last micro-step
@@ -879,14 +885,18 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
                 logits, loss = model(x, y)
                 z_term = z_loss_term(logits) if tc.z_loss else torch.zeros((), device=device)
             scaler.scale((loss + tc.z_loss * z_term) / micro_steps).backward()
-            sums += torch.stack([loss.detach(), z_term.detach()]) / micro_steps
+            sums[:2] += torch.stack([loss.detach(), z_term.detach()]) / micro_steps
         scaler.unscale_(optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), tc.grad_clip or float("inf"))
         if ddp:
-            dist.all_reduce(sums)  # every process then takes the same divergence and spike decisions
+            # every process then takes the same divergence and spike decisions, and a stop request (Ctrl-C) on
+            # any process rides along, so that all stop before the next step without a sync of their own
+            sums[2] = stop.requested
+            dist.all_reduce(sums)
             sums /= world_size
         # the step's one host read: divergence and the spike monitor need it before the optimizer step
-        loss_value, z_value, grad_value = torch.cat([sums, grad_norm.view(1).float()]).tolist()
+        loss_value, z_value, stops, grad_value = torch.cat([sums, grad_norm.view(1).float()]).tolist()
+        stop_everywhere = stops > 0
         # float16: a non-finite gradient from a finite loss is the loss scale overflowing, not a divergence.
         # GradScaler skips this update and halves the scale (Micikevicius et al. 2018 §3.2); only the loss is
         # checked, and the spike monitor does not see the step
@@ -918,13 +928,17 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
                                              label=raw_model.op_label)
         optimizer.zero_grad(set_to_none=True)
         step += 1
+        timed_steps += 1
+        if step == first_step + 1 and step % tc.log_interval:
+            # the first step compiles and warms up (seconds to minutes on a GPU): the first line times the others
+            t0, timed_steps = time.time(), 0
         if instrumented:
             telemetry(step, x, y, weights)
         if step % tc.log_interval == 0 and master:
-            dt = (time.time() - t0) / tc.log_interval
-            t0 = time.time()
+            dt = (time.time() - t0) / timed_steps
+            t0, timed_steps = time.time(), 0
             eta = format_duration(dt * (tc.max_iters - step))
-            mfu = f" | MFU {flops_per_token * tokens_per_step / dt / peak / gpus:.1%}" if peak else ""
+            mfu = f" | MFU {model_flops * tokens_per_step / dt / peak / gpus:.1%}" if peak else ""
             grad_text = "overflow (update skipped)" if overflow else f"{grad_value:.3f}"
             print(f"step {step} | loss {loss_value:.4f} | lr {lr:.2e} | grad norm {grad_text} | "
                   f"{dt * 1000:.1f} ms/step | {tokens_per_step / dt:,.0f} tokens/s{mfu} | ETA {eta}")
