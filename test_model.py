@@ -436,7 +436,8 @@ def init_table(init, Nw, dw, std=None):
 
 @pytest.mark.parametrize("init, init_std, depth_scale", [
     ("gpt2", None, False), ("plain", None, False), ("scaled", None, False), ("wang", None, False),
-    ("gpt2", 0.05, False), ("scaled", 0.05, False), ("gpt2", None, True), ("scaled", None, True),
+    ("gpt2", 0.05, False), ("scaled", 0.05, False), ("wang", 0.05, False),  # wang's W_O and W_2 ignore init_std
+    ("gpt2", None, True), ("scaled", None, True),
 ])
 def test_init_stds(init, init_std, depth_scale):
     Nw, dw = WIDE["n_layer"], WIDE["n_embd"]
