@@ -839,7 +839,7 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
         return 3
 
     resumed_at = saved_at = step if checkpoint else None
-    t0, timed_steps, tokens_per_step = time.time(), 0, global_batch["tokens"]
+    t0, timed_from, tokens_per_step = time.time(), step, global_batch["tokens"]
     first_step, stop_everywhere = step, False
     model_flops = flops_per_token(raw_model, model_cfg)
     peak = gpu_peak_flops(tc, device) if device_type == "cuda" else None
@@ -928,15 +928,14 @@ def train(model_cfg, tc, checkpoint, folder, meta, ddp, rank, world_size, device
                                              label=raw_model.op_label)
         optimizer.zero_grad(set_to_none=True)
         step += 1
-        timed_steps += 1
         if step == first_step + 1 and step % tc.log_interval:
             # the first step compiles and warms up (seconds to minutes on a GPU): the first line times the others
-            t0, timed_steps = time.time(), 0
+            t0, timed_from = time.time(), step
         if instrumented:
             telemetry(step, x, y, weights)
         if step % tc.log_interval == 0 and master:
-            dt = (time.time() - t0) / timed_steps
-            t0, timed_steps = time.time(), 0
+            dt = (time.time() - t0) / (step - timed_from)
+            t0, timed_from = time.time(), step
             eta = format_duration(dt * (tc.max_iters - step))
             mfu = f" | MFU {model_flops * tokens_per_step / dt / peak / gpus:.1%}" if peak else ""
             grad_text = "overflow (update skipped)" if overflow else f"{grad_value:.3f}"
