@@ -7,6 +7,8 @@ timed in that same round; the table shows the median time, the median of those p
 interval for that median (a ratio whose interval holds 1.00 is no difference this run could see).
     python bench.py                                    # every --norm (and powernorm without group
                                                        # scaling), the quickstart model, on CPU here
+    python bench.py --compile=True                     # the same compiled, with the guard's verdict: every
+                                                       # norm's step within 1.05x of layernorm's
     python bench.py --variants=headline --n_layer=12 --n_head=12 --n_embd=768 --block_size=1024 \
         --vocab_size=50304 --batch_size=16             # baseline, normformer, powernorm at GPT-2 small on a GPU
     python bench.py --part=norm                        # each norm module alone, forward and backward
@@ -22,13 +24,19 @@ import math
 import statistics
 import sys
 import time
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils._python_dispatch
 
+import flags
+import runtime
 import train
+from configs import check_train_config
+from flags import UsageError, help_of
 from model import GPT, PRESETS, flops_per_token, norm
 from norms import NORMS, LayerNorm, upcast
 
@@ -48,53 +56,42 @@ VARIANTS = {
     # default: the same math, so a ratio above 1 is work that a switched-off flag left in the step
     "baseline": {PLAIN: {}, "nanonorm defaults": {}},
     # LayerNorm's own two fused kernels, called through a Python torch.autograd.Function (LayerNormFunction,
-    # below): a ratio above 1 is what the Function itself costs, which RMSNorm, PN-V and PowerNorm pay
+    # below): a ratio above 1 is what the Function itself costs, which PowerNorm's approximate gradient pays
     "function": {"norm=layernorm": {"norm": "layernorm"}, THROUGH_FUNCTION: {"norm": "layernorm"}},
 }
+# norms.py writes the norms as their equations and leaves the fusing to torch.compile: compiled, no norm's training
+# step may take more than GUARD times layernorm's (--variants=norms --compile=True); eager ratios are only reported
+GUARD = 1.05
 
 
-OWN_FLAGS = {  # name: (default, meaning)
-    "variants": ("norms", f"the group of variants to time: {', '.join(VARIANTS)}"),
-    "rounds": ("45", "rounds; each times every variant once, in turn, and the table shows medians over rounds"),
-    "steps": ("1", "training steps per variant in each round"),
-    "part": ("step", "what is timed: step (a training step of the model) or norm (forward and backward of one "
-                     "norm module on a batch of activations, with --variants=norms)"),
-}
-USAGE = "\n".join([
-    "usage: python bench.py [--variants=GROUP] [--rounds=N] [--steps=N] [--part=step|norm] [train.py's flags]",
-    *(f"  --{name:<10}{default:<8}{meaning}" for name, (default, meaning) in OWN_FLAGS.items()),
-    "Every other flag is train.py's (the model, --batch_size, --device, --dtype, --compile), same syntax and",
-    "defaults: python train.py --help lists them, as does configurable.txt.",
-])
+@dataclass
+class BenchOptions:
+    variants: str = help_of(f"the group of variants to time: {', '.join(VARIANTS)}", default="norms")
+    rounds: int = help_of("rounds; each times every variant once, in turn, and the table shows medians over rounds",
+                          default=45)
+    steps: int = help_of("training steps per variant in each round", default=1)
+    part: Literal["step", "norm"] = help_of("what is timed: step (a training step of the model) or norm (forward "
+                                            "and backward of one norm module on a batch of activations, with "
+                                            "--variants=norms)", default="step")
 
 
 def parse(argv):
-    """bench.py's own three flags, then train.py's parser for the rest (same syntax, same errors).
+    """bench.py's own four flags, then train.py's for the rest (one parser, same syntax, same errors).
     Each variant's flags go in before the explicit ones, so the command line overrides them, as with --preset."""
-    own = {name: default for name, (default, _) in OWN_FLAGS.items()}
-    rest, args = [], iter(argv)
-    for arg in args:
-        name, has_value, value = arg.removeprefix("--").partition("=")
-        if arg.startswith("--") and name in own:
-            own[name] = value if has_value else next(args, "")  # --key=value or --key value, as in train.py
-        else:
-            rest.append(arg)
-    if own["variants"] not in VARIANTS:
-        raise train.UsageError(f"--variants={own['variants']} is not allowed; choose one of {', '.join(VARIANTS)}")
-    if own["part"] not in ("step", "norm"):
-        raise train.UsageError(f"--part={own['part']} is not allowed; choose step or norm")
-    if own["part"] == "norm" and own["variants"] != "norms":
-        raise train.UsageError(f"--part=norm times the norms of --variants=norms, not --variants={own['variants']}")
+    own, rest = flags.split(argv, BenchOptions)
+    opts = flags.build(BenchOptions, flags.parse(own, BenchOptions, choices={"variants": list(VARIANTS)}))
+    if opts.part == "norm" and opts.variants != "norms":
+        raise UsageError(f"--part=norm times the norms of --variants=norms, not --variants={opts.variants}")
     for name in ("rounds", "steps"):
-        if not (own[name].isdigit() and int(own[name]) > 0):
-            raise train.UsageError(f"--{name}={own[name]} must be a positive integer")
+        if getattr(opts, name) < 1:
+            raise UsageError(f"--{name}={getattr(opts, name)} must be a positive integer")
     given = train.parse_flags(rest)
-    configs = {name: train.build_configs({**flags, **given}) for name, flags in VARIANTS[own["variants"]].items()}
+    configs = {name: train.build_configs({**variant, **given}) for name, variant in VARIANTS[opts.variants].items()}
     tc = next(iter(configs.values()))[1]
-    train.check_train_config(tc, given)
-    device, tc = train.resolve_device(tc)
+    check_train_config(tc, given)
+    device, tc = runtime.resolve_device(tc)
     models = {name: model_cfg for name, (model_cfg, _) in configs.items()}
-    return models, int(own["rounds"]), int(own["steps"]), own["part"], device, tc
+    return models, opts.rounds, opts.steps, opts.part, device, tc
 
 
 class PlainGPT(nn.Module):
@@ -237,21 +234,22 @@ def synchronize(device):
 
 
 def main(argv):
-    if "--help" in argv or "-h" in argv:
-        print(USAGE)
+    if flags.wants_help(argv):
+        flags.print_help(__doc__, BenchOptions)
+        print("Every other flag is train.py's (the model, --batch_size, --device, --dtype, --compile), same syntax and "
+              "defaults: python train.py --help lists them, as does configurable.txt.")
         return 0
     try:
         configs, rounds, steps, part, device, tc = parse(argv)
-    except train.UsageError as e:
-        print(f"bench.py: {e}", file=sys.stderr)
-        return 2
+    except UsageError as e:
+        return flags.fail("bench.py", e)
     if tc.compile:
         # every variant recompiles the same Block.forward; past the default limit dynamo would fall back to eager
         torch._dynamo.config.recompile_limit = 8 * len(configs)
     dtype = getattr(torch, tc.dtype)
     cuda = device.startswith("cuda")
     if device == "cpu":
-        train.keep_freed_memory()  # as train.py does: without it every step's new tensors page-fault
+        runtime.keep_freed_memory()  # as train.py does: without it every step's new tensors page-fault
     runs = {}
     for name, cfg in configs.items():
         runs[name] = NormVariant(cfg, tc, device, dtype) if part == "norm" else Variant(cfg, tc, device, dtype, name)
@@ -272,14 +270,15 @@ def main(argv):
             run.times.append((time.perf_counter() - t0) / steps)
             if cuda:
                 run.step_bytes = max(run.step_bytes, torch.cuda.max_memory_allocated() - resident)
-    peak = train.gpu_peak_flops(tc, device) if cuda else None  # per GPU, as train.py's MFU
-    print(f"device {train.describe_device(device)} {tc.dtype}, compile {tc.compile}, batch {tc.batch_size} x "
+    peak = runtime.gpu_peak_flops(tc, device) if cuda else None  # per GPU, as train.py's MFU
+    print(f"device {runtime.describe_device(device)} {tc.dtype}, compile {tc.compile}, batch {tc.batch_size} x "
           f"{block_size}, {rounds} rounds x {steps} steps, "
           f"{'the norm modules alone' if part == 'norm' else 'training steps'}, torch {torch.__version__}")
     if cuda:
         print(f"MFU over a dense bf16 peak of {peak / 1e12:g} TFLOP/s" if peak else
               "MFU: this GPU's peak is not in train.py's table; give it with --gpu_peak_tflops")
     baseline = next(iter(runs.values())).times
+    medians = {}
     header = f"{'variant':<28}{'ms/step':>10}{'ratio':>8}{'95% interval':>14}{'tokens/s':>12}"
     header += f"{'ops':>6}" if part == "norm" else ""
     print(header + (f"{'step MiB':>10}{'TFLOP/s':>9}{'MFU':>7}" if cuda else ""))
@@ -287,6 +286,7 @@ def main(argv):
         ms = statistics.median(run.times)
         ratios = [t / b for t, b in zip(run.times, baseline)]
         ratio, (low, high) = statistics.median(ratios), median_interval(ratios)
+        medians[name] = ratio
         line = f"{name:<28}{ms * 1000:>10.{3 if part == 'norm' else 1}f}{ratio:>8.2f}{f'{low:.2f}-{high:.2f}':>14}"
         line += f"{tokens / steps / ms:>12,.0f}"
         line += f"{run.ops:>6}" if part == "norm" else ""
@@ -296,7 +296,16 @@ def main(argv):
             mfu = f"{flops / peak:.1%}" if flops and peak else "-"
             line += f"{run.step_bytes / 2**20:>10,.0f}{tflops:>9}{mfu:>7}"
         print(line)
+    if tc.compile and part == "step" and list(runs) == list(VARIANTS["norms"]):
+        print(guard_verdict(medians))
     return 0
+
+
+def guard_verdict(ratios):
+    """The line that checks GUARD: `ratios` holds each norm's median ratio to layernorm's compiled step."""
+    slower = [f"{name} {ratio:.2f}x" for name, ratio in ratios.items() if ratio > GUARD]
+    verdict = f"above it: {', '.join(slower)}" if slower else "all within"
+    return f"guard, compiled: every norm within {GUARD:.2f}x of layernorm's step; {verdict}"
 
 
 def median_interval(values):

@@ -1,28 +1,35 @@
 """
 Corpora and tokenizers: text -> token ids in uint16/uint32 memmaps, and random batches from them.
 
-prepare() writes <data_dir>/<name>-<tokenizer>/ with train.bin, val.bin (the first 90% and the last 10%
-of the tokens) and meta.json; get_batch() samples (x, y) from them. As a script it prepares one corpus:
+prepare() writes <data_dir>/<name>-<tokenizer>-<content>/ with train.bin, val.bin (the first 90% and the last 10%
+of the tokens) and meta.json; get_batch() samples (x, y) from them. The folder is keyed on the corpus's text (its
+sha256, which meta.json records), so an edited corpus is prepared anew. As a script it prepares one corpus:
     python data.py --dataset=builtin --tokenizer=byte
 Datasets: builtin (the running Python's standard library source, no download), shakespeare (tiny
 Shakespeare, downloaded once), or a path to a text file or a folder of text files.
 Tokenizers: byte (every byte is a token, vocab 256) and gpt2 (GPT-2 BPE, vocab 50257).
 """
-import argparse
 import fcntl
 import functools
+import glob
 import hashlib
 import json
 import os
 import platform
+import shutil
 import sys
 import sysconfig
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, Optional
 
 import numpy as np
 import tiktoken
 from tiktoken_ext.openai_public import r50k_pat_str
+
+from files import WriteError, cannot_write, write_atomic
+from flags import UsageError, build, fail, help_of, parse, print_help, wants_help
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TOKENIZERS = ("byte", "gpt2")
@@ -64,14 +71,18 @@ def read_text(path):
     return Path(path).read_bytes().decode("utf-8", errors="replace")
 
 
-def read_utf8(path):
-    """The file's text if it is UTF-8 text (decodes strictly, holds no NUL byte), else None: a binary or
+def utf8_text(raw):
+    """raw (bytes) as text if it is UTF-8 text (decodes strictly, holds no NUL byte), else None: a binary or
     latin-1 file would otherwise train the model on replacement characters."""
     try:
-        text = Path(path).read_bytes().decode("utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         return None
     return None if "\0" in text else text
+
+
+def read_utf8(path):
+    return utf8_text(Path(path).read_bytes())
 
 
 def builtin_files():
@@ -86,60 +97,88 @@ def builtin_files():
 
 
 def folder_files(root):
-    """The texts of the files under root that are UTF-8 text (read_utf8), in sorted path order; hidden files
-    and folders (names starting with '.') are skipped."""
-    texts = []
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root)
-        if path.is_file() and not any(p.startswith(".") for p in rel.parts):
-            texts.append(read_utf8(path))
-    return [text for text in texts if text is not None]
+    """The files under root in sorted path order; hidden files and folders (names starting with '.') are skipped,
+    and so are symlinks to folders (rglob does not follow them: a link to a parent would loop)."""
+    return [path for path in sorted(root.rglob("*"))
+            if path.is_file() and not any(p.startswith(".") for p in path.relative_to(root).parts)]
 
 
 def download(url, path):
+    """url's text into path, unless path exists. A failed download, an empty one or one that is not UTF-8 text
+    (a binary file, an error page in another encoding) is refused and leaves nothing behind, so it is never reused."""
     if path.exists():
         return
     try:
         with urllib.request.urlopen(url, timeout=30) as r:
-            text = r.read()
+            raw = r.read()
     except (OSError, ValueError) as e:
         raise DataError(f"could not download {url} ({getattr(e, 'reason', e)}); without network, put tiny "
                         f"Shakespeare's input.txt at {path} by hand and run again") from e
+    text = utf8_text(raw)
+    if text is None or not text.strip():
+        what = "nothing" if not raw.strip() else "something that is not UTF-8 text (binary data, or another encoding)"
+        raise DataError(f"{url} sent {what}; give a --url that serves tiny Shakespeare's input.txt, or put that file "
+                        f"at {path} by hand")
     path.parent.mkdir(parents=True, exist_ok=True)  # after the download: a failed one leaves nothing behind
-    write_atomic(path, text)
+    write_atomic(path, raw)
+
+
+def resolved(dataset):
+    """The absolute path of --dataset, or a DataError for a path through a symlink loop."""
+    try:
+        return Path(dataset).resolve()
+    except (OSError, RuntimeError):  # Python < 3.13 raises RuntimeError on a loop
+        raise DataError(f"--dataset={dataset} leads through a symlink loop; give a path to a text file or a folder of "
+                        "text files") from None
 
 
 def corpus_name(dataset):
     if dataset in ("builtin", "shakespeare"):
         return dataset
-    path = Path(dataset).resolve()
+    path = resolved(dataset)
     # the hash keeps two different paths with the same basename apart
     return f"{path.name}-{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
 
 
-def read_corpus(dataset, data_dir, url):
-    """Returns (text, source): the corpus as one string and a description of what was read."""
+def corpus_files(dataset, data_dir, url):
+    """(files, source): the paths of the corpus's files in the order their texts are joined, and where they are.
+    shakespeare is downloaded once, into data_dir."""
     if dataset == "builtin":
         root, files = builtin_files()
-        text = "\n".join(read_text(root / f) for f in files)
-        return text, dict(dataset="builtin", path=str(root), files=len(files), python=platform.python_version())
+        return [root / f for f in files], dict(dataset="builtin", path=str(root), python=platform.python_version())
     if dataset == "shakespeare":
-        url = url or SHAKESPEARE_URL
-        path = Path(data_dir) / "shakespeare" / "input.txt"
-        download(url, path)
-        return read_text(path), dict(dataset="shakespeare", path=str(path), url=url, files=1)
-    path = Path(dataset).resolve()
+        path = Path(os.path.abspath(data_dir)) / "shakespeare" / "input.txt"
+        download(url or SHAKESPEARE_URL, path)
+        return [path], dict(dataset="shakespeare", path=str(path), url=url or SHAKESPEARE_URL)
+    path = resolved(dataset)
     if not path.exists():
         raise DataError(f"--dataset={dataset}: no such file or folder; use builtin, shakespeare, "
                         "or a path to a text file or a folder of text files")
-    if path.is_file():
-        text = read_utf8(path)
-        if text is None:
-            raise DataError(f"--dataset={dataset} is not UTF-8 text (it holds NUL bytes or is in another encoding, "
-                            "such as latin-1); convert it to UTF-8, e.g. iconv -f latin1 -t utf-8")
-        return text, dict(dataset=dataset, path=str(path), files=1)
-    texts = folder_files(path)
-    return "\n".join(texts), dict(dataset=dataset, path=str(path), files=len(texts))
+    return [path] if path.is_file() else folder_files(path), dict(dataset=dataset, path=str(path))
+
+
+def read_corpus(dataset, files, source):
+    """The corpus as one string, and source with the number of files read. builtin's files are read as they are;
+    of a folder's, those that are UTF-8 text (read_utf8); a single file (shakespeare's too) must be UTF-8 text."""
+    if dataset == "builtin":
+        return "\n".join(read_text(f) for f in files), {**source, "files": len(files)}
+    texts = [read_utf8(f) for f in files]
+    if Path(source["path"]).is_file() and texts[0] is None:
+        raise DataError(f"--dataset={dataset}: {source['path']} is not UTF-8 text (it holds NUL bytes or is in another "
+                        "encoding, such as latin-1); convert it to UTF-8, e.g. iconv -f latin1 -t utf-8")
+    texts = [text for text in texts if text is not None]
+    return "\n".join(texts), {**source, "files": len(texts)}
+
+
+def stamp(files):
+    """A hash of the files' paths, sizes and modification times: a corpus whose stamp is in a prepared folder's
+    meta.json was prepared there and is not read again. Any change to a file changes it (and a touch that changes
+    nothing makes prepare read the corpus, hash its text and find the same folder)."""
+    digest = hashlib.sha256()
+    for path in files:
+        info = path.stat()
+        digest.update(f"{path}\0{info.st_size}\0{info.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
 
 
 def unigram_entropy(ids, vocab_size):
@@ -148,14 +187,6 @@ def unigram_entropy(ids, vocab_size):
     counts = np.bincount(ids, minlength=vocab_size)
     p = counts[counts > 0] / len(ids)
     return float(-(p * np.log(p)).sum())
-
-
-def write_atomic(path, data):
-    # a temporary name in the same folder, then a rename: readers see the whole file or none of it
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def encode(enc, text):
@@ -168,38 +199,78 @@ def encode(enc, text):
     return np.array(enc.encode_ordinary(text))
 
 
+def decode(enc, ids):
+    """The text of token ids. An id past the tokenizer's vocabulary (train.py pads the model's vocab to a multiple
+    of 64) decodes to U+FFFD, as a byte sequence that is not UTF-8 does."""
+    pieces = [enc.decode_single_token_bytes(i) if i < enc.n_vocab else "\ufffd".encode() for i in ids]
+    return b"".join(pieces).decode("utf-8", errors="replace")
+
+
 def write_prepared(folder, enc, text, source, tokenizer):
+    """train.bin, val.bin and meta.json, written into a temporary folder that is then renamed to folder: a
+    prepared folder is complete or absent, whatever stops the preparation (a full disk, Ctrl-C)."""
     dtype = token_dtype(enc.n_vocab)
     ids = encode(enc, text).astype(dtype)
     n_train = len(ids) * 9 // 10  # integer arithmetic: no float rounding in the split
     train, val = ids[:n_train], ids[n_train:]
-    folder.mkdir(exist_ok=True)
-    write_atomic(folder / "train.bin", train)
-    write_atomic(folder / "val.bin", val)
     meta = dict(tokenizer=tokenizer, vocab_size=enc.n_vocab, dtype=np.dtype(dtype).name,
                 train_tokens=len(train), val_tokens=len(val), source=source,
                 unigram_entropy=unigram_entropy(val, enc.n_vocab))
-    write_atomic(folder / "meta.json", json.dumps(meta, indent=2).encode())  # last: its presence means complete
+    tmp = Path(f"{folder}.{os.getpid()}.tmp")
+    try:
+        tmp.mkdir()
+        contents = (("train.bin", train), ("val.bin", val), ("meta.json", json.dumps(meta, indent=2).encode()))
+        for name, content in contents:
+            try:
+                with open(tmp / name, "wb") as f:
+                    f.write(content)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as e:
+                raise cannot_write(folder / name, e) from None
+        if folder.exists():
+            shutil.rmtree(folder)  # an older nanonorm's preparation, stopped before it was whole (no meta.json)
+        os.replace(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def prepared_with(data_dir, prefix, files_stamp):
+    """The prepared folder <data_dir>/<prefix><content> whose meta.json records this stamp, or None."""
+    for meta_path in sorted(Path(data_dir).glob(glob.escape(prefix) + "*/meta.json")):
+        try:
+            if json.loads(meta_path.read_bytes())["source"]["stamp"] == files_stamp:
+                return meta_path.parent
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a damaged folder: load_meta names it if it is the one asked for
+    return None
 
 
 def prepare(dataset="builtin", tokenizer="byte", data_dir="data", url=None):
-    """Tokenizes the corpus into <data_dir>/<name>-<tokenizer>/ unless its meta.json exists; returns the folder
-    after checking it (load_meta). Every process may call it at once: one process per data_dir (per disk)
-    tokenizes while the others wait on a file lock, then all find the same folder."""
+    """Tokenizes the corpus into <data_dir>/<name>-<tokenizer>-<sha256 of its text>/ and returns the folder after
+    checking it (load_meta). A corpus already prepared, with the same text, is not prepared again; an edited one is
+    prepared into a new folder, and runs on the old one keep theirs. Every process may call it at once: one process
+    per data_dir (per disk) tokenizes while the others wait on a file lock, then all find the same folder."""
     if url is not None and dataset != "shakespeare":
         raise DataError(f"--url only applies to --dataset=shakespeare, not --dataset={dataset}")
     if not dataset.strip():
         raise DataError("--dataset is empty (it would read the current folder); use builtin, shakespeare, "
                         "or a path to a text file or a folder of text files")
-    folder = Path(data_dir) / f"{corpus_name(dataset)}-{tokenizer}"
-    if not (folder / "meta.json").exists():
-        enc = get_tokenizer(tokenizer)  # before reading the corpus, so a bad name fails at once
-        try:
+    enc = get_tokenizer(tokenizer)  # before reading the corpus, so a bad name fails at once
+    prefix = f"{corpus_name(dataset)}-{tokenizer}-"
+    try:
+        files, source = corpus_files(dataset, data_dir, url)
+        source["stamp"] = stamp(files)
+        folder = prepared_with(data_dir, prefix, source["stamp"])
+        if folder is None:
             # read and checked before the lock: a bad corpus writes nothing, not even the lock file
-            text, source = read_corpus(dataset, data_dir, url)
+            text, source = read_corpus(dataset, files, source)
             if not text.strip():
-                raise DataError(f"--dataset={dataset} holds no text (UTF-8 text files read: {source['files']}); "
-                                "give a non-empty UTF-8 text file or a folder holding some")
+                raise DataError(f"--dataset={dataset} holds no text ({source['path']}: UTF-8 text files read: "
+                                f"{source['files']}); give a non-empty UTF-8 text file or a folder holding some")
+            source["sha256"] = hashlib.sha256(text.encode("utf-8")).hexdigest()
+            folder = Path(data_dir) / (prefix + source["sha256"][:12])
             folder.parent.mkdir(parents=True, exist_ok=True)
             # flock, not a marker file: the kernel releases it when its holder exits, even on kill -9. The lock
             # file stays: removing it would let a third process lock a new file while the first holds the old one
@@ -207,9 +278,9 @@ def prepare(dataset="builtin", tokenizer="byte", data_dir="data", url=None):
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 if not (folder / "meta.json").exists():  # another process may have prepared it while this one waited
                     write_prepared(folder, enc, text, source, tokenizer)
-        except OSError as e:
-            raise DataError(f"cannot read or write {e.filename or data_dir} ({e.strerror}); --dataset must be "
-                            f"readable and --data_dir={data_dir} a folder you can write to") from e
+    except OSError as e:
+        raise DataError(f"cannot read or write {e.filename or data_dir} ({e.strerror}); --dataset must be "
+                        f"readable and --data_dir={data_dir} a folder you can write to") from e
     load_meta(folder)
     return str(folder)
 
@@ -237,6 +308,8 @@ def load_meta(folder):
         if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
             raise DataError(f"{damaged} meta.json's {key} is {value!r} (wanted: {kind.__name__}"
                             f"{' >= 0' if kind is int else ''})")
+    if not isinstance(meta["source"].get("sha256"), str):
+        raise DataError(f"{damaged} meta.json's source has no sha256 of the text (an older nanonorm prepared it)")
     dtype = np.dtype(token_dtype(meta["vocab_size"])).name
     if meta["dtype"] != dtype:
         raise DataError(f"{damaged} meta.json's dtype is {meta['dtype']}, but a vocab of {meta['vocab_size']} is "
@@ -281,30 +354,37 @@ def get_batch(folder, split, batch_size, block_size, generator, device):
     return x.to(device), y.to(device)
 
 
-def fail(message):
-    print(f"data.py: {' '.join(str(message).split())}", file=sys.stderr)
-    sys.exit(2)
+@dataclass
+class PrepareOptions:
+    dataset: str = help_of("builtin, shakespeare, or a path to a UTF-8 text file or a folder of text files",
+                           default="builtin")
+    tokenizer: Literal["byte", "gpt2"] = help_of(" or ".join(TOKENIZERS), default="byte")
+    data_dir: str = help_of("where the prepared folders go", default="data")
+    url: Optional[str] = help_of("where to download shakespeare from (file:// works)", default=None)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description="Tokenize a corpus into train.bin/val.bin/meta.json.",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
-    parser.add_argument("--dataset", default="builtin",
-                        help="builtin, shakespeare, or a path to a UTF-8 text file or a folder of text files")
-    parser.add_argument("--tokenizer", default="byte", help=" or ".join(TOKENIZERS))
-    parser.add_argument("--data_dir", default="data", help="where the prepared folders go")
-    parser.add_argument("--url", default=None, help="where to download shakespeare from (file:// works)")
-    parser.error = fail  # one line and exit code 2 instead of argparse's usage block
-    args = parser.parse_args(argv)
+def main(argv):
+    if wants_help(argv):
+        print_help(__doc__, PrepareOptions)
+        return 0
     try:
-        folder = prepare(args.dataset, args.tokenizer, args.data_dir, args.url)
+        opts = build(PrepareOptions, parse(argv, PrepareOptions))
+        folder = prepare(opts.dataset, opts.tokenizer, opts.data_dir, opts.url)
         meta = load_meta(folder)
-    except DataError as e:
-        fail(e)
+    except (UsageError, DataError) as e:
+        return fail("data.py", e)
+    except WriteError as e:
+        print(f"data.py: {e}; nothing was prepared", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("data.py: stopped by Ctrl-C; nothing was prepared (a prepared folder is complete or absent)",
+              file=sys.stderr)
+        return 130
     print(f"{folder}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens ({meta['dtype']}), "
           f"vocab {meta['vocab_size']}, {meta['source']['files']} files read")
     print(f"unigram entropy of val: {meta['unigram_entropy']:.4f} nats/token")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))

@@ -1,15 +1,20 @@
 """
 A GPT language model in one file, with every normalization, layout, embedding and init variant of
 nanonorm switched by a field of GPTConfig. Read it top to bottom: the config, then the pieces
-(attention, MLP, block), then the whole model and its initialization.
+(attention, MLP, block), then the whole model: its initialization, embeddings, forward and generate. The
+instrumentation comes last: the papers' names of each operation (for stability.py's probes) and the FLOPs
+count of MFU.
 
 Papers: NormFormer (Shleifer, Weston, Ott 2021, "NormFormer: Improved Transformer Pretraining with Extra
 Normalization"), DeepNet (Wang et al. 2022, "DeepNet: Scaling Transformers to 1,000 Layers"), Spike No More
 (Takase et al. 2023, "Spike No More: Stabilizing the Pre-training of Large Language Models") and PowerNorm
 (Shen et al. 2020, "PowerNorm: Rethinking Batch Normalization in Transformers"); QK normalization from
 Dehghani et al. 2023 ("Scaling Vision Transformers to 22 Billion Parameters") and Wortsman et al. 2023
-("Small-scale proxies for large-scale Transformer training instabilities"). Comments cite them by section,
-equation or table.
+("Small-scale proxies for large-scale Transformer training instabilities"). Beyond those four: DyT (Zhu et al.
+2025, "Transformers without Normalization"), LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth in Large
+Language Models"), Mix-LN (Li, Yin, Liu 2025), Peri-LN (Kim et al. 2025), the reordered norm of OLMo 2 (2025),
+SubLN (Magneto: Wang et al. 2023, "Foundation Transformers") and Gemma 2's logit soft-capping (2024). Comments
+cite them by section, equation or table.
 """
 
 import math
@@ -23,8 +28,9 @@ import torch.nn.functional as F
 from norms import make_norm, upcast
 
 
-# norms whose statistics are per token: the only ones that mean something over one head's q or k (--qk_norm)
-PER_TOKEN_NORMS = ("layernorm", "rmsnorm", "cogview")
+# norms that act on each token alone: the only ones that mean something over one head's q or k (--qk_norm). DyT has
+# no statistic, but tanh bounds every entry of q and k, and with them the logits, which is what QK-norm is for
+PER_TOKEN_NORMS = ("layernorm", "rmsnorm", "cogview", "dyt")
 
 
 @dataclass
@@ -39,8 +45,15 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     # block layout and normalization (DeepNet §2; NormFormer Table 8; PowerNorm)
-    layout: Literal["pre", "post", "deepnorm"] = "pre"
-    norm: Literal["layernorm", "rmsnorm", "cogview", "batchnorm", "pnv", "powernorm", "none"] = "layernorm"
+    layout: Literal["pre", "post", "deepnorm", "mix", "reordered"] = "pre"
+    mix_ln_ratio: float = 0.25  # Mix-LN: the first round(ratio * n_layer) layers are Post-LN (Li, Yin, Liu 2025)
+    layer_norm_scaling: bool = False
+    subln: bool = False
+    norm: Literal["layernorm", "rmsnorm", "cogview", "dyt", "batchnorm", "pnv", "powernorm", "none"] = "layernorm"
+    # DyT's alpha0 (Zhu et al. 2025): 0.5 is the paper's default outside LLMs; its LLaMA runs use 0.8 before
+    # attention and 0.2 elsewhere at d = 4096 (smaller at larger d), and have no width near nanonorm's
+    dyt_alpha: float = 0.5
+    dyt_alpha_attn: Optional[float] = None  # DyT's alpha0 of the norm before attention; None: --dyt_alpha
     norm_eps: float = 1e-5
     norm_affine: Literal["both", "no_bias", "no_gamma", "none"] = "both"
     pn_alpha_fwd: float = 0.9
@@ -49,6 +62,7 @@ class GPTConfig:
     pn_group_scaling: bool = True
     # extra operations inside a block (NormFormer §2-3, Table 8)
     scale_heads: bool = False
+    head_scale_at: Literal["before_proj", "after_proj"] = "before_proj"
     scale_attn: bool = False
     scale_fc: bool = False
     scale_resids: bool = False
@@ -63,10 +77,14 @@ class GPTConfig:
     embed_scale: bool = False
     embed_norm: bool = False
     embed_grad_scale: float = 1.0
+    embed_init: Literal["sigma", "inv_sqrt_d"] = "sigma"  # the token embedding's init std (fairseq: d^-1/2)
     tie_embeddings: bool = True
     # feed-forward and attention (NormFormer Table 3, Table 8)
     activation: Literal["gelu", "relu", "relu2", "geglu"] = "gelu"
     attn_impl: Literal["sdpa", "manual"] = "sdpa"
+    # Gemma 2 §2 logit soft-capping, c * tanh(z / c), 0 = off
+    attn_softcap: float = 0.0
+    logit_softcap: float = 0.0
     # initialization (GPT-2 §2.3; Spike No More §3; DeepNet §2.3)
     init: Literal["gpt2", "plain", "scaled", "wang", "xavier"] = "gpt2"
     init_std: Optional[float] = None
@@ -98,6 +116,20 @@ class GPTConfig:
         if self.qk_norm and self.norm not in PER_TOKEN_NORMS:
             raise ValueError(f"--qk_norm normalizes each token's q and k per head; --norm={self.norm} has no per-token "
                              f"statistic over head_dim (use one of {', '.join(PER_TOKEN_NORMS)})")
+        if not 0.0 <= self.mix_ln_ratio <= 1.0:
+            raise ValueError(f"--mix_ln_ratio={self.mix_ln_ratio} must be in [0, 1] (the share of Post-LN layers)")
+        for name in ("dyt_alpha", "dyt_alpha_attn"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ValueError(f"--{name}={getattr(self, name)} must be > 0")
+        for name in ("attn_softcap", "logit_softcap"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"--{name}={getattr(self, name)} must be >= 0 (0 turns it off)")
+        if self.layer_norm_scaling and self.layout not in ("pre", "mix"):
+            raise ValueError(f"--layer_norm_scaling scales the output of each pre-LN norm; --layout={self.layout} has "
+                             "none (use --layout=pre or mix)")
+        if self.layout == "reordered" and (self.scale_attn or self.ffn_out_norm):
+            raise ValueError("--layout=reordered already puts the norm on each sublayer's output; drop --scale_attn "
+                             "and --ffn_out_norm")
         if self.scale_resids and self.layout != "pre":
             raise ValueError(f"--scale_resids is NormFormer's ResScale for pre-LN blocks; --layout={self.layout} "
                              "already normalizes the residual sum (use --layout=pre)")
@@ -109,6 +141,8 @@ class GPTConfig:
 
 # Named rows of the papers' tables, applied before the explicit flags (which override them).
 # An ablation is a preset plus an override: --preset=normformer --scale_heads=False is "- Head Scale".
+# The first group lives in nanonorm's GPT-2 context (learned positions, embeddings of std 0.02, no embedding
+# norm). Each later group is one paper's own model context: its baseline and variants share every other flag.
 PRESETS = {
     "baseline": {},                                                          # GPT-2 / GPT-3 pre-LN
     "postln": {"layout": "post"},                                            # original Transformer
@@ -120,14 +154,74 @@ PRESETS = {
     "scaled_embed": {"init": "scaled", "embed_scale": True},                 # Spike No More Table 1
     "vanilla_scaled": {"init": "scaled"},                                    # Spike No More "Vanilla"
     "layerscale": {"layer_scale": True},                                     # NormFormer Table 8 (CaiT)
+    # NormFormer arXiv v1 §2.2 / final §4: sinusoidal positions "following Shortformer"; an embedding LN, without
+    # which the parameter counts of arXiv v1 Table 6 do not add up (they leave HeadScale's H per layer out); token
+    # embeddings of std 1 as in fairseq, which it trained with (with std 0.02 the sinusoids swamp them in the LN)
+    "nf_baseline": {"pos": "sinusoidal", "embed_norm": True, "embed_scale": True, "embed_init": "inv_sqrt_d"},
+    "nf_normformer": {"pos": "sinusoidal", "embed_norm": True, "embed_scale": True, "embed_init": "inv_sqrt_d",
+                      "scale_attn": True, "scale_fc": True, "scale_heads": True},
+    "nf_normformer_resid": {"pos": "sinusoidal", "embed_norm": True, "embed_scale": True, "embed_init": "inv_sqrt_d",
+                            "scale_attn": True, "scale_fc": True, "scale_heads": True,
+                            "scale_resids": True},  # final Table 2: ResScale at 125M and 355M
+    # Spike No More §2.2, §4.2: pre-LN GPT, tied embeddings, "scaled" init with sigma = sqrt(2/(5d)) everywhere
+    # (embeddings included) and sigma / sqrt(2N) on W_O and W_2
+    "snm_vanilla": {"init": "scaled"},
+    "snm_embed_detach": {"init": "scaled", "embed_grad_scale": 0.1},  # eq. (14), gamma = 0.1 (after GLM-130B)
+    "snm_scaled_embed": {"init": "scaled", "embed_scale": True},
+    "snm_embed_ln": {"init": "scaled", "embed_norm": True},
+    # DeepNet: Post-LN against DeepNorm, both xavier (DeepNorm adds alpha and beta); its claim is about depth,
+    # so the context is narrow and --n_layer (6, 18, 36, ...) is the variable
+    "dn_postln": {"layout": "post", "init": "xavier", "n_layer": 6, "n_embd": 64, "n_head": 4},
+    "dn_deepnorm": {"layout": "deepnorm", "init": "xavier", "n_layer": 6, "n_embd": 64, "n_head": 4},
+    # PowerNorm §5.1: "the pre-normalization setting", every norm slot the norm under comparison
+    "pn_layernorm": {"layout": "pre", "norm": "layernorm"},
+    "pn_batchnorm": {"layout": "pre", "norm": "batchnorm"},
+    "pn_pnv": {"layout": "pre", "norm": "pnv"},
+    "pn_powernorm": {"layout": "pre", "norm": "powernorm"},
+    # Beyond the four papers: each method as its paper's model defines it, in nanonorm's GPT-2 context otherwise.
+    # Peri-LN (Kim et al. 2025): a norm on each sublayer's input and output, a norm on the embeddings,
+    # a final norm; inside the blocks the residual stream itself is never normalized
+    "peri_ln": {"scale_attn": True, "ffn_out_norm": True, "embed_norm": True},
+    "mix_ln": {"layout": "mix"},                                             # Mix-LN, alpha = 0.25
+    "lns": {"layer_norm_scaling": True},                                     # Curse of Depth, pre-LN
+    # OLMo 2 (2025): x + RMSNorm(F(x)), QK-norm, a final norm (OLMo 2 normalizes q and k over all d, here per head)
+    "olmo2": {"layout": "reordered", "norm": "rmsnorm", "qk_norm": True},
+    "magneto": {"subln": True},                                              # Foundation Transformers §2: Pre-LN + SubLN
+    # DyT in every norm slot. Without a norm, the 0.02-scale GPT-2 embeddings reach the first DyT as |x| ~ 0.02 and
+    # leave it as ~0.01 (tanh(0.5 x) ~ 0.5 x), where LN would give O(1): --embed_scale (x sqrt(d)) gives O(1) tokens
+    "dyt": {"norm": "dyt", "embed_scale": True},
+    # Gemma 2 §2: RMSNorm before and after each sublayer, embeddings times sqrt(d), soft-caps 50 and 30
+    "gemma2": {"norm": "rmsnorm", "scale_attn": True, "ffn_out_norm": True, "embed_scale": True, "attn_softcap": 50.0,
+               "logit_softcap": 30.0},
 }
 
 
-def norm(cfg, dim):
-    """The norm module chosen by --norm for a slot of `dim` features (every norm slot of the model uses it)."""
+def norm(cfg, dim, dyt_alpha=None):
+    """The norm module chosen by --norm for a slot of `dim` features (every norm slot of the model uses it).
+    dyt_alpha: DyT's initial alpha in this slot, if not --dyt_alpha."""
     return make_norm(cfg.norm, dim, eps=cfg.norm_eps, affine=cfg.norm_affine,
                      alpha_fwd=cfg.pn_alpha_fwd, alpha_bwd=cfg.pn_alpha_bwd, warmup=cfg.pn_warmup or 0,
-                     groups=cfg.n_head if cfg.pn_group_scaling else 0)
+                     groups=cfg.n_head if cfg.pn_group_scaling else 0, dyt_alpha=dyt_alpha or cfg.dyt_alpha)
+
+
+def block_layout(cfg, layer):
+    """The layout of block `layer` (0-based). Mix-LN (Li, Yin, Liu 2025): Post-LN in the first
+    round(mix_ln_ratio * n_layer) layers, Pre-LN in the rest."""
+    if cfg.layout != "mix":
+        return cfg.layout
+    # rounded half up (Python's round() would send 2.5 to 2)
+    return "post" if layer < math.floor(cfg.mix_ln_ratio * cfg.n_layer + 0.5) else "pre"
+
+
+def subln_gain(cfg):
+    """Magneto (Wang et al. 2023, "Foundation Transformers" §2.2): with SubLN, W_v, W_O, W_1 and W_2 are initialized
+    with gain gamma = sqrt(log(2N)) for a decoder-only model of N layers (torchscale: decoder_layers * 2)."""
+    return math.sqrt(math.log(2 * cfg.n_layer))
+
+
+def softcap(x, cap):
+    """Gemma 2 §2: c * tanh(x / c), x itself where the cap is 0 (off). Smooth, |y| < c, y ~ x for |x| << c."""
+    return x if not cap else cap * torch.tanh(x / cap)
 
 
 def deepnorm_alpha(cfg):
@@ -156,15 +250,22 @@ def scaled(x, scale):
 
 
 class AttentionScores(nn.Module):
-    """s = q k^T / sqrt(hd), the attention logits of every head. A module of its own so that a forward
-    hook sees them: NormFormer Table 3 names "q@k" as the operation that overflows first."""
+    """s = q k^T / sqrt(hd), the attention logits of every head; with --attn_softcap=c, s = c * tanh(s / c)
+    (Gemma 2 §2, before the causal mask). A module of its own so that a forward hook sees them: NormFormer
+    Table 3 names "q@k" as the operation that overflows first."""
+
+    def __init__(self, cap=0.0):
+        super().__init__()
+        self.cap = cap
 
     def forward(self, q, k):
-        return (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        return softcap((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1))), self.cap)
 
 
 class Attention(nn.Module):
-    """Causal self-attention: softmax(q k^T / sqrt(hd)) v per head, concat, W_O."""
+    """Causal self-attention: h_i = softmax(q_i k_i^T / sqrt(hd)) v_i per head, y = Concat(h_1, ..., h_H) W_O.
+    HeadScale (NormFormer eq. (3)): y = Concat(gamma_1 h_1, ..., gamma_H h_H) W_O, or with --head_scale_at=after_proj
+    fairseq's y = Concat(h_1, ..., h_H) W_O with its H groups of hd output channels times gamma_1 .. gamma_H."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -181,8 +282,13 @@ class Attention(nn.Module):
         self.k_norm = norm(cfg, head_dim) if cfg.qk_norm else None
         # NormFormer eq. (3), HeadScale: one learned scalar per head, init 1
         self.head_scale = nn.Parameter(torch.ones(cfg.n_head)) if cfg.scale_heads else None
-        # the ops written out (--attn_impl=manual), so that hooks can name the one that overflows
-        self.scores = AttentionScores() if cfg.attn_impl == "manual" else None
+        self.head_scale_at = cfg.head_scale_at
+        # Magneto's SubLN (Foundation Transformers §2.1): a norm on the concatenated heads, before W_O
+        self.sub_norm = norm(cfg, cfg.n_embd) if cfg.subln else None
+        # the ops written out (--attn_impl=manual), so that hooks can name the one that overflows; --attn_softcap
+        # forces them too: SDPA takes no function of the scores, so the cap cannot go through it
+        manual = cfg.attn_impl == "manual" or cfg.attn_softcap > 0
+        self.scores = AttentionScores(cfg.attn_softcap) if manual else None
         if self.scores is not None:
             self.register_buffer("causal", torch.ones(cfg.block_size, cfg.block_size, dtype=torch.bool).tril(),
                                  persistent=False)
@@ -200,9 +306,14 @@ class Attention(nn.Module):
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                dropout_p=self.dropout if self.training else 0.0)
-        if self.head_scale is not None:
-            y = y * self.head_scale.view(1, -1, 1, 1)  # before the concat and W_O, as in the paper
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+        if self.head_scale is not None and self.head_scale_at == "before_proj":
+            y = y * self.head_scale.view(1, -1, 1, 1)  # before the concat and W_O, as in the paper (Fig. 1, right)
+        y = self.proj(optional(self.sub_norm, y.transpose(1, 2).reshape(B, T, C)))
+        if self.head_scale is not None and self.head_scale_at == "after_proj":
+            # fairseq's NormFormer (transformer_layer.py, c_attn) scales W_O's output, viewed as H groups of hd
+            # channels; NormFormer (final) §4: moved outside attention, "without noticeable performance degradation"
+            y = (y.view(B, T, self.n_head, C // self.n_head) * self.head_scale.view(1, 1, -1, 1)).view(B, T, C)
+        return y
 
     def manual_attention(self, q, k, v):
         """The same math as SDPA, one op at a time, so a hook or anomaly check can name the op that
@@ -242,8 +353,9 @@ class MLP(nn.Module):
         # GEGLU needs two input projections, W and V; they are stacked in one matrix (split by GEGLU)
         self.fc = nn.Linear(cfg.n_embd, 2 * hidden if cfg.activation == "geglu" else hidden, bias=cfg.bias)
         self.act = ACTIVATIONS[cfg.activation]()
-        # NormFormer "FFN LN": a norm on the 4d hidden features, after the activation, before fc2
-        self.fc_norm = norm(cfg, hidden) if cfg.scale_fc else None
+        # NormFormer "FFN LN": a norm on the 4d hidden features, after the activation, before fc2; Magneto's SubLN
+        # (Foundation Transformers §2.1) puts its second extra norm in the same place (with both: one norm)
+        self.fc_norm = norm(cfg, hidden) if cfg.scale_fc or cfg.subln else None
         self.proj = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)
 
     def forward(self, x):
@@ -255,14 +367,22 @@ class Block(nn.Module):
     pre:      x = x + A(N(x));           x = x + F(N(x))
     post:     x = N(x + A(x));           x = N(x + F(x))
     deepnorm: x = N(alpha*x + A(x));     x = N(alpha*x + F(x)),   alpha = (2 n_layer)^(1/4)
+    reordered: x = x + N(A(x));          x = x + N(F(x))          (OLMo 2)
+    mix:      post in layers l < round(mix_ln_ratio * n_layer), pre after (Mix-LN)
+    LayerNorm Scaling (Sun et al. 2025, Curse of Depth), pre only: N(x) becomes N(x) / sqrt(l), l = layer + 1.
     """
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, layer=0):
         super().__init__()
         d = cfg.n_embd
-        self.layout = cfg.layout
-        self.alpha = deepnorm_alpha(cfg) if cfg.layout == "deepnorm" else None  # None: post, no multiply by 1
-        self.attn_norm = norm(cfg, d)
+        self.layout = block_layout(cfg, layer)
+        self.alpha = deepnorm_alpha(cfg) if self.layout == "deepnorm" else None  # None: post, no multiply by 1
+        # Curse of Depth: the variance of a pre-LN residual stream grows with depth and the deep layers become near
+        # identities; 1/sqrt(l) on each pre-LN norm output of layer l (1-based) keeps that growth polynomial
+        use_lns = cfg.layer_norm_scaling and self.layout == "pre"
+        self.depth_scale = 1 / math.sqrt(layer + 1) if use_lns else None
+        # DyT's LLaMA setting (Zhu et al. 2025): the norm before attention gets its own alpha0 (0.8 vs 0.2 at 7B)
+        self.attn_norm = norm(cfg, d, cfg.dyt_alpha_attn)
         self.attn = Attention(cfg)
         self.ffn_norm = norm(cfg, d)
         self.mlp = MLP(cfg)
@@ -282,13 +402,16 @@ class Block(nn.Module):
         """Branch(x) of either sublayer: its input norm (pre layout only), the sublayer itself, the optional
         output norm (sandwich / post-attn LN), dropout and LayerScale. Dropout comes after the output norm, as
         in fairseq's NormFormer: a norm after it would undo its 1/(1-p) scaling in training, not in eval."""
-        y = sublayer(in_norm(x) if self.layout == "pre" else x)
+        y = sublayer(scaled(in_norm(x), self.depth_scale) if self.layout == "pre" else x)
         return scaled(optional(out_dropout, optional(out_norm, y)), layer_scale)
 
     def forward(self, x):
-        attn = (self.attn, self.attn_norm, self.attn_out_norm, self.attn_dropout, self.attn_layer_scale)
-        ffn = (self.mlp, self.ffn_norm, self.ffn_out_norm, self.ffn_dropout, self.ffn_layer_scale)
-        if self.layout == "pre":
+        # reordered: the block's two norms are the sublayers' output norms
+        reordered = self.layout == "reordered"
+        attn_out, ffn_out = (self.attn_norm, self.ffn_norm) if reordered else (self.attn_out_norm, self.ffn_out_norm)
+        attn = (self.attn, self.attn_norm, attn_out, self.attn_dropout, self.attn_layer_scale)
+        ffn = (self.mlp, self.ffn_norm, ffn_out, self.ffn_dropout, self.ffn_layer_scale)
+        if self.layout in ("pre", "reordered"):
             x = x + self.branch(x, *attn)
             return scaled(x, self.resid_scale) + self.branch(x, *ffn)
         # post and deepnorm: the norm comes after the residual sum
@@ -307,37 +430,9 @@ def sinusoidal_positions(T, d):
     return table
 
 
-# The papers' names of what each module outputs (NormFormer Table 3 "failed operation", Fig. 3-4), by module
-# name inside a block; GPT.probe_points and GPT.op_label read them.
-BLOCK_OPS = {
-    "attn_norm": "attn_ln", "attn.qkv": "qkv", "attn.scores": "q@k", "attn.proj": "out_proj",
-    "attn_out_norm": "attn_out_ln", "ffn_norm": "ffn_ln", "mlp.fc": "fc1", "mlp.act": "act",
-    "mlp.fc_norm": "ffn_hidden_ln", "mlp.proj": "fc2", "ffn_out_norm": "ffn_out_ln",
-    # the norms of --qkv_norm and --qk_norm output the q, k and v that attention uses
-    "attn.qkv_norm.0": "q", "attn.qkv_norm.1": "k", "attn.qkv_norm.2": "v", "attn.q_norm": "q", "attn.k_norm": "k",
-}
-# parameters that are no module's output: their own names
-PARAM_OPS = {"attn.head_scale": "head_scale", "resid_scale": "resid_scale",
-             "attn_layer_scale": "attn_layer_scale", "ffn_layer_scale": "ffn_layer_scale"}
-TOP_OPS = {"wte": "embed", "wpe": "embed", "embed_norm": "embed_ln", "final_norm": "final_ln", "lm_head": "logits"}
-
-
-def flops_per_token(model, cfg):
-    """Model FLOPs of one training token, forward and backward, as nanoGPT's estimate_mfu (PaLM App. B):
-    6 N for the matmuls of the N parameters, less the position table (it is looked up, not multiplied), plus
-    12 L T d for attention's q@k and probs@v. Norms, softmax and the optimizer are not model FLOPs."""
-    positions = cfg.block_size * cfg.n_embd if cfg.pos == "learned" else 0
-    params = sum(p.numel() for p in model.parameters()) - positions  # the tied head counted once
-    return 6 * params + 12 * cfg.n_layer * cfg.block_size * cfg.n_embd
-
-
-def output_of(module_name):
-    """The probe point (op, module name inside a block, "output", no chunk) of a module's output."""
-    return BLOCK_OPS[module_name], module_name, "output", None
-
-
 class GPT(nn.Module):
-    """Embeddings, n_layer blocks, a final norm (pre layout only) and a language-model head."""
+    """Embeddings, n_layer blocks, a final norm (pre, mix and reordered layouts) and a language-model head, whose
+    logits are c * tanh(z / c) with --logit_softcap=c (Gemma 2)."""
 
     def __init__(self, config):
         super().__init__()
@@ -349,9 +444,11 @@ class GPT(nn.Module):
         # Spike No More "Embed LN" (BLOOM): a norm on the summed embeddings
         self.embed_norm = norm(cfg, cfg.n_embd) if cfg.embed_norm else None
         self.drop = dropout(cfg)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        # post and deepnorm blocks already end with a norm; pre-LN needs one before the head (GPT-2)
-        self.final_norm = norm(cfg, cfg.n_embd) if cfg.layout == "pre" else None
+        self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layer))
+        # post and deepnorm blocks already end with a norm; pre-LN needs one before the head (GPT-2), and so do
+        # Mix-LN (its last layers are pre-LN; its LLaMA code keeps the final norm) and OLMo 2's reordered blocks
+        # (x + N(F(x)) leaves the stream itself unnormalized; OLMo 2 keeps a final norm)
+        self.final_norm = norm(cfg, cfg.n_embd) if cfg.layout in ("pre", "mix", "reordered") else None
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight  # Press & Wolf (2017), as in GPT-2
@@ -359,9 +456,10 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def init_weights(self):
-        """GPT-2 §2.3, Spike No More §3, DeepNet §2.3. Every matrix is drawn from N(0, sigma) except the two that write into the residual
-        stream (attention W_O and FFN W_2), which get sigma_out; biases 0, norm gains 1 (set by their
-        modules). xavier draws each logical matrix (q, k, v separately) with std sqrt(2 / (fan_in + fan_out))."""
+        """GPT-2 §2.3, Spike No More §3, DeepNet §2.3. Every matrix is drawn from N(0, sigma) except the two that
+        write into the residual stream (attention W_O and FFN W_2), which get sigma_out; biases 0, norm gains 1
+        (set by their modules). xavier draws each logical matrix (q, k, v separately) with std
+        sqrt(2 / (fan_in + fan_out))."""
         cfg = self.config
         d, n = cfg.n_embd, cfg.n_layer
         # Spike No More §3: "plain" sigma = sqrt(2 / 5d) (Nguyen & Salazar; Le Scao et al.); GPT-2 uses 0.02
@@ -384,7 +482,9 @@ class GPT(nn.Module):
         for module in self.modules():
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
-        draw(self.wte.weight, None if cfg.init == "xavier" else sigma)
+        # fairseq's Embedding, which NormFormer trained with: N(0, d^-1/2), and with --embed_scale (x sqrt(d), Vaswani
+        # et al. §3.4) tokens of std 1, the scale of the sinusoids they are added to
+        draw(self.wte.weight, d ** -0.5 if cfg.embed_init == "inv_sqrt_d" else None if cfg.init == "xavier" else sigma)
         if self.wpe is not None:
             draw(self.wpe.weight, None if cfg.init == "xavier" else sigma)
         if not cfg.tie_embeddings:
@@ -400,10 +500,79 @@ class GPT(nn.Module):
             block.attn.qkv.weight[2 * d:].mul_(beta)
             for weight in (block.attn.proj.weight, block.mlp.fc.weight, block.mlp.proj.weight):
                 weight.mul_(beta)
+            # Magneto's SubLN: v, W_O, W_1 and W_2 times gamma = sqrt(log(2N)) (q and k keep their init)
+            if cfg.subln:
+                block.attn.qkv.weight[2 * d:].mul_(subln_gain(cfg))
+                for weight in (block.attn.proj.weight, block.mlp.fc.weight, block.mlp.proj.weight):
+                    weight.mul_(subln_gain(cfg))
             # DeepInit (NormFormer Table 8 rows 3-4): every weight of block l scaled by 1/sqrt(l)
             if cfg.init_depth_scale:
-                for weight in (block.attn.qkv.weight, block.attn.proj.weight, block.mlp.fc.weight, block.mlp.proj.weight):
+                for weight in (block.attn.qkv.weight, block.attn.proj.weight, block.mlp.fc.weight,
+                               block.mlp.proj.weight):
                     weight.mul_(1 / math.sqrt(layer))
+
+    def embed(self, idx):
+        cfg = self.config
+        T = idx.size(1)
+        x = self.wte(idx)
+        if cfg.embed_scale:
+            x = x * math.sqrt(cfg.n_embd)  # Spike No More "Scaled Embed": embeddings of std ~1, not ~sigma
+        # rows 0..T-1 of the position table: a slice, where an index lookup would build arange(T) every step
+        positions = self.wpe.weight if self.wpe is not None else self.sinusoids
+        x = x + positions[:T]
+        if cfg.embed_grad_scale != 1.0:
+            # Spike No More "Embed Detach" (GLM-130B, CogView): same value, gradient into the embeddings times a
+            a = cfg.embed_grad_scale
+            x = a * x + (1 - a) * x.detach()
+        return optional(self.drop, optional(self.embed_norm, x))
+
+    def forward(self, idx, targets=None):
+        """idx (B, T) token ids -> logits (B, T, vocab); loss is the mean cross-entropy when targets are given."""
+        T = idx.size(1)
+        if T > self.config.block_size:
+            raise ValueError(f"sequence of length {T} is longer than block_size={self.config.block_size}")
+        x = self.embed(idx)
+        for block in self.blocks:
+            x = block(x)
+        logits = softcap(self.lm_head(optional(self.final_norm, x)), self.config.logit_softcap)
+        loss = None
+        if targets is not None:
+            # half-precision logits are upcast for the softmax; float32 and float64 stay as they are
+            loss = F.cross_entropy(upcast(logits).view(-1, logits.size(-1)), targets.view(-1))
+        return logits, loss
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """nanoGPT's sampling: appends max_new_tokens tokens to idx (B, T), each drawn from
+        softmax(logits of the last position / temperature), over the top_k most likely tokens when top_k is given.
+        Runs in eval mode, as validation does: dropout is off and the batch-statistic norms (batchnorm, pnv,
+        powernorm) use their running statistics, so a token sees no other token's values and no buffer moves."""
+        if temperature <= 0:
+            raise ValueError(f"temperature={temperature} must be > 0 (top_k=1 samples greedily)")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k={top_k} must be >= 1 (or None for the whole vocabulary)")
+        was_training = self.training
+        self.eval()
+        try:
+            for _ in range(max_new_tokens):
+                context = idx[:, -self.config.block_size:]  # positions exist for block_size tokens only
+                logits, _ = self(context)
+                logits = upcast(logits[:, -1, :]) / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+                idx = torch.cat((idx, next_token), dim=1)
+        finally:
+            self.train(was_training)
+        return idx
+
+    def num_params(self):
+        """Parameters counted once (the tied head shares the token embedding)."""
+        return sum(p.numel() for p in self.parameters())
+
+    # What follows is instrumentation, not the model: the papers' names of its operations, for the hooks of
+    # stability.py (train.py's telemetry, fp16 headroom and forensics) and for labeling weights and gains.
 
     def probe_points(self):
         """Where to hook each operation the papers name, in forward order: a list of (layer, op, module_name,
@@ -415,27 +584,34 @@ class GPT(nn.Module):
         q and k are the per-head norms' outputs, which run after v exists, so the order there is v, q, k.
         probs@v is the input of W_O (after HeadScale). In post and deepnorm blocks the norms come after the
         residual sums: attn_ln and resid_attn are then both attn_norm's output, ffn_ln is ffn_norm's output
-        and resid_ffn (the block output) the same tensor again."""
+        and resid_ffn (the block output) the same tensor again. In reordered blocks attn_ln and ffn_ln are the
+        sublayer output norms and resid_attn is the FFN's input; a Mix-LN model lists each layer by its own layout.
+        With --subln, probs@v is the input of the SubLN norm before W_O; with --layer_norm_scaling, attn_ln and
+        ffn_ln are the norms' outputs before the 1/sqrt(l)."""
         cfg = self.config
         qkv = [(op, "attn.qkv", "output", (j, 3)) for j, op in enumerate("qkv")]
         if cfg.qkv_norm:
             qkv = [output_of(f"attn.qkv_norm.{j}") for j in range(3)]
         if cfg.qk_norm:
             qkv = qkv[2:] + [output_of("attn.q_norm"), output_of("attn.k_norm")]
-        attn = [*qkv, output_of("attn.scores"), ("probs@v", "attn.proj", "input", None), output_of("attn.proj"),
+        probs_v = ("probs@v", "attn.sub_norm" if cfg.subln else "attn.proj", "input", None)
+        attn = [*qkv, output_of("attn.scores"), probs_v, output_of("attn.sub_norm"), output_of("attn.proj"),
                 output_of("attn_out_norm")]
         ffn = [output_of(m) for m in ("mlp.fc", "mlp.act", "mlp.fc_norm", "mlp.proj", "ffn_out_norm")]
-        if cfg.layout == "pre":
-            block = [output_of("attn_norm"), *attn, ("resid_attn", "ffn_norm", "input", None), output_of("ffn_norm"),
-                     *ffn]
-        else:
-            block = [*attn, output_of("attn_norm"), ("resid_attn", "attn_norm", "output", None), *ffn,
-                     output_of("ffn_norm")]
+        post = [*attn, output_of("attn_norm"), ("resid_attn", "attn_norm", "output", None), *ffn, output_of("ffn_norm")]
+        by_layout = {
+            "pre": [output_of("attn_norm"), *attn, ("resid_attn", "ffn_norm", "input", None), output_of("ffn_norm"),
+                    *ffn],
+            "post": post,
+            "deepnorm": post,
+            "reordered": [*attn, output_of("attn_norm"), ("resid_attn", "mlp", "input", None), *ffn,
+                          output_of("ffn_norm")],
+        }
         modules = dict(self.named_modules())
         points = [(None, "embed", "blocks.0", "input", None)]
         for i in range(cfg.n_layer):
             points += [(i, op, f"blocks.{i}.{m}", io, chunk)
-                       for op, m, io, chunk in block if f"blocks.{i}.{m}" in modules]
+                       for op, m, io, chunk in by_layout[block_layout(cfg, i)] if f"blocks.{i}.{m}" in modules]
             points.append((i, "resid_ffn", f"blocks.{i}", "output", None))
         points += [(None, TOP_OPS[m], m, "output", None) for m in ("final_norm", "lm_head") if m in modules]
         return points
@@ -463,36 +639,32 @@ class GPT(nn.Module):
         ops = {**BLOCK_OPS, **PARAM_OPS}
         return ops[inner] if inner in ops else ops[inner.rsplit(".", 1)[0]]
 
-    def num_params(self):
-        """Parameters counted once (the tied head shares the token embedding)."""
-        return sum(p.numel() for p in self.parameters())
 
-    def embed(self, idx):
-        cfg = self.config
-        T = idx.size(1)
-        x = self.wte(idx)
-        if cfg.embed_scale:
-            x = x * math.sqrt(cfg.n_embd)  # Spike No More "Scaled Embed": embeddings of std ~1, not ~sigma
-        # rows 0..T-1 of the position table: a slice, where an index lookup would build arange(T) every step
-        positions = self.wpe.weight if self.wpe is not None else self.sinusoids
-        x = x + positions[:T]
-        if cfg.embed_grad_scale != 1.0:
-            # Spike No More "Embed Detach" (GLM-130B, CogView): same value, gradient into the embeddings times a
-            a = cfg.embed_grad_scale
-            x = a * x + (1 - a) * x.detach()
-        return optional(self.drop, optional(self.embed_norm, x))
+# The papers' names of what each module outputs (NormFormer Table 3 "failed operation", Fig. 3-4), by module
+# name inside a block; GPT.probe_points and GPT.op_label (above) read them.
+BLOCK_OPS = {
+    "attn_norm": "attn_ln", "attn.qkv": "qkv", "attn.scores": "q@k", "attn.sub_norm": "attn_sub_ln",
+    "attn.proj": "out_proj",
+    "attn_out_norm": "attn_out_ln", "ffn_norm": "ffn_ln", "mlp.fc": "fc1", "mlp.act": "act",
+    "mlp.fc_norm": "ffn_hidden_ln", "mlp.proj": "fc2", "ffn_out_norm": "ffn_out_ln",
+    # the norms of --qkv_norm and --qk_norm output the q, k and v that attention uses
+    "attn.qkv_norm.0": "q", "attn.qkv_norm.1": "k", "attn.qkv_norm.2": "v", "attn.q_norm": "q", "attn.k_norm": "k",
+}
+# parameters that are no module's output: their own names
+PARAM_OPS = {"attn.head_scale": "head_scale", "resid_scale": "resid_scale",
+             "attn_layer_scale": "attn_layer_scale", "ffn_layer_scale": "ffn_layer_scale"}
+TOP_OPS = {"wte": "embed", "wpe": "embed", "embed_norm": "embed_ln", "final_norm": "final_ln", "lm_head": "logits"}
 
-    def forward(self, idx, targets=None):
-        """idx (B, T) token ids -> logits (B, T, vocab); loss is the mean cross-entropy when targets are given."""
-        T = idx.size(1)
-        if T > self.config.block_size:
-            raise ValueError(f"sequence of length {T} is longer than block_size={self.config.block_size}")
-        x = self.embed(idx)
-        for block in self.blocks:
-            x = block(x)
-        logits = self.lm_head(optional(self.final_norm, x))
-        loss = None
-        if targets is not None:
-            # half-precision logits are upcast for the softmax; float32 and float64 stay as they are
-            loss = F.cross_entropy(upcast(logits).view(-1, logits.size(-1)), targets.view(-1))
-        return logits, loss
+
+def flops_per_token(model, cfg):
+    """Model FLOPs of one training token, forward and backward, as nanoGPT's estimate_mfu (PaLM App. B):
+    6 N for the matmuls of the N parameters, less the position table (it is looked up, not multiplied), plus
+    12 L T d for attention's q@k and probs@v. Norms, softmax and the optimizer are not model FLOPs."""
+    positions = cfg.block_size * cfg.n_embd if cfg.pos == "learned" else 0
+    params = sum(p.numel() for p in model.parameters()) - positions  # the tied head counted once
+    return 6 * params + 12 * cfg.n_layer * cfg.block_size * cfg.n_embd
+
+
+def output_of(module_name):
+    """The probe point (op, module name inside a block, "output", no chunk) of a module's output."""
+    return BLOCK_OPS[module_name], module_name, "output", None

@@ -20,32 +20,51 @@ default) at each LR of the grid; per variant: the best LR, the best final val lo
 Wortsman et al. 2023 ("Small-scale proxies for large-scale Transformer training instabilities", §3), where a
 diverged run counts as infinite loss, i.e. as L_0. Both count the spike monitor's "spike" events.
 summary.json (a diverged run's loss is written as Infinity), summary.csv and a Markdown table on stdout.
+
+--reference=VARIANT compares every other variant with it, seed by seed, on each metric: ramp mode
+steps_survived@LR and peak_lr@LR; lr mode final_loss@LR, spikes@LR (and attn_logit_max@LR, log_z@LR where the
+runs log telemetry) and best_loss, each variant at its own best LR. A diverged run counts as the worst value.
+Per comparison: median, [min, max] and n per side, the difference of medians, the exact two-sided permutation
+(Mann-Whitney) p and a verdict, "agrees" or "disagrees" only at p < 0.05 (recipes.py). A variant with the
+reference's preset and other +key=value overrides is a reference too: dn_deepnorm+n_layer=18 meets
+dn_postln+n_layer=18 when --reference=dn_postln+n_layer=6.
+
+--recipe=NAME runs one paper's claim (recipes.RECIPES: its variants, LRs, seeds, mode, reference and flags) into
+sweeps/NAME; --scale=gpu is the same claim at a GPU size, into sweeps/NAME_gpu:
+    python sweep.py --recipe=normformer_stability --jobs=2
+    python sweep.py --recipe=normformer_stability --scale=gpu --dry_run
+Its summary.json also holds the recipe and the claims' verdicts, from which `python plot.py --experiments=sweeps
+--out=docs` writes docs/experiments.md.
 """
 
 import csv
+import io
 import json
 import math
 import os
+import platform
 import queue
 import shlex
 import statistics
 import subprocess
 import sys
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
+import flags
+import recipes
 import train
+from flags import UsageError, help_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SET_BY_SWEEP = ("lr", "seed", "out_dir", "resume", "overwrite")  # per run; the user gives --lrs, --seeds instead
 FINISHED_CODES = (0, 3)  # train.py: 0 finished, 3 diverged
-
-
-class UsageError(Exception):
-    """Bad input from the command line: printed as one line, exit code 2."""
+METRICS = {"ramp": ("steps_survived", "peak_lr"), "lr": ("final_loss", "spikes", "attn_logit_max", "log_z")}
 
 
 @dataclass
@@ -56,44 +75,80 @@ class Run:
     dir: str
 
 
+@dataclass
+class SweepOptions:
+    variants: str = help_of("comma-separated: preset names, or flags without dashes joined by +", default="")
+    lrs: str = help_of("comma-separated peak LRs (as written, each names a folder)", default="")
+    seeds: int = help_of("seeds 0 .. seeds-1 per variant and LR", default=1)
+    mode: Literal["lr", "ramp"] = help_of("lr: the runs' own schedule; ramp: the LR stability test", default="lr")
+    jobs: int = help_of("runs at a time", default=1)
+    out_dir: str = help_of("the sweep's folder: <variant>/<lr>/<seed>/ per run, and the summaries", default="sweep")
+    dry_run: bool = help_of("print the train.py commands still to run, and run nothing", default=False)
+    reference: str = help_of("the variant every other variant is compared with (seeds, exact p, verdict)", default="")
+    recipe: str = help_of(f"a paper's claim as one command: {', '.join(recipes.RECIPES)}", default="")
+    scale: Literal["cpu", "gpu"] = help_of("a recipe's size: cpu (minutes on 2 cores) or gpu", default="cpu")
+
+
 def parse_args(argv):
     """Split argv into the sweep's own options and the flags every run gets (checked by train.py's parser)."""
-    opts = {"variants": "", "lrs": "", "seeds": "1", "mode": "lr", "jobs": "1", "out_dir": "sweep", "dry_run": "False"}
-    train_argv = []
-    for arg in argv:
-        name, has_value, text = arg[2:].partition("=")
-        if arg.startswith("--") and name in opts:
-            opts[name] = text if has_value else "True"
-        else:
-            train_argv.append(arg)
-    variants = [v for v in opts["variants"].split(",") if v]
-    lrs = [lr for lr in opts["lrs"].split(",") if lr]
+    own, train_argv = flags.split(argv, SweepOptions)
+    given = flags.parse(own, SweepOptions, choices={"recipe": list(recipes.RECIPES)})
+    opts = flags.build(SweepOptions, given)
+    args = dict(variants=[v for v in opts.variants.split(",") if v], lrs=[lr for lr in opts.lrs.split(",") if lr],
+                seeds=opts.seeds, mode=opts.mode, jobs=opts.jobs, out_dir=opts.out_dir, dry_run=opts.dry_run,
+                train_argv=train_argv, reference=opts.reference or None, recipe=opts.recipe or None, scale=opts.scale)
+    if args["recipe"]:
+        args = apply_recipe(args, given)
+    elif "scale" in given:
+        raise UsageError("--scale sizes a recipe; give --recipe=NAME too")
+    variants, lrs = args["variants"], args["lrs"]
     if not variants or not lrs:
         raise UsageError("--variants and --lrs are required; e.g. --variants=baseline,norm=powernorm --lrs=3e-3,1e-2")
-    if opts["mode"] not in ("ramp", "lr"):
-        raise UsageError(f"--mode={opts['mode']} is not a mode; choose ramp or lr")
     for name in ("seeds", "jobs"):
-        if not opts[name].isdigit() or int(opts[name]) < 1:
-            raise UsageError(f"--{name}={opts[name]} must be a positive integer")
+        if getattr(opts, name) < 1:
+            raise UsageError(f"--{name}={getattr(opts, name)} must be a positive integer")
     for lr in lrs:
         try:
             if not float(lr) > 0:
                 raise ValueError
         except ValueError:
             raise UsageError(f"--lrs: {lr} is not a positive number; give LRs separated by commas") from None
-    given = train.parse_flags(train_argv)
-    owned = [name for name in given if name in SET_BY_SWEEP or (name == "lr_schedule" and opts["mode"] == "ramp")]
+    given = train.parse_flags(args["train_argv"])
+    owned = [name for name in given if name in SET_BY_SWEEP or (name == "lr_schedule" and args["mode"] == "ramp")]
     if owned:
         raise UsageError(f"{', '.join('--' + n for n in owned)} is set per run by sweep.py; use --lrs, --seeds, "
                          "--out_dir and --mode instead")
-    return dict(variants=variants, lrs=lrs, seeds=int(opts["seeds"]), mode=opts["mode"], jobs=int(opts["jobs"]),
-                out_dir=opts["out_dir"], dry_run=opts["dry_run"].lower() in ("true", "1", "yes"),
-                train_argv=train_argv)
+    check_reference(args)
+    return args
 
 
 def variant_flags(variant):
     """'normformer' -> --preset=normformer; 'preset=normformer+qk_norm=True' -> --preset=normformer --qk_norm=True."""
     return [f"--{part}" if "=" in part else f"--preset={part}" for part in variant.split("+")]
+
+
+def apply_recipe(args, given):
+    """args for --recipe=NAME: the recipe's variants, LRs, seeds, mode, reference, claims and every run's flags
+    (recipes.settings, --scale=gpu for the GPU-sized ones); the command line's own train.py flags come after the
+    recipe's, so they win. --out_dir defaults to sweeps/NAME (sweeps/NAME_gpu), --seeds may raise the recipe's.
+    given: the names of the sweep options the command line set."""
+    taken = [f"--{name}" for name in ("variants", "lrs", "mode", "reference") if name in given]
+    if taken:
+        raise UsageError(f"{', '.join(taken)} come from the recipe; run without them, or without --recipe")
+    recipe = recipes.settings(args["recipe"], args["scale"])
+    if "seeds" in given and args["seeds"] < recipe["seeds"]:
+        raise UsageError(f"--seeds={args['seeds']} is fewer than the recipe's {recipe['seeds']}; a verdict needs them")
+    out_dir = args["out_dir"] if "out_dir" in given else os.path.join(
+        "sweeps", args["recipe"] + ("_gpu" if args["scale"] == "gpu" else ""))
+    return {**args, **recipe, "seeds": args["seeds"] if "seeds" in given else recipe["seeds"], "out_dir": out_dir,
+            "train_argv": [*recipe["train_argv"], *args["train_argv"]]}
+
+
+def check_reference(args):
+    """--reference must be one of the variants: the comparisons need its runs."""
+    if args.get("reference") and args["reference"] not in args["variants"]:
+        raise UsageError(f"--reference={args['reference']} is not one of --variants ({', '.join(args['variants'])}); "
+                         "name the variant the others are compared with")
 
 
 def grid(args):
@@ -141,7 +196,7 @@ def check_runs(runs, args):
         flags = [f for f in train_flags(run, args) if f not in ("--resume", "--overwrite")]
         try:
             train.build_configs(train.parse_flags(flags))
-        except train.UsageError as e:
+        except UsageError as e:
             raise UsageError(f"variant {run.variant}: {e}") from None
 
 
@@ -228,13 +283,36 @@ def run_record(run):
     else:
         status = "unfinished"
     failed = (diverged or {}).get("failed_op")
+    # per telemetry step: the largest attention logit of any layer (None without --attn_impl=manual) and
+    # |mean log Z| of the output logits (Wortsman et al. 2023 §3.1 attention-logit growth, §3.2 output-logit
+    # divergence)
+    logits = [[e["step"], max((r["value"] for r in e["attn_logit_max"]), default=None),
+               abs(e["logits"]["mean_log_z"])] for e in events if e["event"] == "telemetry"]
     return {"variant": run.variant, "lr": run.lr, "seed": run.seed, "status": status,
             "init_loss": next((e["val_loss"] for e in evals if e["step"] == 0), None),
             "final_loss": math.inf if status == "diverged" else final,
             "steps_survived": diverged["steps_survived"] if diverged else (evals[-1]["step"] if evals else None),
             "peak_lr": diverged["lr"] if diverged else (evals[-1]["lr"] if evals else None),
             "failed_op": f"{failed['op']} layer {failed['layer']}" if failed else None,
-            "spikes": sum(e["event"] == "spike" for e in events)}
+            "criterion": criterion(diverged) if diverged else None,
+            "spikes": sum(e["event"] == "spike" for e in events),
+            "attn_logit_max": logits[-1][1] if logits else None, "log_z": logits[-1][2] if logits else None,
+            # for the results page's figures: [step, lr, train loss] and [step, attention logit, |log Z|]
+            "curve": [[e["step"], e["lr"], e["loss"]] for e in events if e["event"] == "train"],
+            "logit_curve": logits}
+
+
+def criterion(event):
+    """The rule that ended a diverged run, in a word or two: the event's own "criterion" where train.py names it,
+    else read from its reason (stability.DivergenceCheck: nanonorm's rules, not NormFormer's)."""
+    if event.get("criterion"):
+        return event["criterion"]
+    reason = event["reason"]
+    for start, name in (("non-finite validation", "non-finite val loss"), ("non-finite", "non-finite loss"),
+                        ("float16", "float16 loss scale")):
+        if reason.startswith(start):
+            return name
+    return "loss bound" if "above the bound" in reason else ("loss gap" if "above its best" in reason else reason)
 
 
 def ramp_rows(records):
@@ -243,10 +321,12 @@ def ramp_rows(records):
     for (variant, lr), group in group_by(records, ("variant", "lr")).items():
         ran = [r for r in group if r["status"] != "unfinished"]
         op, count = most_frequent([r["failed_op"] for r in ran if r["failed_op"]])
+        rule, ended = most_frequent([r["criterion"] for r in ran if r["criterion"]])
         row = {"variant": variant, "lr": lr, "runs": len(ran), "diverged": sum(r["status"] == "diverged" for r in ran)}
         for name in ("steps_survived", "peak_lr"):
             row.update({f"{name}_{k}": v for k, v in median_summary([r[name] for r in ran]).items()})
-        rows.append({**row, "failed_op": op, "failed_op_count": count, "spikes": sum(r["spikes"] for r in ran)})
+        rows.append({**row, "criterion": rule, "criterion_count": ended, "failed_op": op, "failed_op_count": count,
+                     "spikes": sum(r["spikes"] for r in ran)})
     return rows
 
 
@@ -274,6 +354,80 @@ def group_by(records, keys):
     return {key[0] if len(key) == 1 else key: group for key, group in groups.items()}
 
 
+def references(variants, reference):
+    """{variant: the reference it is compared with}: the variant of the reference's preset whose +key=value
+    overrides, beside the reference's own, are the variant's (with --reference=dn_postln+n_layer=6,
+    "dn_deepnorm+n_layer=18" -> "dn_postln+n_layer=18"), or the reference itself where there is none. The
+    variants of the reference's preset are references, not compared."""
+    head, *own = reference.split("+")
+
+    def context(variant):
+        return frozenset(variant.split("+")[1:]) - frozenset(own)
+
+    family = {context(v): v for v in variants if v.split("+")[0] == head}
+    return {v: family.get(context(v), reference) for v in variants if v.split("+")[0] != head}
+
+
+def metric_names(mode, lrs, records):
+    """The metrics a sweep compares: NAME@LR for each of the mode's metrics that its runs logged, and in lr mode
+    best_loss (each variant at its own best LR, as NormFormer §4 tunes baseline and NormFormer separately)."""
+    names = [f"{name}@{lr}" for lr in lrs for name in METRICS[mode]
+             if any(r[name] is not None for r in records if r["lr"] == lr)]
+    return names + (["best_loss"] if mode == "lr" else [])
+
+
+def metric_values(records, variant, metric):
+    """(the seeds' values, the LR they are at) of a metric for a variant. A diverged run is the worst value:
+    inf where lower is better; in ramp mode its steps survived and LR reached are the metric itself."""
+    ran = [r for r in records if r["variant"] == variant and r["status"] != "unfinished"]
+    if metric == "best_loss":
+        by_lr = group_by(ran, ("lr",))
+        if not by_lr:
+            return [], None
+        lr = min(by_lr, key=lambda lr: statistics.median(r["final_loss"] for r in by_lr[lr]))
+        return [r["final_loss"] for r in by_lr[lr]], lr
+    name, _, lr = metric.partition("@")
+    values = [math.inf if r["status"] == "diverged" and recipes.BETTER[name] == "lower" else r[name]
+              for r in ran if r["lr"] == lr]
+    return ([] if None in values else values), lr
+
+
+def comparisons(records, mode, lrs, variants, reference, claims=()):
+    """Each variant against its reference on every metric: medians, [min, max] and n per side, the difference of
+    medians, the exact permutation p and the verdict (recipes.compare). A recipe's claims give the paper's
+    direction for their (variant, metric), and for the variant's other metrics; a variant without a claim is read
+    against "the variant is better"."""
+    expected = {(c.variant, c.metric): c.expect for c in claims}
+    by_variant = {c.variant: c.expect for c in claims}
+    rows = []
+    for variant, ref in references(variants, reference).items():
+        for metric in metric_names(mode, lrs, records):
+            ours, our_lr = metric_values(records, variant, metric)
+            theirs, their_lr = metric_values(records, ref, metric)
+            if ours and theirs:
+                result = recipes.compare(ours, theirs, recipes.BETTER[metric.split("@")[0]],
+                                         expected.get((variant, metric), by_variant.get(variant, "better")))
+                rows.append({"variant": variant, "reference": ref, "metric": metric, "lr": our_lr,
+                             "reference_lr": their_lr, "claim": (variant, metric) in expected, **result})
+    return rows
+
+
+def spread_text(side):
+    """median [min, max] (n) of one side of a comparison."""
+    return f"{cell(side['median'])} [{cell(side['min'])}, {cell(side['max'])}] (n={side['n']})"
+
+
+def comparison_markdown(rows):
+    lines = ["| variant | reference | metric | variant: median [min, max] | reference: median [min, max] | "
+             "difference | p | expected | verdict |", "|" + "---|" * 9]
+    for row in rows:
+        metric = row["metric"] + (f" (LR {row['lr']} vs {row['reference_lr']})" if row["metric"] == "best_loss" else "")
+        lines.append(f"| {row['variant']} | {row['reference']} | {metric} | {spread_text(row['variant_values'])} | "
+                     f"{spread_text(row['reference_values'])} | {cell(row['median_difference'])} | "
+                     f"{row['p']:.3g} | {row['expect']} | {row['verdict']} |")
+    return "\n".join(lines)
+
+
 def cell(value):
     return f"{value:.4g}" if isinstance(value, float) else ("" if value is None else str(value))
 
@@ -285,46 +439,97 @@ def markdown(rows):
     return "\n".join(lines)
 
 
-def write_summary(args, runs):
+def machine():
+    """Where the runs ran, for the results page: "2-core AMD EPYC" or the GPUs' name, the torch version, the date."""
+    if torch.cuda.is_available():
+        hardware = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    else:
+        hardware = f"{len(os.sched_getaffinity(0))}-core {cpu_model()}"
+    # the 5-minute load average when the sweep ended: a shared machine's timings are slower than an idle one's
+    return {"hardware": hardware, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+            "load": os.getloadavg()[1]}
+
+
+def cpu_model():
+    """The CPU's model name as lscpu gives it (/proc/cpuinfo on Linux), else platform.processor()."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "CPU"
+
+
+def write_text(path, text):
+    """Write to path.tmp, then rename it over path: a reader sees the old file or the new one, never half."""
+    with open(path + ".tmp", "w", newline="") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def recipe_record(args):
+    """The recipe as the results page reads it, with the seeds and flags this sweep ran (--seeds or extra train.py
+    flags may add to the recipe's)."""
+    return {**recipes.describe(args["recipe"], args["scale"], args["jobs"]), "seeds": args["seeds"],
+            "train_argv": args["train_argv"]}
+
+
+def write_summary(args, runs, wall_s=0.0):
+    """summary.json, summary.csv and Markdown tables on stdout. wall_s: this invocation's time running runs, added
+    to the previous summary's, so the summary says how long the whole sweep took; where it ran nothing (0), the
+    previous summary's machine, date and load stay, as they are the runs'."""
     records = [run_record(run) for run in runs]
     os.makedirs(args["out_dir"], exist_ok=True)
     rows = ramp_rows(records) if args["mode"] == "ramp" else lr_rows(records, args["lrs"])
-    with open(os.path.join(args["out_dir"], "summary.json"), "w") as f:
-        # inf (a diverged run's loss) is written as Infinity, which Python's json reads back
-        json.dump({"mode": args["mode"], "variants": rows, "runs": records}, f, indent=1)
-    with open(os.path.join(args["out_dir"], "summary.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
-        writer.writeheader()
-        writer.writerows({k: cell(v) for k, v in row.items()} for row in rows)
+    compared = (comparisons(records, args["mode"], args["lrs"], args["variants"], args["reference"],
+                            args.get("claims", ())) if args.get("reference") else [])
+    path = os.path.join(args["out_dir"], "summary.json")
+    previous = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            previous = json.load(f)
+    where = previous["machine"] if wall_s == 0 and "machine" in previous else machine()
+    summary = {"mode": args["mode"], "reference": args.get("reference"), "variants": rows, "comparisons": compared,
+               "recipe": recipe_record(args) if args.get("recipe") else None, "machine": where,
+               "wall_s": wall_s + previous.get("wall_s", 0.0), "runs": records}
+    # inf (a diverged run's loss) is written as Infinity, which Python's json reads back
+    write_text(path, json.dumps(summary, indent=1))
+    table = io.StringIO()
+    writer = csv.DictWriter(table, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
+    writer.writeheader()
+    writer.writerows({k: cell(v) for k, v in row.items()} for row in rows)
+    write_text(os.path.join(args["out_dir"], "summary.csv"), table.getvalue())
     unfinished = sum(r["status"] == "unfinished" for r in records)
     if unfinished:
         print(f"{unfinished} of {len(records)} runs did not finish (see their .out files); the summary leaves them out")
     print(markdown(rows))
+    if compared:
+        print()
+        print(comparison_markdown(compared))
 
 
 def main(argv):
-    if "--help" in argv or "-h" in argv:
-        print(__doc__.strip())
+    if flags.wants_help(argv):
+        flags.print_help(__doc__, SweepOptions)
         return 0
     try:
         args = parse_args(argv)
         runs = grid(args)
         check_runs(runs, args)
-    except (UsageError, train.UsageError) as e:
-        print(f"sweep.py: {e}", file=sys.stderr)
-        return 2
+    except UsageError as e:
+        return flags.fail("sweep.py", e)
     todo = [run for run in runs if not is_finished(run)]
     if args["dry_run"]:
         for run in todo:
             print(shlex.join(["python", "train.py", *train_flags(run, args)]))
         return 0
     print(f"{len(runs)} runs, {len(runs) - len(todo)} finished already, {len(todo)} to run, {args['jobs']} at a time")
+    started = time.time()
     try:
         run_all(todo, args)
     except KeyboardInterrupt:
         print("sweep.py: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
-    write_summary(args, runs)
+    write_summary(args, runs, wall_s=time.time() - started if todo else 0.0)
     return 0
 
 

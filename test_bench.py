@@ -1,5 +1,6 @@
 """bench.py runs every variant of a group and reports each against the first (bad input: test_errors.py)."""
 
+import glob
 import math
 import os
 import shlex
@@ -94,12 +95,19 @@ def test_bench_headline_times_the_baseline_normformer_and_powernorm(capsys):
     assert [row[0] for row in rows] == ["preset=baseline", "preset=normformer", "norm=powernorm"]
 
 
-def test_every_bench_command_in_the_readme_is_accepted():
-    """The README's bench.py commands (the GPU ones too, with its $S) parse; none is run here."""
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md"), encoding="utf-8") as f:
-        lines = [line.split("#")[0] for line in f.read().splitlines()]
-    shape = next(line.strip().removeprefix("S=").strip('"') for line in lines if line.startswith("S="))
-    commands = [shlex.split(line.replace("$S", shape))[2:] for line in lines if line.startswith("python bench.py")]
+def test_every_bench_command_in_the_docs_is_accepted():
+    """The bench.py commands of README.md and docs/*.md (docs/benchmarks.md holds them, the GPU ones too, with that
+    page's $S) parse; none is run here."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    commands = []
+    for page in [os.path.join(root, "README.md"), *sorted(glob.glob(os.path.join(root, "docs", "*.md")))]:
+        with open(page, encoding="utf-8") as f:
+            lines = [line.split("#")[0] for line in f.read().splitlines()]
+        shape = next((line.strip().removeprefix("S=").strip('"') for line in lines if line.startswith("S=")), None)
+        for line in lines:
+            if line.startswith("python bench.py"):
+                assert shape is not None or "$S" not in line, (page, line)
+                commands.append(shlex.split(line.replace("$S", shape or ""))[2:])
     assert len(commands) >= 10 and any("--variants=headline" in argv for argv in commands)
     for argv in commands:
         bench.parse(argv)
@@ -218,3 +226,22 @@ def test_bench_swaps_every_layernorm_for_the_function_and_the_step_dispatches_th
     assert bench.main(["--variants=function", "--rounds=1", "--steps=1", *TINY]) == 0
     rows = [table_row(line) for line in capsys.readouterr().out.splitlines()[2:]]
     assert [row[0] for row in rows] == ["norm=layernorm", bench.THROUGH_FUNCTION] and rows[0][2] == "1.00"
+
+
+def test_guard_flags_every_norm_above_1_05x_of_layernorm():
+    ratios = {"norm=layernorm": 1.0, "norm=rmsnorm": 1.05, "norm=pnv": 1.07, "norm=powernorm": 1.31}
+    assert bench.guard_verdict(ratios).endswith("above it: norm=pnv 1.07x, norm=powernorm 1.31x")
+    assert bench.guard_verdict({"norm=layernorm": 1.0, "norm=rmsnorm": 0.98}).endswith("all within")
+
+
+def test_bench_gives_the_guards_verdict_for_compiled_norms_only(monkeypatch, capsys):
+    """--variants=norms --compile=True ends with the guard's line; eager runs and other groups have none. Compiling
+    eight models takes minutes, so torch.compile is the identity here: this checks the mode, not the compiler."""
+    monkeypatch.setattr(torch, "compile", lambda model: model)
+    assert bench.main(["--compile=True", "--rounds=1", "--steps=1", *TINY]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "compile True" in lines[0] and len(lines) == 2 + len(bench.VARIANTS["norms"]) + 1
+    assert lines[-1].startswith("guard, compiled: every norm within 1.05x of layernorm's step; ")
+    for argv in (["--compile=False"], ["--compile=True", "--variants=attention"]):
+        assert bench.main([*argv, "--rounds=1", "--steps=1", *TINY]) == 0
+        assert "guard" not in capsys.readouterr().out

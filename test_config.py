@@ -7,6 +7,7 @@ import typing
 
 import pytest
 
+import flags
 import train
 from model import GPTConfig, PRESETS
 
@@ -30,9 +31,9 @@ def read_catalog():
 
 def code_flags():
     """{flag: (default, type)} from GPTConfig and TrainConfig."""
-    types = train.flag_types()
+    types = flags.field_types(GPTConfig, train.TrainConfig)
     defaults = {f.name: f.default for cls in (GPTConfig, train.TrainConfig) for f in dataclasses.fields(cls)}
-    return {name: (defaults[name], types[name][1]) for name in types}
+    return {name: (defaults[name], types[name]) for name in types}
 
 
 def test_catalog_lists_exactly_the_flags_of_the_code():
@@ -55,7 +56,7 @@ def test_catalog_allowed_values_match_the_code():
         if optional:
             assert "None" in allowed, f"{name} accepts None; configurable.txt should say so"
             kind = next(a for a in typing.get_args(kind) if a is not type(None))
-        choices = train.allowed_values(name, kind)
+        choices = flags.allowed_values(name, kind, train.CHOICES)
         if choices is not None:
             values = [v for v in allowed.split("|") if not (optional and v == "None")]
             assert values == choices, f"{name}: catalog allows {allowed}, code allows {choices}"
@@ -114,7 +115,7 @@ def test_preset_applies_first_and_explicit_flags_override():
     (["--preset=gpt5"], "--preset=gpt5 is not allowed; choose one of baseline"),
 ])
 def test_bad_flags_are_one_clear_line(argv, expected):
-    with pytest.raises(train.UsageError) as error:
+    with pytest.raises(flags.UsageError) as error:
         train.build_configs(train.parse_flags(argv))
     assert expected in str(error.value)
     assert "\n" not in str(error.value)
@@ -127,6 +128,6 @@ def test_bad_flags_are_one_clear_line(argv, expected):
     (["--pn_alpha_fwd=1.5"], "--pn_alpha_fwd=1.5 must be in (0, 1)"),
 ])
 def test_meaningless_combinations_fail_at_config_time(argv, expected):
-    with pytest.raises(train.UsageError) as error:
+    with pytest.raises(flags.UsageError) as error:
         train.build_configs(train.parse_flags(argv))
     assert expected in str(error.value)

@@ -1,10 +1,14 @@
+import builtins
+import hashlib
 import inspect
 import json
 import math
 import os
 import random
+import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -123,6 +127,8 @@ def test_prepare_file(tmp_path):
     val = read_bin(folder / "val.bin", np.uint16)
     assert bytes(train + val) == corpus
     meta = json.loads((folder / "meta.json").read_text())
+    assert meta["source"]["sha256"] == hashlib.sha256(corpus).hexdigest()
+    assert folder.name.endswith(f"-byte-{meta['source']['sha256'][:12]}")  # keyed on the text
     assert meta["tokenizer"] == "byte" and meta["vocab_size"] == 256 and meta["dtype"] == "uint16"
     assert meta["train_tokens"] == n_train and meta["val_tokens"] == n - n_train
     assert meta["source"]["path"] == str(src) and meta["source"]["files"] == 1
@@ -229,14 +235,80 @@ def test_same_basename_different_paths_do_not_collide(tmp_path):
     assert data.load_meta(one)["source"]["path"] != data.load_meta(two)["source"]["path"]
 
 
-def test_prepare_skips_a_complete_folder(tmp_path):
+def test_an_edited_corpus_is_prepared_anew_and_an_unchanged_one_is_not_read(tmp_path, monkeypatch):
     src = tmp_path / "corpus.txt"
     src.write_text("first version\n" * 10)
-    folder = data.prepare(str(src), data_dir=str(tmp_path / "data"))
+    first = data.prepare(str(src), data_dir=str(tmp_path / "data"))
     src.write_text("second, longer version\n" * 10)
-    assert data.prepare(str(src), data_dir=str(tmp_path / "data")) == folder
-    assert data.load_meta(folder)["train_tokens"] + data.load_meta(folder)["val_tokens"] == 140
-    assert not [p.name for p in Path(folder).iterdir() if p.name.endswith(".tmp")]
+    second = data.prepare(str(src), data_dir=str(tmp_path / "data"))
+    assert second != first and Path(first).is_dir()  # the old folder stays, for the runs that use it
+    assert data.load_meta(second)["train_tokens"] + data.load_meta(second)["val_tokens"] == 230
+    assert data.load_meta(second)["source"]["sha256"] == hashlib.sha256(src.read_bytes()).hexdigest()
+    monkeypatch.setattr(data, "read_corpus", lambda *args: pytest.fail("an unchanged corpus was read again"))
+    assert data.prepare(str(src), data_dir=str(tmp_path / "data")) == second
+    monkeypatch.undo()
+    os.utime(src, ns=(1, 1))  # touched, not changed: read and hashed again, and found prepared
+    monkeypatch.setattr(data, "write_prepared", lambda *args: pytest.fail("the same text was prepared again"))
+    assert data.prepare(str(src), data_dir=str(tmp_path / "data")) == second
+    assert not [p.name for p in (tmp_path / "data").rglob("*") if ".tmp" in p.name]
+
+
+def test_an_edited_file_in_a_folder_corpus_is_prepared_anew(tmp_path):
+    (tmp_path / "books").mkdir()
+    (tmp_path / "books" / "a.txt").write_text("alpha\n" * 20)
+    first = data.prepare(str(tmp_path / "books"), data_dir=str(tmp_path / "data"))
+    (tmp_path / "books" / "b.txt").write_text("beta\n" * 20)
+    assert data.prepare(str(tmp_path / "books"), data_dir=str(tmp_path / "data")) != first
+
+
+def test_a_folder_with_a_symlink_loop_and_a_link_to_its_parent_prepares_its_files_once(tmp_path):
+    root = tmp_path / "books"
+    root.mkdir()
+    (root / "a.txt").write_text("alpha\n" * 20)
+    (root / "loop").symlink_to(root / "loop")
+    (root / "up").symlink_to(root)
+    folder = data.prepare(str(root), data_dir=str(tmp_path / "data"))
+    assert data.load_meta(folder)["source"]["files"] == 1
+
+
+@pytest.mark.parametrize("stop_at", ["encode", "val.bin"])
+def test_ctrl_c_during_preparation_leaves_no_folder_and_no_temporary_file(tmp_path, monkeypatch, stop_at):
+    src = tmp_path / "corpus.txt"
+    src.write_text("some text to tokenize\n" * 50)
+    real_open = builtins.open
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    if stop_at == "encode":
+        monkeypatch.setattr(data, "encode", ctrl_c)
+    else:
+        monkeypatch.setattr(builtins, "open", lambda file, *a, **k: ctrl_c() if str(file).endswith(stop_at) else
+                            real_open(file, *a, **k))
+    with pytest.raises(KeyboardInterrupt):
+        data.prepare(str(src), data_dir=str(tmp_path / "data"))
+    monkeypatch.undo()
+    assert [p.name for p in (tmp_path / "data").iterdir() if p.is_dir()] == []
+    assert not [p.name for p in (tmp_path / "data").rglob("*") if ".tmp" in p.name]
+    folder = data.prepare(str(src), data_dir=str(tmp_path / "data"))  # and the next run prepares it whole
+    assert data.load_meta(folder)["train_tokens"] == len(src.read_bytes()) * 9 // 10
+
+
+def test_ctrl_c_in_data_py_is_one_line(tmp_path):
+    """A real SIGINT to python data.py while it tokenizes: no traceback, exit code 130, nothing prepared."""
+    (tmp_path / "big.txt").write_bytes(b"a corpus that takes GPT-2's BPE some seconds to tokenize\n" * 400_000)
+    process = subprocess.Popen([sys.executable, str(HERE / "data.py"), "--dataset=big.txt", "--tokenizer=gpt2",
+                                "--data_dir=data"], cwd=tmp_path, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "TIKTOKEN_CACHE_DIR": os.environ.get("TIKTOKEN_CACHE_DIR",
+                                                                                       str(SHARED_TIKTOKEN))})
+    deadline = time.time() + 120
+    while not list(tmp_path.glob("data/*.lock")) and time.time() < deadline:  # taken just before tokenizing
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    err = process.communicate(timeout=120)[1]
+    assert process.returncode == 130 and err == ("data.py: stopped by Ctrl-C; nothing was prepared (a prepared folder "
+                                                 "is complete or absent)\n"), err
+    assert [p.name for p in (tmp_path / "data").iterdir()] == [list(tmp_path.glob("data/*.lock"))[0].name]
 
 
 def test_shakespeare_downloads_once(tmp_path, monkeypatch):
@@ -248,7 +320,7 @@ def test_shakespeare_downloads_once(tmp_path, monkeypatch):
     monkeypatch.setattr(data.urllib.request, "urlopen", lambda url, **kw: opened.append(url) or urlopen(url, **kw))
     data_dir = tmp_path / "data"
     folder = data.prepare("shakespeare", "byte", data_dir=str(data_dir), url=src.as_uri())
-    assert Path(folder) == data_dir / "shakespeare-byte"
+    assert Path(folder).parent == data_dir and Path(folder).name.startswith("shakespeare-byte-")
     assert (data_dir / "shakespeare" / "input.txt").read_text() == expected
     src.unlink()
     (Path(folder) / "meta.json").unlink()  # force a second preparation, which must reuse input.txt
@@ -256,6 +328,21 @@ def test_shakespeare_downloads_once(tmp_path, monkeypatch):
     assert opened == [src.as_uri()]
     meta = data.load_meta(folder)
     assert meta["train_tokens"] + meta["val_tokens"] == len(expected.encode())
+
+
+@pytest.mark.parametrize("served, says", [(b"", "sent nothing"), (b"  \n", "sent nothing"),
+                                          (b"\x89PNG\r\n\x1a\n\x00\x00 binary", "not UTF-8 text"),
+                                          ("caf\xe9\n".encode("latin-1") * 10, "not UTF-8 text")])
+def test_an_empty_or_binary_download_is_refused_and_never_cached(tmp_path, served, says):
+    bad, good = tmp_path / "bad.bin", tmp_path / "good.txt"
+    bad.write_bytes(served)
+    good.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 10)
+    with pytest.raises(data.DataError) as e:
+        data.prepare("shakespeare", data_dir=str(tmp_path / "data"), url=bad.as_uri())
+    assert says in str(e.value) and bad.as_uri() in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "data" / "shakespeare" / "input.txt").exists()
+    folder = data.prepare("shakespeare", data_dir=str(tmp_path / "data"), url=good.as_uri())  # not stuck on it
+    assert data.load_meta(folder)["train_tokens"] > 0
 
 
 def test_shakespeare_failed_download_says_where_to_put_the_file(tmp_path):
@@ -281,7 +368,7 @@ def test_prepare_builtin(tmp_path):
     corpus = "\n".join((root / f).read_bytes().decode("utf-8", "replace") for f in files).encode("utf-8")
     folder = data.prepare("builtin", "byte", data_dir=str(tmp_path))
     meta = data.load_meta(folder)
-    assert Path(folder) == tmp_path / "builtin-byte"
+    assert Path(folder).parent == tmp_path and Path(folder).name.startswith("builtin-byte-")
     assert meta["train_tokens"] + meta["val_tokens"] == len(corpus)
     assert meta["train_tokens"] == len(corpus) * 9 // 10
     assert meta["source"]["files"] == len(files) and meta["source"]["path"] == str(root)
@@ -360,9 +447,7 @@ def test_cli_prepares_and_summarizes(tmp_path):
 
 
 def test_cli_help_lists_the_flags_with_prepares_defaults(capsys):
-    with pytest.raises(SystemExit) as e:
-        data.main(["--help"])
-    out = " ".join(capsys.readouterr().out.split())
-    assert e.value.code == 0
+    assert data.main(["--help"]) == 0
+    lines = capsys.readouterr().out.splitlines()
     for name, param in inspect.signature(data.prepare).parameters.items():
-        assert f"--{name}" in out and f"(default: {param.default})" in out, (name, out)
+        assert any(line.split()[:2] == [f"--{name}", str(param.default)] for line in lines), (name, lines)

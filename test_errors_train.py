@@ -9,13 +9,16 @@ import sys
 import pytest
 import torch
 
+import flags
 import train
+from model import GPTConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
         "--warmup_iters=2", "--lr=3e-3", "--max_iters=4"]
 
-# (flags, a piece of the message); "FILE" stands for a path that is a plain file
+# (flags, a piece of the message); "FILE" stands for a path that is a plain file, "DANGLING" for a symlink to
+# nothing, "LOOP" for a symlink to itself
 BAD = [
     (["--lr=0"], "--lr=0.0 must be > 0"),
     (["--lr=-1"], "--lr=-1.0 must be > 0"),
@@ -61,6 +64,17 @@ BAD = [
     (["--compile=maybe"], "--compile=maybe is not a boolean"),
     (["--dtype=float8"], "--dtype=float8 is not allowed"),
     (["--device=tpu"], "--device=tpu is not a device"),
+    (["--device=cpu:abc"], "--device=cpu:abc is not a device"),
+    (["--device=cuda:x"], "--device=cuda:x is not a device"),
+    (["--n_embd=1000000000"], "need about"),
+    (["--batch_size=1000000000"], "need about"),
+    (["--n_layer=1000000"], "need about"),
+    (["--out_dir=DANGLING"], "which does not exist; choose another --out_dir"),
+    (["--out_dir=DANGLING/run"], "which does not exist; choose another --out_dir"),
+    (["--out_dir=LOOP"], "is in a symlink loop; choose another --out_dir"),
+    (["--out_dir=LOOP/run"], "is in a symlink loop; choose another --out_dir"),
+    (["--dataset=LOOP"], "leads through a symlink loop"),
+    (["--dataset=LOOP/corpus.txt"], "leads through a symlink loop"),
     (["--nosuchflag=1"], "unknown flag --nosuchflag"),
     (["positional"], "unexpected argument 'positional'"),
     (["--out_dir="], "--out_dir is empty"),
@@ -88,7 +102,11 @@ def command_line(corpus, tmp_path, flags):
     """The flags of a row after the defaults of a tiny run; a row's own --out_dir replaces the default one."""
     file = tmp_path / "a_file"
     file.write_text("not a folder")
-    flags = [f.replace("FILE", str(file)) for f in flags]
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    places = {"FILE": file, "DANGLING": tmp_path / "dangling", "LOOP": tmp_path / "loop"}
+    for name, path in places.items():
+        flags = [f.replace(name, str(path)) for f in flags]
     out = [] if any(f.startswith("--out_dir") for f in flags) else [f"--out_dir={tmp_path / 'out'}"]
     return [f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}", *out, *TINY, *flags]
 
@@ -107,7 +125,8 @@ def test_bad_input_in_process(corpus, tmp_path, capsys, flags, expected):
     assert not (tmp_path / "out").exists()  # nothing written before the check
 
 
-SHELL = ["--grad_clip=-0.5", "--beta1=1.0", "--norm_eps=nan", "--out_dir=FILE/run", "--device=mps", "--resume"]
+SHELL = ["--grad_clip=-0.5", "--beta1=1.0", "--norm_eps=nan", "--out_dir=FILE/run", "--device=mps", "--resume",
+         "--n_embd=1000000000", "--out_dir=LOOP/run"]
 
 
 @pytest.mark.parametrize("flag", SHELL)
@@ -147,6 +166,27 @@ def test_a_run_in_an_out_dir_holding_one_refuses_and_leaves_it(corpus, tmp_path,
     assert (out / "ckpt.pt").read_bytes() == b"an earlier run's checkpoint"
 
 
+def test_an_out_dir_holding_only_a_users_config_json_is_not_overwritten(corpus, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.json").write_text('{"my": "own notes"}')
+    assert train.main(command_line(corpus, tmp_path, [])) == 2
+    assert capsys.readouterr().err.splitlines() == [f"train.py: --out_dir={out} holds a run (config.json); continue "
+                                                    "it with --resume, replace it with --overwrite, or choose another "
+                                                    "--out_dir"]
+    assert [p.name for p in out.iterdir()] == ["config.json"]
+    assert (out / "config.json").read_text() == '{"my": "own notes"}'
+
+
+def test_a_run_that_wrote_only_empty_files_holds_nothing(corpus, tmp_path):
+    """What a fresh run on a full disk can leave behind: a retry is not refused as holding a run."""
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("config.json", "log.jsonl", "run.lock"):
+        (out / name).write_bytes(b"")
+    assert train.main(command_line(corpus, tmp_path, ["--max_iters=2", "--eval_interval=2"])) == 0
+
+
 @pytest.mark.parametrize("flags, warning", [
     (["--pn_alpha_fwd=0.5"], "--pn_alpha_fwd has no effect with --norm=layernorm"),
     (["--norm=batchnorm", "--pn_alpha_bwd=0.5"], "--pn_alpha_bwd has no effect with --norm=batchnorm"),
@@ -174,7 +214,7 @@ def test_help_lists_every_flag_with_its_default_from_configurable_txt():
     printed = result.stdout.splitlines()
     for row in rows:
         assert row in printed
-    for name in train.flag_types():
+    for name in flags.field_types(GPTConfig, train.TrainConfig):
         assert any(line.split()[:1] == [name] for line in printed), name
 
 

@@ -624,7 +624,8 @@ def test_qk_norm_adds_two_norms_over_head_dim_per_layer(kind, affine, per_norm):
 
 # 14. probe points: the papers' operation names, for hooks (NormFormer Table 3)
 
-PAPER_OPS = ["embed", "attn_ln", "q", "k", "v", "q@k", "probs@v", "out_proj", "attn_out_ln", "resid_attn", "ffn_ln",
+PAPER_OPS = ["embed", "attn_ln", "q", "k", "v", "q@k", "probs@v", "attn_sub_ln", "out_proj", "attn_out_ln", "resid_attn",
+             "ffn_ln",
              "fc1", "act", "ffn_hidden_ln", "fc2", "ffn_out_ln", "resid_ffn", "final_ln", "logits"]
 PROBE_CONFIGS = [{**PRESETS[p], "attn_impl": impl} for p in sorted(PRESETS) for impl in ("sdpa", "manual")] + [
     dict(qk_norm=True), dict(qkv_norm=True), dict(qkv_norm=True, qk_norm=True, attn_impl="manual"),
@@ -657,6 +658,7 @@ def record_probes(model, points, idx):
 @pytest.mark.parametrize("flags", PROBE_CONFIGS, ids=str)
 def test_probe_points_exist_in_forward_order_with_the_papers_names(flags):
     model = build(**flags)
+    N, d, H = model.config.n_layer, model.config.n_embd, model.config.n_head  # a preset may set its own sizes
     points = model.probe_points()
     found = record_probes(model, points, tokens())
     order = [number for number, _ in found]
@@ -671,11 +673,14 @@ def test_probe_points_exist_in_forward_order_with_the_papers_names(flags):
         assert set(ops) <= set(PAPER_OPS)
         expected = {"attn_ln", "q", "k", "v", "probs@v", "out_proj", "resid_attn", "ffn_ln", "fc1", "act", "fc2",
                     "resid_ffn"}
-        optional_ops = [("q@k", flags.get("attn_impl") == "manual"), ("attn_out_ln", flags.get("scale_attn")),
-                        ("ffn_hidden_ln", flags.get("scale_fc")), ("ffn_out_ln", flags.get("ffn_out_norm"))]
+        # --attn_softcap forces the manual attention path (SDPA cannot cap the scores), so q@k exists with it
+        optional_ops = [("q@k", flags.get("attn_impl") == "manual" or flags.get("attn_softcap")),
+                        ("attn_out_ln", flags.get("scale_attn")), ("attn_sub_ln", flags.get("subln")),
+                        ("ffn_hidden_ln", flags.get("scale_fc") or flags.get("subln")),
+                        ("ffn_out_ln", flags.get("ffn_out_norm"))]
         expected |= {op for op, on in optional_ops if on}
         assert set(ops) == expected
-    assert ("final_ln" in [p[1] for p in points]) == (flags.get("layout", "pre") == "pre")
+    assert ("final_ln" in [p[1] for p in points]) == (flags.get("layout", "pre") in ("pre", "mix", "reordered"))
     B, T = tokens().shape
     for (layer, op, name, io, chunk), (_, t) in zip(points, found):
         hd = d // H
@@ -756,14 +761,17 @@ def test_every_norm_flag_reaches_every_norm_module(kind, affine):
     """Distinct non-default values, so that a swapped pair (alpha_fwd/alpha_bwd) or a dropped flag fails."""
     for group_scaling in (True, False):
         model = build(norm=kind, norm_eps=3e-4, norm_affine=affine, pn_alpha_fwd=0.7, pn_alpha_bwd=0.6, pn_warmup=17,
-                      pn_group_scaling=group_scaling, qk_norm=kind in PER_TOKEN_NORMS, **ALL_SLOTS)
+                      pn_group_scaling=group_scaling, qk_norm=kind in PER_TOKEN_NORMS, dyt_alpha=0.3, **ALL_SLOTS)
         slots = [m for m in model.modules() if isinstance(m, NORM_CLASSES)]
         assert len(slots) == (10 if kind in PER_TOKEN_NORMS else 8) * N + 2
         for m in slots:
             if kind == "none":
                 assert not list(m.parameters())
                 continue
-            assert m.eps == 3e-4
+            if kind == "dyt":
+                assert m.alpha.item() == pytest.approx(0.3)  # DyT has no eps; its alpha0 is --dyt_alpha
+            else:
+                assert m.eps == 3e-4
             assert (m.weight is not None) == (affine in ("both", "no_bias"))
             assert (m.bias is not None) == (affine in ("both", "no_gamma") and kind != "rmsnorm")  # T5: never a bias
             if kind in ("batchnorm", "pnv"):
@@ -833,6 +841,10 @@ EVERY_FLAG = [
     ({}, "embed_grad_scale", 0.1, "run"), ({}, "tie_embeddings", False, "params"),
     ({}, "activation", "relu", "run"), ({}, "attn_impl", "manual", "modules"),
     ({}, "init", "plain", "init"), ({}, "init_std", 0.05, "init"), ({}, "init_depth_scale", True, "init"),
+    ({"layout": "mix"}, "mix_ln_ratio", 1.0, "run"), ({}, "layer_norm_scaling", True, "run"),
+    ({}, "subln", True, "params"), ({"norm": "dyt"}, "dyt_alpha", 0.3, "init"),
+    ({"norm": "dyt"}, "dyt_alpha_attn", 0.9, "init"), ({}, "attn_softcap", 0.5, "run"),
+    ({}, "logit_softcap", 0.5, "run"),
 ]
 
 
@@ -858,3 +870,52 @@ def test_every_flag_changes_what_it_should(base_flags, flag, value, effect):
         model.load_state_dict(dict(base.named_parameters()), strict=False)
         gap = (observed_run(model) - observed_run(base)).abs().max().item()
         assert gap > 1e-9, f"--{flag}={value} changed nothing"
+
+
+# 16. generation (nanoGPT's generate: crop to block_size, last logits / temperature, top-k, sample)
+
+GENERATE_CONFIGS = [dict(norm=kind) for kind in norms.NORMS] + [
+    dict(pos="sinusoidal"), dict(norm="powernorm", pos="sinusoidal", layout="post", dropout=0.2)]
+
+
+@pytest.mark.parametrize("flags", GENERATE_CONFIGS, ids=str)
+def test_generate_appends_tokens_of_the_vocabulary_in_eval_mode(flags):
+    """Past block_size (16) the context is cropped; the batch-statistic norms use their running statistics, so
+    their buffers do not move, each prompt's greedy continuation is the same alone or in a batch, and the
+    model is back in training mode afterwards."""
+    model = build(**flags)
+    perturb_(model)
+    model.train()
+    buffers = {k: b.clone() for k, b in model.named_buffers()}
+    prompt = tokens(B=2, T=5)
+    torch.manual_seed(0)
+    out = model.generate(prompt, max_new_tokens=20)
+    assert out.shape == (2, 25) and out.dtype == torch.long and torch.equal(out[:, :5], prompt)
+    assert 0 <= out.min() and out.max() < TINY["vocab_size"]
+    assert model.training
+    for k, b in model.named_buffers():
+        torch.testing.assert_close(b, buffers[k], rtol=0, atol=0, msg=k)
+    greedy = model.generate(prompt, max_new_tokens=20, top_k=1)
+    alone = torch.cat([model.generate(prompt[i:i + 1], max_new_tokens=20, top_k=1) for i in range(2)])
+    assert torch.equal(greedy, alone)
+
+
+def test_generate_samples_only_the_top_k_and_a_low_temperature_is_greedy():
+    model = build()
+    perturb_(model, scale=1.0)  # logits spread enough that the top 3 hold a visible share of the samples
+    prompt = tokens(B=1, T=7).expand(400, 7)
+    logits = model(prompt[:1])[0][0, -1]
+    torch.manual_seed(0)
+    drawn = set(model.generate(prompt, max_new_tokens=1, top_k=3)[:, -1].tolist())
+    assert drawn == set(logits.topk(3).indices.tolist())  # 400 draws reach all three, and nothing else
+    torch.manual_seed(0)
+    everything = set(model.generate(prompt, max_new_tokens=1)[:, -1].tolist())
+    assert len(everything) > 3
+    cold = model.generate(prompt[:2], max_new_tokens=1, temperature=1e-6)[:, -1]
+    assert cold.tolist() == [logits.argmax().item()] * 2
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=0.0), dict(temperature=-1.0), dict(top_k=0)])
+def test_generate_refuses_a_temperature_or_top_k_that_means_nothing(kw):
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        build().generate(tokens(B=1, T=3), max_new_tokens=1, **kw)

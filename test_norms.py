@@ -181,7 +181,11 @@ def test_parameters_follow_affine(kind, affine):
         expected = expected - {"bias"}  # the T5 variant never has a bias
     if kind == "none":
         expected = set()
+    if kind == "dyt":
+        assert m.alpha.shape == () and m.alpha.item() == 0.5  # DyT's one scalar alpha, init alpha0 = 0.5
+        expected = expected | {"alpha"}
     assert {name for name, _ in m.named_parameters()} == expected
+    expected = expected - {"alpha"}
     for name in expected:
         p = getattr(m, name)
         assert p.shape == (11,)
@@ -209,10 +213,10 @@ def test_make_norm_rejects_groups_that_do_not_divide_dim():
         make_norm("powernorm", 12, groups=5)
 
 
-NORM_CLASSES = [type(make_norm(kind, 8)) for kind in NORMS] + [norms.RMSNormFunction, norms.PowerNormFunction]
+NORM_CLASSES = [type(make_norm(kind, 8)) for kind in NORMS] + [norms.PowerNormGradient]
 SOURCES = {"LayerNorm": "Ba et al.", "RMSNorm": "Zhang & Sennrich", "CogViewLayerNorm": "Ding et al.",
-           "BatchNorm": "Alg. 1", "PNV": "eq. (4)", "PowerNorm": "eq. (8)",
-           "RMSNormFunction": "Zhang & Sennrich", "PowerNormFunction": "eq. (11)", "Identity": "ablation"}
+           "DyT": "Zhu", "BatchNorm": "Alg. 1", "PNV": "eq. (4)", "PowerNorm": "eq. (8)",
+           "PowerNormGradient": "eq. (11)", "Identity": "ablation"}
 
 
 @pytest.mark.parametrize("cls", NORM_CLASSES, ids=lambda c: c.__name__)
@@ -286,18 +290,48 @@ def test_gradcheck(kind, shape, affine):
     assert module_gradcheck(m, rand(shape, gen))
 
 
-@pytest.mark.parametrize("shape", [(3, 5, 2, 6), (4, 7, 13)])
-def test_rmsnorm_function_without_a_gain(shape):
-    """RMSNormFunction with no gain, as group_scale calls it on a (..., groups, C / groups) view: the forward
-    and the closed-form gradient per last dim, and gradcheck."""
+def test_norms_call_no_private_kernels():
+    """Each forward is its equation in public torch operations, and autograd or the one Function the paper
+    defines (PowerNorm's) gives the gradient: no aten kernel called by hand."""
+    source = inspect.getsource(norms)
+    assert "torch.ops" not in source and "native_" not in source
+
+
+@pytest.mark.parametrize("shape,groups", [((3, 5, 12), 2), ((4, 7, 15), 3), ((2, 3, 8), 8)])
+def test_group_scale_is_rmsnorm_per_group_without_a_gain(shape, groups):
+    """PowerNorm's group scaling alone: the forward and the closed-form gradient per group, and gradcheck."""
     gen = generator(17)
-    x, dy = rand(shape, gen), rand(shape, gen)
+    x, du = rand(shape, gen), rand(shape, gen)
     xr = x.clone().requires_grad_(True)
-    y = norms.RMSNormFunction.apply(xr, None, EPS)
+    u = norms.group_scale(xr, groups)
+    u.backward(du)
+    torch.testing.assert_close(u, group_scale(x, groups), **EXACT)
+    torch.testing.assert_close(xr.grad, group_scale_dx(x, du, groups), **EXACT)
+    assert torch.autograd.gradcheck(lambda v: norms.group_scale(v, groups), (x.requires_grad_(True),))
+
+
+@pytest.mark.parametrize("affine", AFFINE)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_dyt_forward_and_backward_match_formula(shape, affine):
+    """DyT eq. (1): y = g tanh(alpha x) + b, so dL/dx = dy g alpha (1 - tanh^2(alpha x)),
+    dL/dalpha = sum over every element of dy g x (1 - tanh^2(alpha x)), dL/dg = sum_i dy_i tanh(alpha x_i)."""
+    gen = generator(18)
+    m = build("dyt", shape[-1], affine, gen)
+    x, dy = rand(shape, gen), rand(shape, gen)
+    g, b = gain_shift(m, shape[-1])
+    alpha = m.alpha.detach()
+    t = torch.tanh(alpha * x)
+    xr = x.clone().requires_grad_(True)
+    y = m(xr)
     y.backward(dy)
-    torch.testing.assert_close(y, rmsnorm_z(x, EPS), **EXACT)
-    torch.testing.assert_close(xr.grad, rmsnorm_dx(x, torch.ones(shape[-1], dtype=torch.float64), dy, EPS), **EXACT)
-    assert torch.autograd.gradcheck(lambda u: norms.RMSNormFunction.apply(u, None, EPS), (x.requires_grad_(True),))
+    torch.testing.assert_close(y, t * g + b, **EXACT)
+    torch.testing.assert_close(xr.grad, dy * g * alpha * (1 - t ** 2), **EXACT)
+    torch.testing.assert_close(m.alpha.grad, (dy * g * x * (1 - t ** 2)).sum(), **EXACT)
+    if m.weight is not None:
+        torch.testing.assert_close(m.weight.grad, tokens(dy * t).sum(0), **EXACT)
+    if m.bias is not None:
+        torch.testing.assert_close(m.bias.grad, tokens(dy).sum(0), **EXACT)
+    assert module_gradcheck(m, x)
 
 
 def test_none_is_the_identity():
@@ -523,8 +557,9 @@ def test_compiled_module_matches_eager(kind, backend):
 @pytest.mark.parametrize("kind", NORMS)
 def test_no_norm_returns_a_tensor_it_changed_in_place(kind, affine):
     """torch 2.11's torch.compile (the GPU machines' torch) drops the gradient of an autograd.Function whose output
-    was changed in place, with every backend: RMSNorm's (x / r).mul_(g) trained with dL/dx = dL/dg = 0 there.
-    A tensor's version counter counts the in-place changes to it, so this checks for that on any torch."""
+    was changed in place, with every backend: an RMSNorm Function's (x / r).mul_(g) trained with dL/dx = dL/dg = 0
+    there. PowerNorm's gradient is such a Function. A tensor's version counter counts the in-place changes to it,
+    so this checks for that on any torch."""
     m = make_norm(kind, 12, affine=affine, groups=3)
     for training in (True, False):
         m.train(training)

@@ -13,7 +13,7 @@ import sweep
 import train
 from test_sweep import TINY, corpus  # noqa: F401 (corpus is a fixture)
 
-INSTRUMENTED = "telemetry_interval" in train.flag_types() and "fp16_headroom_interval" in train.flag_types()
+INSTRUMENTED = {"telemetry_interval", "fp16_headroom_interval"} <= set(train.TrainConfig.__dataclass_fields__)
 TELEMETRY_PLOTS = ("grad_norms", "gains", "attn_logits", "powernorm", "headroom")
 
 
@@ -110,7 +110,7 @@ def test_telemetry_plots_from_a_real_instrumented_run(corpus, tmp_path):
 @pytest.mark.parametrize("make, expected", [
     (lambda tmp: [str(tmp / "missing")], "is not a folder"),
     (lambda tmp: [str(tmp)], "holds no log.jsonl"),
-    (lambda tmp: [str(tmp), "--colour=red"], "unknown flag --colour=red"),
+    (lambda tmp: [str(tmp), "--colour=red"], "unknown flag --colour"),
     (lambda tmp: [], "no folders given"),
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, make, expected):

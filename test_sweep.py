@@ -9,6 +9,7 @@ import typing
 
 import pytest
 
+import checkpoints
 import sweep
 import train
 
@@ -148,19 +149,19 @@ def test_skip_and_resume_a_half_finished_sweep(corpus, tmp_path, capsys):
         f.write(f"{train.main(sweep.train_flags(done, args))}\n")
     finished_before = snapshot(done.dir)
 
-    real_save = train.save_checkpoint
+    real_save = checkpoints.save_checkpoint
 
     def save_then_stop(out_dir, state, keep):  # a crash right after the first checkpoint (step 2 of 4)
         real_save(out_dir, state, keep)
         raise KeyboardInterrupt
 
-    train.save_checkpoint = save_then_stop
+    checkpoints.save_checkpoint = save_then_stop
     try:
         train.main(sweep.train_flags(interrupted, args))
     except KeyboardInterrupt:
         pass
     finally:
-        train.save_checkpoint = real_save
+        checkpoints.save_checkpoint = real_save
     assert steps_of(interrupted.dir, "eval") == [0, 2] and not sweep.is_finished(interrupted)
     interrupted_before = snapshot(interrupted.dir)[1]
     assert "--resume" in sweep.train_flags(interrupted, args)
@@ -181,3 +182,76 @@ def test_skip_and_resume_a_half_finished_sweep(corpus, tmp_path, capsys):
         rows = json.load(f)["variants"]
     assert [row["variant"] for row in rows] == ["baseline", "norm=rmsnorm", "postln"]
     assert all(row["runs"] == 1 and math.isfinite(row["best_loss"]) for row in rows)
+
+
+def test_each_variant_meets_the_reference_of_its_own_context():
+    variants = ["dn_postln+n_layer=6", "dn_deepnorm+n_layer=6", "dn_postln+n_layer=18", "dn_deepnorm+n_layer=18",
+                "dn_deepnorm+n_layer=36"]
+    assert sweep.references(variants, "dn_postln+n_layer=6") == {
+        "dn_deepnorm+n_layer=6": "dn_postln+n_layer=6", "dn_deepnorm+n_layer=18": "dn_postln+n_layer=18",
+        "dn_deepnorm+n_layer=36": "dn_postln+n_layer=6"}  # no 36-layer Post-LN: the reference itself
+    # the reference's own overrides (init=xavier) are its context, not a difference the variant must share
+    assert sweep.references(["postln+init=xavier", "postln+init=xavier+n_layer=18", "deepnorm+n_layer=18"],
+                            "postln+init=xavier") == {"deepnorm+n_layer=18": "postln+init=xavier+n_layer=18"}
+    assert sweep.references(["baseline", "qk_norm=True", "normformer+z_loss=1e-4", "baseline+z_loss=1e-4"],
+                            "baseline") == {"qk_norm=True": "baseline",
+                                            "normformer+z_loss=1e-4": "baseline+z_loss=1e-4"}
+
+
+def record(variant, lr, seed, status, **values):
+    base = {"variant": variant, "lr": lr, "seed": seed, "status": status, "final_loss": None, "spikes": 0,
+            "steps_survived": None, "peak_lr": None, "attn_logit_max": None, "log_z": None}
+    return {**base, **values}
+
+
+def test_comparisons_count_a_diverged_run_as_the_worst_loss():
+    """lr mode: at 1e-2 the variant beats the reference on all 4 seeds (one reference seed diverged: inf);
+    best_loss takes each variant at its own best LR (by median)."""
+    records = [record("v", "1e-2", s, "done", final_loss=2.0 + s / 10) for s in range(4)]
+    records += [record("ref", "1e-2", s, "done", final_loss=3.0 + s / 10) for s in range(3)]
+    records += [record("ref", "1e-2", 3, "diverged", final_loss=math.inf)]
+    records += [record("v", "1e-3", s, "done", final_loss=2.5) for s in range(4)]
+    records += [record("ref", "1e-3", s, "done", final_loss=2.4 + s / 100) for s in range(4)]
+    rows = {row["metric"]: row for row in sweep.comparisons(records, "lr", ["1e-3", "1e-2"], ["ref", "v"], "ref")}
+    assert set(rows) == {"final_loss@1e-3", "spikes@1e-3", "final_loss@1e-2", "spikes@1e-2", "best_loss"}
+    row = rows["final_loss@1e-2"]
+    assert row["reference_values"] == {"median": pytest.approx(3.15), "min": 3.0, "max": math.inf, "n": 4}
+    assert (row["p_exact"], row["verdict"]) == ("1/35", "agrees")  # complete separation, 2 of C(8, 4)
+    # 2.5 on all 4 seeds against 2.40-2.43: the variant is worse on every seed, p = 1/35
+    assert (rows["final_loss@1e-3"]["observed"], rows["final_loss@1e-3"]["verdict"]) == ("worse", "disagrees")
+    assert (rows["best_loss"]["lr"], rows["best_loss"]["reference_lr"]) == ("1e-2", "1e-3")
+    assert rows["spikes@1e-2"]["reference_values"]["max"] == math.inf  # the diverged run is the worst for spikes too
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--recipe=normformer"], "--recipe=normformer is not allowed; choose one of normformer_stability"),
+    (["--recipe=powernorm", "--variants=baseline"], "--variants come from the recipe"),
+    (["--recipe=powernorm", "--seeds=3"], "--seeds=3 is fewer than the recipe's 5"),
+    (["--variants=baseline", "--lrs=1e-2", "--scale=gpu"], "--scale sizes a recipe"),
+    (["--variants=baseline,postln", "--lrs=1e-2", "--reference=normformer"], "--reference=normformer is not one of"),
+])
+def test_recipe_and_reference_bad_input_is_one_line(tmp_path, capsys, flags, expected):
+    # --dry_run: were the input taken, the sweep would print its commands, not run a recipe
+    assert sweep.main([*flags, "--dry_run", f"--out_dir={tmp_path / 'sweep'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sweep.py: ") and expected in err and err.count("\n") == 1
+    assert not os.path.exists(tmp_path / "sweep")
+
+
+def test_a_recipe_takes_more_seeds_and_extra_flags_after_its_own():
+    args = sweep.parse_args(["--recipe=powernorm", "--seeds=6", "--device=cpu", "--max_iters=50"])
+    assert args["seeds"] == 6 and args["out_dir"] == os.path.join("sweeps", "powernorm")
+    assert args["train_argv"][-2:] == ["--device=cpu", "--max_iters=50"]  # after the recipe's --max_iters: they win
+    assert train.parse_flags(args["train_argv"])["max_iters"] == 50
+    assert sweep.parse_args(["--recipe=powernorm", "--scale=gpu"])["out_dir"] == os.path.join("sweeps", "powernorm_gpu")
+
+
+@pytest.mark.parametrize("event, expected", [
+    ({"reason": "mean loss of the last 10 steps 4.7988 is 1.53 above its best 3.2648 (gap 1.5)"}, "loss gap"),
+    ({"reason": "loss 7.1000 above the bound 6.5000 for 3 steps"}, "loss bound"),
+    ({"reason": "non-finite loss (nan) or gradient norm (inf)"}, "non-finite loss"),
+    ({"reason": "non-finite validation loss (nan)"}, "non-finite val loss"),
+    ({"reason": "q@k at layer 0 is above 65504", "criterion": "fp16 overflow"}, "fp16 overflow"),
+])
+def test_the_rule_that_ended_a_run(event, expected):
+    assert sweep.criterion(event) == expected

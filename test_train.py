@@ -6,12 +6,12 @@ import os
 import random
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
 import model
+import runtime
 import train
 from norms import NORMS
 from test_resume import torchrun
@@ -60,20 +60,49 @@ def test_run_writes_config_log_and_checkpoint(corpus, tmp_path):
     assert not os.path.exists(out / "ckpt.pt.tmp")
 
 
+class StepClock:
+    """A clock for runtime.Progress that only moves when a training batch is drawn: 1000 s at step 0 (a compile),
+    then 1 s per step. No wall-clock time is read, so the ms/step of a progress line is exact."""
+
+    def __init__(self, generator):
+        self.now, self.generator = 0.0, generator
+
+    def __call__(self):
+        return self.now
+
+    def batch_generator(self, seed, rank, step, *rest):
+        if step != train.EVAL_STREAM:
+            self.now += 1000.0 if step == 0 else 1.0
+        return self.generator(seed, rank, step, *rest)
+
+
 def test_the_first_step_is_left_out_of_the_progress_timing(corpus, tmp_path, monkeypatch):
     """The first step compiles and warms up (minutes at GPT-2 small on a GPU): the first progress line's ms/step,
-    tokens/s and MFU time the steps after it. Here the first step is made 1.5 s slower than the others."""
-    generator = train.batch_generator
-
-    def slow_first_step(*stream):
-        if stream[2:] == (0, 0):
-            time.sleep(1.5)
-        return generator(*stream)
-
-    monkeypatch.setattr(train, "batch_generator", slow_first_step)
+    tokens/s and MFU time the steps after it (2 and 3), the second line steps 4 to 6."""
+    clock = StepClock(train.batch_generator)
+    monkeypatch.setattr(runtime, "clock", clock)
+    monkeypatch.setattr(train, "batch_generator", clock.batch_generator)
     assert run(corpus, tmp_path, "--max_iters=6", "--eval_interval=6", "--log_interval=3") == 0
     first, second = events(tmp_path / "out", "train")
-    assert first["step"] == 3 and first["ms_per_step"] < 300 and second["ms_per_step"] < 300
+    assert (first["step"], first["ms_per_step"]) == (3, 1000.0)
+    assert (second["step"], second["ms_per_step"]) == (6, 1000.0)
+
+
+@pytest.mark.parametrize("first_step, log_interval, laps", [
+    (0, 3, [(3, (2, 3)), (6, (4, 6))]),  # the first step is left out of the first line
+    (0, 1, [(1, (1, 1)), (2, (2, 2))]),  # ... unless it is a line of its own
+    (4, 3, [(6, (6, 6)), (9, (7, 9))]),  # a resumed run's first step (5) is left out too
+])
+def test_which_steps_each_progress_line_times(monkeypatch, first_step, log_interval, laps):
+    now = [0.0]
+    monkeypatch.setattr(runtime, "clock", lambda: now[0])
+    progress, timed = runtime.Progress(first_step), []
+    for step in range(first_step + 1, laps[-1][0] + 1):
+        now[0] += 1.0
+        progress.step_done(step, log_interval)
+        if step % log_interval == 0:
+            timed.append((step, progress.lap(step)[1]))
+    assert timed == laps
 
 
 def test_gpt2_tokenizer_pads_the_model_vocab(corpus, tmp_path, monkeypatch):
@@ -112,7 +141,8 @@ def test_a_run_never_replaces_another_unless_told(corpus, tmp_path, capsys):
     assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before
     assert run(corpus, tmp_path, "--max_iters=2", "--eval_interval=2", "--overwrite") == 0
     assert [e["step"] for e in events(tmp_path / "out", "train")] == [1, 2]  # a new log
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["ckpt-2.pt", "ckpt.pt", "config.json", "log.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["ckpt-2.pt", "ckpt.pt", "config.json", "log.jsonl",
+                                                                   "run.lock"]
 
 
 def test_resume_refuses_to_change_the_model(corpus, tmp_path, capsys):
@@ -225,14 +255,14 @@ def test_two_process_ddp_keeps_ranks_identical(corpus, tmp_path, norm):
 DRIFTED_RANK = """
 import sys
 sys.path.insert(0, sys.argv[2])
-import torch, torch.distributed as dist, train
+import torch, torch.distributed as dist, runtime
 dist.init_process_group("gloo")
 torch.manual_seed(0)
 layer = torch.nn.Linear(4, 3)
 if dist.get_rank() == 1:
     with torch.no_grad():
         layer.weight[0, 0] += 0.5  # as a gradient that skipped the all-reduce would leave it
-spread = train.rank_spread(layer)
+spread = runtime.rank_spread(layer)
 with open(sys.argv[1] + str(dist.get_rank()), "w") as f:
     f.write(repr(spread))
 dist.destroy_process_group()
@@ -257,7 +287,7 @@ def test_ddp_processes_share_the_gpus_when_there_are_fewer(monkeypatch, device_t
                                                            expected):
     """NCCL refuses two processes on one GPU: with more processes than GPUs they take the GPUs in turn over gloo."""
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-    assert train.ddp_device(device_type, local_rank, processes) == expected
+    assert runtime.ddp_device(device_type, local_rank, processes) == expected
 
 
 @pytest.mark.parametrize("name, flag, expected", [
@@ -269,18 +299,18 @@ def test_ddp_processes_share_the_gpus_when_there_are_fewer(monkeypatch, device_t
 def test_mfu_peak_is_the_gpus_own(monkeypatch, name, flag, expected):
     """nanoGPT issue #182: MFU against a hard-coded A100 peak is wrong on every other GPU."""
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
-    assert train.gpu_peak_flops(train.TrainConfig(gpu_peak_tflops=flag), "cuda") == expected
+    assert runtime.gpu_peak_flops(train.TrainConfig(gpu_peak_tflops=flag), "cuda") == expected
 
 
 def test_compile_default_is_per_device():
-    assert train.resolve_device(train.TrainConfig(device="cpu"))[1].compile is False
-    assert train.resolve_device(train.TrainConfig(device="cpu", compile=True))[1].compile is True
+    assert runtime.resolve_device(train.TrainConfig(device="cpu"))[1].compile is False
+    assert runtime.resolve_device(train.TrainConfig(device="cpu", compile=True))[1].compile is True
     assert train.parse_flags(["--compile"]) == {"compile": True}
 
 
 TRAINING_STEP_FAULTS = """
-import resource, statistics, sys, torch, model, train
-keep = sys.argv[1] == "keep" and train.keep_freed_memory()
+import resource, statistics, sys, torch, model, runtime, train
+keep = sys.argv[1] == "keep" and runtime.keep_freed_memory()
 torch.manual_seed(0)
 # The logits and their gradient, 16 x 128 x 8192 floats, are 64 MiB each: above 32 MiB, the most glibc's adaptive
 # mmap threshold rises to, so by default every step maps them afresh. The quickstart's own blocks (1-8 MiB) fault

@@ -283,7 +283,7 @@ class AlwaysOverflowing(torch.amp.GradScaler):
 
 
 def test_float16_overflow_at_any_scale_is_a_divergence(corpus, tmp_path, monkeypatch):
-    """The scale halves at each overflow; once the next one would be below train.MIN_LOSS_SCALE (1e-4, fairseq's
+    """The scale halves at each overflow; once the next one would be below instruments.MIN_LOSS_SCALE (1e-4, fairseq's
     minimum) the run has diverged: 2^-12 -> 2^-13 = 1.2e-4 at step 1, and at step 2 the next, 6.1e-5, is below."""
     monkeypatch.setattr(torch.amp, "GradScaler", AlwaysOverflowing)
     code = train.main([f"--dataset={corpus / 'tiny.txt'}", f"--data_dir={corpus / 'data'}", f"--out_dir={tmp_path}",

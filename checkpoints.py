@@ -1,0 +1,327 @@
+"""
+The run folder (--out_dir): config.json, log.jsonl and the checkpoints, written so that nothing is lost, by one
+run at a time. A write goes to a .tmp file that is flushed to the disk and then renamed over the old file: a
+crash or kill -9 at any moment leaves the old checkpoint or the new one, never half of one.
+
+How train.py uses this: before any work, `check_out_dir` refuses a folder that cannot be written, that another
+run is using, or that holds another run (unless --resume or --overwrite), and on --resume `newest_checkpoint`
+finds the newest checkpoint that loads and `past_events` reads its log (files.read_log). Once every input is
+checked, `claim` takes the folder's lock (files.claim) for all the run's processes. `restore` puts the
+checkpoint's state back into the model, optimizer, GradScaler and RNGs, and `start_run` writes config.json and
+log.jsonl (a resumed run keeps the events up to its checkpoint). In the loop, `log_event` appends one JSON line
+per event and `save` writes ckpt.pt with every process's RNG states, keeping ckpt-<step>.pt of the last
+--keep_checkpoints checkpoints and of the best one. A failed write is a files.WriteError on every process, with
+the files as they were before it. A run stopped by Ctrl-C ends with `interrupted`, which says how to resume it.
+"""
+
+import contextlib
+import dataclasses
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import files
+import runtime
+from files import WriteError
+from flags import UsageError
+
+CHECKPOINT_KEYS = ("model", "optimizer", "scaler", "step", "best_val", "rng", "model_config", "train_config")
+
+
+def pause_for_tests(point):
+    """test_resume.py SIGKILLs a run paused here (NANONORM_PAUSE_AT=step@5, eval@6 or save@6) mid-operation."""
+    if os.environ.get("NANONORM_PAUSE_AT") == point:
+        print(f"paused at {point}", flush=True)
+        time.sleep(60)
+
+
+def check_out_dir(out_dir, fresh):
+    """out_dir is a folder, or can become one, and can be written; no run is using it; for a fresh run (not
+    --resume or --overwrite) it holds no other run. Checked before anything is written."""
+    existing = os.path.abspath(out_dir)
+    while not os.path.exists(existing):
+        if os.path.lexists(existing):  # a symlink that leads nowhere: makedirs would fail on it
+            raise UsageError(f"--out_dir={out_dir}: {existing} is {files.not_a_file(existing)}; choose another "
+                             "--out_dir")
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise UsageError(f"--out_dir={out_dir}: {existing} is a file, not a folder; choose another --out_dir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--out_dir={out_dir}: {existing} is not writable; choose another --out_dir")
+    holder = files.held_by(out_dir)
+    if holder:
+        raise files.in_use(out_dir, holder)
+    if fresh:
+        refuse_a_run(out_dir)
+
+
+def refuse_a_run(out_dir):
+    if holds_a_run(out_dir):
+        raise UsageError(f"--out_dir={out_dir} holds a run ({', '.join(holds_a_run(out_dir))}); continue it with "
+                         "--resume, replace it with --overwrite, or choose another --out_dir")
+
+
+def run_files(out_dir):
+    """The files in out_dir that a run writes over: config.json, log.jsonl and the checkpoints."""
+    names = os.listdir(out_dir) if os.path.isdir(out_dir) else []
+    return [n for n in sorted(names) if n in ("config.json", "log.jsonl") or n.startswith("ckpt") and n.endswith(".pt")]
+
+
+def holds_a_run(out_dir):
+    """The run files in out_dir that hold something: a user's own config.json counts, and a run that wrote only
+    empty files (a fresh run on a full disk) holds nothing."""
+    return [n for n in run_files(out_dir) if not is_empty(os.path.join(out_dir, n))]
+
+
+def is_empty(path):
+    try:
+        return os.stat(path).st_size == 0 and os.path.isfile(path)
+    except OSError:
+        return False  # a broken symlink: not empty, as far as anyone can tell
+
+
+def claim(out_dir, fresh, machine):
+    """The run folder's lock (files.claim), taken by process 0 for all the run's processes and held until it
+    exits; a fresh run checks again, under the lock, that no run has left its files there meanwhile. A failure is
+    raised on every process. Returns the lock's file (None on the other processes): keep it open."""
+    lock, failure = None, None
+    if machine.master:
+        try:
+            lock = files.claim(out_dir)
+            if fresh:
+                refuse_a_run(out_dir)
+        except (UsageError, WriteError) as e:
+            failure = e
+    on_every_process(failure, machine)
+    return lock
+
+
+def on_every_process(failure, machine):
+    """Process 0's failure (a UsageError or WriteError, or None) raised on every process, so that all stop with its
+    exit code; process 0 prints it."""
+    code = runtime.agree(2 if isinstance(failure, UsageError) else 1 if failure else 0, machine)
+    if code == 2:
+        raise failure or UsageError("process 0 stopped the run")
+    if code == 1:
+        raise failure or WriteError("process 0 stopped the run")
+
+
+def write_atomically(path, state):
+    """Write to path.tmp, flush it to the disk, then rename it over path; a failed or interrupted write (a second
+    Ctrl-C) removes the partial tmp."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        pause_for_tests(f"save@{state['step']}")
+        os.replace(tmp, path)
+        folder = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+        try:
+            os.fsync(folder)  # the rename itself reaches the disk
+        finally:
+            os.close(folder)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        if not isinstance(e, (OSError, RuntimeError)):
+            raise
+        cause = getattr(e, "strerror", None) or str(e).splitlines()[0]
+        raise WriteError(f"cannot write {path} ({cause}); the previous checkpoint is kept") from None
+
+
+def numbered_checkpoints(out_dir):
+    """{step: path} of the ckpt-<step>.pt files in out_dir."""
+    found = {}
+    for name in os.listdir(out_dir) if os.path.isdir(out_dir) else []:
+        stem = name.removeprefix("ckpt-").removesuffix(".pt")
+        if name.startswith("ckpt-") and name.endswith(".pt") and stem.isdigit():
+            found[int(stem)] = os.path.join(out_dir, name)
+    return found
+
+
+def save_checkpoint(out_dir, state, keep):
+    """ckpt.pt is the newest checkpoint; ckpt-<step>.pt (a hard link, no extra space) names each of the last
+    `keep` ones and the one with the best val loss; older ones are deleted."""
+    newest = os.path.join(out_dir, "ckpt.pt")
+    write_atomically(newest, state)
+    numbered = os.path.join(out_dir, f"ckpt-{state['step']}.pt")
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(numbered + ".tmp")
+        os.link(newest, numbered + ".tmp")
+        os.replace(numbered + ".tmp", numbered)
+    except OSError:
+        write_atomically(numbered, state)  # a file system without hard links
+    steps = sorted(numbered_checkpoints(out_dir).items())
+    for step, path in steps[:-keep]:
+        if step != state["best_step"]:
+            try:
+                os.remove(path)
+            except OSError as e:
+                raise WriteError(f"cannot remove {path} ({e.strerror}), an older checkpoint; {newest} is saved") \
+                    from None
+
+
+def gather_rng_states(world_size):
+    """Every process's RNG states (dropout draws from them), so a resume continues each one exactly."""
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    if world_size == 1:
+        return [state]
+    states = [None] * world_size
+    dist.all_gather_object(states, state)
+    return states
+
+
+def save(out_dir, state, keep, machine):
+    """state and every process's RNG states as the newest checkpoint (process 0 writes), or WriteError on every
+    process."""
+    state = {**state, "rng": gather_rng_states(machine.world_size)}
+    failure = None
+    if machine.master:
+        try:
+            save_checkpoint(out_dir, state, keep)
+        except WriteError as e:
+            failure = e
+    on_every_process(failure, machine)
+
+
+def read_checkpoint(path):
+    """A nanonorm checkpoint, or UsageError saying why path is not one. A FIFO is refused unread: reading one would
+    wait forever for a writer."""
+    problem = files.not_a_file(path)
+    if problem:
+        raise UsageError(f"cannot read {path}: it is {problem}")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise UsageError(f"cannot read {path} ({type(e).__name__}); it is damaged or not a checkpoint") from None
+    missing = [k for k in CHECKPOINT_KEYS if not isinstance(checkpoint, dict) or k not in checkpoint]
+    if missing:
+        raise UsageError(f"{path} is not a nanonorm checkpoint (it lacks {', '.join(missing)})")
+    return checkpoint
+
+
+def newest_checkpoint(out_dir, master):
+    """The newest checkpoint that loads: ckpt.pt, else the ckpt-<step>.pt files from the newest down (process 0
+    says which it skipped)."""
+    newest = os.path.join(out_dir, "ckpt.pt")
+    candidates = [newest] if os.path.exists(newest) else []
+    for _, path in sorted(numbered_checkpoints(out_dir).items(), reverse=True):
+        if not candidates or not os.path.samefile(path, newest):
+            candidates.append(path)
+    if not candidates:
+        raise UsageError(f"--resume: no checkpoint in {out_dir} (start without --resume to train from scratch)")
+    problems = []
+    for path in candidates:
+        try:
+            checkpoint = read_checkpoint(path)
+        except UsageError as e:
+            problems.append(str(e))
+            continue
+        for problem in problems if master else []:
+            print(f"train.py: note: {problem}; resuming from {path}", file=sys.stderr)
+        return checkpoint
+    raise UsageError(f"--resume: {problems[0]}" + (f" (and {len(problems) - 1} older ones)" if problems[1:] else ""))
+
+
+def restore(checkpoint, model, optimizer, scaler, tc, machine):
+    """A checkpoint's state into the fresh model, optimizer, scaler and RNGs; returns (step, best_val, best_step)."""
+    # nanoGPT issue #325: a compiled module's state_dict prefixes every name with _orig_mod.
+    weights = {k.removeprefix("_orig_mod."): v for k, v in checkpoint["model"].items()}
+    try:
+        model.load_state_dict(weights)
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        rng = checkpoint["rng"][machine.rank]
+        torch.set_rng_state(rng["cpu"])
+        if "cuda" in rng and machine.device_type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"])
+    except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
+        raise UsageError(f"--resume: the checkpoint does not fit its own model ({str(e).splitlines()[0]})") from None
+    saved_dtype = checkpoint["train_config"].get("dtype")
+    if scaler.is_enabled() and checkpoint["scaler"]:
+        scaler.load_state_dict(checkpoint["scaler"])
+    elif saved_dtype != tc.dtype and machine.master:
+        # dtype is the machine's choice (a resume may move to a GPU), so allowed, but it is a new numeric path
+        fresh_scaler = " with a fresh GradScaler" if scaler.is_enabled() else ""
+        print(f"train.py: note: the checkpoint was trained in {saved_dtype}, this run uses {tc.dtype}{fresh_scaler}; "
+              "not an exact continuation", file=sys.stderr)
+    return checkpoint["step"], checkpoint["best_val"], checkpoint.get("best_step", checkpoint["step"])
+
+
+def past_events(out_dir, master):
+    """The events of the log of the run being resumed (files.read_log: a log that is not one is a UsageError, and
+    nothing is written); process 0 says when its torn last line was left out."""
+    events, note = files.read_log(os.path.join(out_dir, "log.jsonl"))
+    if note and master:
+        print(f"train.py: note: {note}", file=sys.stderr)
+    return events
+
+
+def write_run_files(model_cfg, tc, machine, resumed_step, events, meta):
+    """A fresh run removes an old one's files (--overwrite) and starts an empty log; a resumed one keeps the
+    events up to its checkpoint's step (the steps after it, logged before a crash or a kill, are trained and
+    logged again). config.json holds the resolved configs and the data's description (meta.json)."""
+    if tc.overwrite and resumed_step is None:
+        for name in run_files(tc.out_dir):
+            try:
+                os.remove(os.path.join(tc.out_dir, name))
+            except OSError as e:
+                raise WriteError(f"cannot remove {os.path.join(tc.out_dir, name)} ({e.strerror})") from None
+    kept = [e for e in events if resumed_step is not None and e.get("step", 0) <= resumed_step]
+    files.write_atomic(os.path.join(tc.out_dir, "log.jsonl"), "".join(json.dumps(e) + "\n" for e in kept).encode())
+    sequences = tc.batch_size * tc.grad_accum * machine.world_size
+    config = {"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(tc), "world_size": machine.world_size,
+              "global_batch": {"sequences": sequences, "tokens": sequences * model_cfg.block_size}, "data": meta,
+              "torch": torch.__version__}
+    files.write_atomic(os.path.join(tc.out_dir, "config.json"), json.dumps(config, indent=2).encode())
+
+
+def start_run(model_cfg, tc, machine, model, resumed_step, events, folder, meta):
+    """The run folder's files (write_run_files, by process 0; a failure stops every process) and the run's first
+    lines. Returns the log's path."""
+    log_path = os.path.join(tc.out_dir, "log.jsonl")
+    failure = None
+    if machine.master:
+        try:
+            write_run_files(model_cfg, tc, machine, resumed_step, events, meta)
+        except WriteError as e:
+            failure = e
+    on_every_process(failure, machine)
+    if not machine.master:
+        return log_path
+    sequences = tc.batch_size * tc.grad_accum * machine.world_size
+    print(f"{model.num_params():,} parameters | data {folder} | unigram entropy of val {meta['unigram_entropy']:.4f} "
+          f"nats/token | device {runtime.describe_device(machine.device)} {tc.dtype} x{machine.world_size} | global "
+          f"batch {sequences} sequences = {tc.batch_size} x {tc.grad_accum} micro-steps x {machine.world_size} "
+          f"processes, {sequences * model_cfg.block_size:,} tokens")
+    if resumed_step is not None and tc.lr_schedule != "constant" and tc.max_iters > tc.lr_decay_iters > tc.warmup_iters:
+        print(f"resumed at step {resumed_step}: the LR stays at --min_lr={tc.min_lr} after --lr_decay_iters="
+              f"{tc.lr_decay_iters} (the checkpoint's schedule); raise --lr_decay_iters to decay over the longer run")
+    return log_path
+
+
+def interrupted(step, tc, machine, log_path):
+    """A run stopped by Ctrl-C, SIGTERM or SIGHUP after its checkpoint: the "interrupted" event and how to resume.
+    Exit code 130."""
+    if machine.master:
+        log_event(log_path, {"event": "interrupted", "step": step})
+        launcher = f"torchrun --nproc_per_node={machine.world_size}" if machine.ddp else "python"
+        with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone; the log has said it
+            print(f"interrupted at step {step}; the checkpoint is saved. To continue: "
+                  f"{launcher} train.py --out_dir={tc.out_dir} --resume")
+    return 130
+
+
+def log_event(path, event):
+    """One line of log.jsonl, whole or not at all (files.append_line). (test_resume.py kills a run paused at its
+    step-6 eval: NANONORM_PAUSE_AT=eval@6.)"""
+    pause_for_tests(f"{event['event']}@{event['step']}")
+    files.append_line(path, json.dumps(event) + "\n")

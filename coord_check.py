@@ -1,0 +1,179 @@
+"""
+The coord check of Tensor Programs V (Yang et al. 2022, "Tuning Large Neural Networks via Zero-Shot
+Hyperparameter Transfer"; the check their mup package ships): the same GPT at several widths, each trained a few AdamW steps on the
+same batches, with the mean |x| of every probed op's output (model.probe_points) recorded in each step's forward.
+Plotted against width, one line per step: under a parametrization whose hyperparameters transfer the lines are
+flat; under the standard one, activations after the first updates grow with width (an Adam update moves each
+entry of W by about lr, and a width-d matmul sums d such moves).
+    python coord_check.py --init=gpt2 --out=docs/coord_check.png
+writes the PNG (plot.py draws it) and the numbers beside it (same name, .json). Any model flag of train.py works
+(--init, --preset, --norm, ...), except --n_embd and --n_head: --widths and --head_dim set them.
+Step 0 is the forward at init; step t the forward after t updates.
+"""
+
+import dataclasses
+import functools
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+
+import data
+from files import WriteError, write_atomic
+from flags import UsageError, build, fail, help_of, parse, print_help, wants_help
+from model import GPT, GPTConfig, PRESETS
+from norms import upcast
+
+
+@dataclass
+class CoordOptions:
+    widths: str = help_of("comma-separated model widths d", default="32,64,128,256,512")
+    head_dim: int = help_of("d / n_head, the same at every width (muP keeps it fixed)", default=16)
+    steps: int = help_of("AdamW updates; the forward of each, and of the model after the last, is recorded",
+                         default=4)
+    lr: float = help_of("AdamW learning rate, the same at every width (the point of the check)", default=0.01)
+    batch_size: int = help_of("sequences per step", default=8)
+    dataset: str = help_of("builtin, shakespeare, or a path (data.py)", default="builtin")
+    data_dir: str = help_of("where prepared datasets are stored", default="data")
+    seed: int = help_of("seeds the batches and every width's init", default=1337)
+    out: str = help_of("the PNG to write; its numbers go beside it as .json", default="coord_check.png")
+    preset: str = help_of("a model preset of train.py, applied before the model flags", default="")
+
+
+class MeanAbs:
+    """Forward hooks recording mean |x| of each probe point's tensor: (layer, op, module, io, chunk) tuples, as
+    GPT.probe_points gives them; chunk (j, n) means tensor.chunk(n, dim=-1)[j]."""
+
+    def __init__(self, model, points):
+        modules = dict(model.named_modules())
+        self.values = []
+        self.handles = []
+        for point in points:
+            module, io = modules[point[2]], point[3]
+            if io == "input":
+                self.handles.append(module.register_forward_pre_hook(functools.partial(self.on_input, point)))
+            else:
+                self.handles.append(module.register_forward_hook(functools.partial(self.on_output, point)))
+
+    def on_input(self, point, module, args):
+        self.record(point, args[0])
+
+    def on_output(self, point, module, args, out):
+        self.record(point, out[0] if isinstance(out, (tuple, list)) else out)
+
+    def record(self, point, x):
+        chunk = point[4]
+        part = x if chunk is None else x.chunk(chunk[1], dim=-1)[chunk[0]]
+        self.values.append((point[0], point[1], upcast(part.detach()).abs().mean()))
+
+    def remove(self):
+        for handle in self.handles:
+            handle.remove()
+
+    def rows(self):
+        return [{"layer": layer, "op": op, "mean_abs": value.item()} for layer, op, value in self.values]
+
+
+def coord_check(model, batches, lr):
+    """One width: AdamW at lr (no weight decay, so only the gradient moves W) on batches[0..n-2], the mean |x|
+    of every probe point recorded in the forward of each batch: step t is the model after t updates, and the
+    last batch only measures. Rows {step, layer, op, mean_abs}."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    rows = []
+    for step, (x, y) in enumerate(batches):
+        probe = MeanAbs(model, model.probe_points())
+        try:
+            _, loss = model(x, y)
+        finally:
+            probe.remove()
+        rows += [{"step": step, **row} for row in probe.rows()]
+        if step < len(batches) - 1:
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+    return rows
+
+
+def parse_widths(text):
+    try:
+        widths = [int(w) for w in text.split(",")]
+    except ValueError:
+        raise UsageError(f"--widths={text} is not a comma-separated list of integers") from None
+    if not widths or min(widths) < 1:
+        raise UsageError(f"--widths={text} must list positive integers")
+    return widths
+
+
+def model_configs(opts, given, vocab_size):
+    """{width: GPTConfig}: the preset, then the model flags given, then the width and its heads."""
+    widths = parse_widths(opts.widths)
+    if opts.head_dim < 1 or any(w % opts.head_dim for w in widths):
+        raise UsageError(f"--head_dim={opts.head_dim} must be >= 1 and divide every width in --widths={opts.widths}")
+    if "n_embd" in given or "n_head" in given:
+        raise UsageError("--n_embd and --n_head are set by --widths and --head_dim; give those instead")
+    flags = dict(PRESETS[opts.preset]) if opts.preset else {}
+    flags.update({k: v for k, v in given.items() if k in GPTConfig.__dataclass_fields__})
+    flags = {"n_layer": 2, "block_size": 64, **flags, "vocab_size": vocab_size}
+    try:
+        return {w: GPTConfig(**{**flags, "n_embd": w, "n_head": w // opts.head_dim}) for w in widths}
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def check_options(opts):
+    if opts.steps < 1 or opts.batch_size < 1:
+        raise UsageError(f"--steps={opts.steps} and --batch_size={opts.batch_size} must be >= 1")
+    if not opts.lr > 0:
+        raise UsageError(f"--lr={opts.lr} must be > 0")
+    if opts.preset and opts.preset not in PRESETS:
+        raise UsageError(f"--preset={opts.preset} is not allowed; choose one of {', '.join(PRESETS)}")
+    if not opts.out.endswith(".png"):
+        raise UsageError(f"--out={opts.out} must be a .png path")
+
+
+def run(opts, given):
+    """Every width's rows {width, step, layer, op, mean_abs}, on the same batches for all widths."""
+    folder = data.prepare(opts.dataset, "byte", opts.data_dir)
+    vocab_size = data.load_meta(folder)["vocab_size"]
+    configs = model_configs(opts, given, vocab_size)
+    block_size = next(iter(configs.values())).block_size
+    generator = torch.Generator().manual_seed(opts.seed)
+    batches = [data.get_batch(folder, "train", opts.batch_size, block_size, generator, "cpu")
+               for _ in range(opts.steps + 1)]
+    rows = []
+    for width, cfg in configs.items():
+        torch.manual_seed(opts.seed)
+        rows += [{"width": width, **row} for row in coord_check(GPT(cfg), batches, opts.lr)]
+        print(f"width {width}: done")
+    return rows
+
+
+def main(argv):
+    if wants_help(argv):
+        print_help(__doc__, CoordOptions)
+        return 0
+    try:
+        given = parse(argv, CoordOptions, GPTConfig)
+        opts = build(CoordOptions, given)
+        check_options(opts)
+        rows = run(opts, given)
+    except (UsageError, data.DataError) as e:
+        return fail("coord_check.py", e)
+    import plot  # matplotlib lives there; imported after the checks so bad input fails fast
+    title = " ".join(f"--{k}={v}" for k, v in given.items() if k in GPTConfig.__dataclass_fields__ or k == "preset")
+    record = {"options": dataclasses.asdict(opts), "model_flags": title, "rows": rows}
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(opts.out)), exist_ok=True)
+        write_atomic(os.path.splitext(opts.out)[0] + ".json", json.dumps(record).encode())
+        plot.plot_coord_check(rows, title or "--init=gpt2 (default)", opts.out)
+    except (WriteError, OSError) as e:
+        print(f"coord_check.py: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {opts.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,169 @@
+"""
+The files that runs and datasets leave on disk, read and written so that nothing is lost and nothing is guessed:
+one reader of log.jsonl, writes that are whole or absent, and the lock that lets one run at a time use a folder.
+Imports only the standard library: data.py and plot.py use it without loading torch.
+
+How train.py uses this (through checkpoints.py and data.py): `claim(out_dir)` takes the run folder's lock before
+the run's first write and holds it until the process ends; `held_by(out_dir)` says which process holds a folder
+(sweep.py asks it before it starts a run). `read_log(path)` gives a log's events; `append_line` adds one,
+`write_atomic` writes config.json and the prepared data. A write that fails (disk full, a read-only filesystem)
+is a WriteError naming the file and the cause, with the file as it was before: one line, exit code 1.
+"""
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import socket
+import stat
+
+from flags import UsageError
+
+LOCK = "run.lock"  # in every run folder; it stays there (removing it would let two runs lock two different files)
+
+
+class WriteError(Exception):
+    """A file could not be written (disk full, read-only filesystem, I/O error): printed as one line, exit code 1.
+    What the file held before the write is kept."""
+
+
+def cannot_write(path, error):
+    return WriteError(f"cannot write {path} ({error.strerror or error})")
+
+
+def write_atomic(path, data):
+    """data (bytes, or an array) as the file at path, whole or not at all: written to a temporary file beside it,
+    flushed to the disk, then renamed over path. Any failure, Ctrl-C included, removes the temporary file."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        if isinstance(e, OSError):
+            raise cannot_write(path, e) from None
+        raise
+
+
+def append_line(path, line):
+    """line (text ending in a newline) appended to path, whole or not at all: a write cut short (the disk filled
+    up, a second Ctrl-C) is cut back off, so the file keeps its old lines and gains no torn one."""
+    data = memoryview(line.encode())
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    except OSError as e:
+        raise cannot_write(path, e) from None
+    try:
+        size = os.fstat(fd).st_size
+        while data:
+            data = data[os.write(fd, data):]
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, size)
+        if isinstance(e, OSError):
+            raise cannot_write(path, e) from None
+        raise
+    finally:
+        os.close(fd)
+
+
+def not_a_file(path):
+    """Why path cannot be read as a plain file (one phrase), or None where it can; a missing path is None."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return f"a symlink to {os.readlink(path)}, which does not exist" if os.path.islink(path) else None
+    except OSError as e:
+        return "in a symlink loop" if e.errno == errno.ELOOP else f"unreadable ({e.strerror})"
+    if stat.S_ISDIR(mode):
+        return "a folder, not a file"
+    if not stat.S_ISREG(mode):
+        return "not a regular file (a FIFO, socket or device, which could block a read forever)"
+    return None
+
+
+def read_log(path):
+    """(events, note) of a log.jsonl: one JSON object with an "event" per line. A last line without its newline
+    was cut short by a killed run: it is left out, and note says so ("" otherwise). No file is no events.
+    Anything else (a line that is not such an object, text that is not UTF-8, a folder or a broken symlink in the
+    log's place) is a UsageError naming the file and the line: nothing is guessed, and the caller writes nothing."""
+    problem = not_a_file(path)
+    if problem:
+        raise UsageError(f"{path} is {problem}; a run's log.jsonl is a file of JSON lines")
+    if not os.path.exists(path):
+        return [], ""
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    torn = lines.pop()  # what follows the last newline: nothing, in a whole log
+    events = []
+    for number, line in enumerate(lines, 1):
+        try:
+            event = json.loads(line.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise UsageError(f"{path}:{number}: not UTF-8 text; it is not a log nanonorm wrote") from None
+        except ValueError:
+            raise UsageError(f"{path}:{number}: not JSON; it is not a log nanonorm wrote") from None
+        if not isinstance(event, dict) or not isinstance(event.get("event"), str):
+            raise UsageError(f'{path}:{number}: not an event (a JSON object with an "event" name); it is not a log '
+                             "nanonorm wrote")
+        events.append(event)
+    note = f"{path}:{len(lines) + 1}: the last line was cut short (a killed run); left out" if torn else ""
+    return events, note
+
+
+def holder(lock):
+    """Who holds a lock file, from what its holder wrote into it."""
+    lock.seek(0)
+    pid, _, host = lock.read().strip().partition(" ")
+    return f"PID {pid} on {host}" if pid.isdigit() else "a process that has not written its PID yet"
+
+
+def in_use(out_dir, who):
+    return UsageError(f"--out_dir={out_dir} is in use by a run ({who}); wait for it to end or stop it, or choose "
+                      "another --out_dir")
+
+
+def held_by(out_dir):
+    """The process holding out_dir's lock ("PID 123 on host"), or None when no process does. Writes nothing."""
+    try:
+        lock = open(os.path.join(out_dir, LOCK))  # read-only: flock needs only an open file
+    except OSError:
+        return None
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)  # shared: two processes may look at once
+        except BlockingIOError:
+            return holder(lock)
+    return None
+
+
+def claim(out_dir):
+    """out_dir's lock for this process, or a UsageError naming the process that holds it. Keep the returned file
+    open for the life of the run: the lock is the kernel's (flock), released when the process ends, however it
+    ends (kill -9 included), so no run is ever blocked by one that is gone. The holder's PID and host are written
+    into the lock file for held_by."""
+    path = os.path.join(out_dir, LOCK)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        lock = open(path, "a+")  # not truncated until it is ours: the holder's PID stays readable
+    except OSError as e:
+        raise cannot_write(path, e) from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        who = holder(lock)
+        lock.close()
+        raise in_use(out_dir, who) from None
+    try:
+        lock.truncate(0)
+        lock.write(f"{os.getpid()} {socket.gethostname()}\n")
+        lock.flush()
+    except OSError as e:
+        lock.close()
+        raise cannot_write(path, e) from None
+    return lock

@@ -1,0 +1,169 @@
+"""
+The command line of every script: one parser and one UsageError. Each script declares its options as the fields
+of a dataclass; a flag is --key=value, --key value, or a bare --key for True, and its text becomes a value of the
+field's type: bool takes true/false/1/0/yes/no in any case and nothing else, int takes ASCII digits, float a
+finite number, a Literal (or a list of choices the script gives) one of its values, and Optional[X] also None.
+An unknown flag gets the nearest names as a hint (difflib). Bad input is a UsageError, which the script prints
+as one line `script.py: what was wrong; what is allowed` on stderr before it exits with code 2 (`fail`).
+Imports only the standard library: python data.py starts without loading torch.
+
+How train.py uses this: `parse(argv, GPTConfig, TrainConfig, choices={"preset": PRESETS})` gives {flag: value}
+for the flags the command line sets, and `build(TrainConfig, given)` the config of those that are its fields;
+`python train.py --help` is `print_help(__doc__, catalog="configurable.txt")`. data.py, sweep.py, plot.py,
+bench.py and sample.py call the same parse with a dataclass of their own (plot.py's folders are positional),
+and sweep.py and bench.py hand what is not theirs to train.py's flags with `split`.
+"""
+
+import dataclasses
+import difflib
+import math
+import os
+import re
+import sys
+import typing
+from typing import Literal
+
+BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+class UsageError(Exception):
+    """Bad input from the command line (or a file it names): printed as one line, exit code 2."""
+
+
+def help_of(meaning, **kwargs):
+    """A dataclass field with its meaning for --help: `rounds: int = help_of("rounds to time", default=45)`."""
+    return dataclasses.field(metadata={"help": meaning}, **kwargs)
+
+
+def field_types(*classes):
+    """{flag: type} of the fields of the dataclasses; where two share a name, the first class owns it."""
+    types = {}
+    for cls in reversed(classes):
+        types.update(typing.get_type_hints(cls))
+    return {name: types[name] for cls in classes for name in (f.name for f in dataclasses.fields(cls))}
+
+
+def plain_type(kind):
+    """(X, True) for Optional[X], else (kind, False)."""
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) is typing.Union and type(None) in args:
+        return next(a for a in args if a is not type(None)), True
+    return kind, False
+
+
+def allowed_values(name, kind, choices=None):
+    """The values a flag accepts, as a list, or None where any value of its type goes."""
+    if choices and name in choices:
+        return list(choices[name])
+    if typing.get_origin(kind) is Literal:
+        return list(typing.get_args(kind))
+    return None
+
+
+def convert(name, text, kind, choices=None):
+    """The text of --name=text as a value of the field's type, or a UsageError saying what is allowed."""
+    kind, optional = plain_type(kind)
+    if optional and text == "None":
+        return None
+    allowed = allowed_values(name, kind, choices)
+    if allowed is not None:
+        if text not in allowed:
+            raise UsageError(f"--{name}={text} is not allowed; choose one of {', '.join(allowed)}")
+        return text
+    if kind is bool:
+        if text.lower() not in BOOLEANS:
+            raise UsageError(f"--{name}={text} is not a boolean; use True or False (or 1/0, yes/no)")
+        return BOOLEANS[text.lower()]
+    if kind is int and not re.fullmatch(r"[+-]?[0-9]+", text):  # int() also takes " 3", "1_0" and other scripts' digits
+        raise UsageError(f"--{name}={text} is not a valid int")
+    try:
+        value = kind(text)
+    except ValueError:
+        raise UsageError(f"--{name}={text} is not a valid {kind.__name__}") from None
+    if kind is float and not math.isfinite(value):
+        raise UsageError(f"--{name}={value} is not a finite number")
+    return value
+
+
+def items(argv, types):
+    """(name, text, the argv entries it came from) for each flag, text None for a bare --name; (None, entry,
+    [entry]) for an entry that is not a flag. A flag of these types takes the next entry as its value unless that
+    is a flag too (then a bare boolean is True)."""
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name, has_value, text = arg[2:].partition("=")
+        if not arg.startswith("--") or not name:
+            yield None, arg, [arg]
+        elif has_value:
+            yield name, text, [arg]
+        elif name in types and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            i += 1
+            yield name, argv[i], [arg, argv[i]]
+        else:
+            yield name, None, [arg]
+        i += 1
+
+
+def split(argv, *classes):
+    """argv's entries for the fields of these dataclasses, and the others as they were, in order."""
+    types = field_types(*classes)
+    own, rest = [], []
+    for name, _, entries in items(argv, types):
+        (own if name in types else rest).extend(entries)
+    return own, rest
+
+
+def parse(argv, *classes, choices=None, positional=None):
+    """{flag: typed value} of the flags argv sets, for the fields of the dataclasses. choices: {flag: allowed
+    values} beyond the Literal types. positional: the key under which other arguments are listed (plot.py's
+    folders); without it an argument that is not a flag is bad input."""
+    types = field_types(*classes)
+    given = {positional: []} if positional else {}
+    for name, text, entries in items(argv, types):
+        if name is None:
+            if not positional:
+                raise UsageError(f"unexpected argument {text!r}; flags look like --key=value")
+            given[positional].append(text)
+        elif name not in types:
+            close = difflib.get_close_matches(name, list(types), n=3)
+            hint = f"; did you mean {', '.join('--' + c for c in close)}?" if close else ""
+            raise UsageError(f"unknown flag --{name}{hint} (--help lists every flag)")
+        elif text is None and plain_type(types[name])[0] is bool:
+            given[name] = True
+        elif text is None:
+            raise UsageError(f"--{name} needs a value (--{name}=VALUE)")
+        else:
+            given[name] = convert(name, text, types[name], choices)
+    return given
+
+
+def build(cls, given):
+    """cls with the given flags that are its fields; the others keep their defaults."""
+    return cls(**{k: v for k, v in given.items() if k in cls.__dataclass_fields__})
+
+
+def wants_help(argv):
+    return "--help" in argv or "-h" in argv
+
+
+def print_help(doc, *classes, catalog=None):
+    """The script's docstring, then its flags: the lines of a catalog file (configurable.txt, whose first two
+    lines say how it is checked), or a line per field with its name, default and meaning (help_of)."""
+    print(doc.strip())
+    if catalog:
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), catalog)) as f:
+            print("\n".join(f.read().splitlines()[2:]))
+        return
+    print("\nflag           default   meaning")
+    for cls in classes:
+        for f in dataclasses.fields(cls):
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            shown = str(default) if default != "" else "(none)"
+            print(f"--{f.name:<12} {shown:<9} {f.metadata.get('help', '')}")
+
+
+def fail(script, error):
+    """Bad input, as one line on stderr; returns the exit code, 2."""
+    print(f"{script}: {' '.join(str(error).split())}", file=sys.stderr)
+    return 2

@@ -1,0 +1,242 @@
+"""
+stability.py's instruments applied to train.py's steps: the spike monitor (and --skip_spikes), divergence, the
+float16 loss-scale criterion, first-overflow forensics and the "diverged" report, and the telemetry and
+headroom events. One object, a few verbs; every event it writes goes to log.jsonl (process 0 only).
+
+How train.py uses this: `instruments = Instruments(raw_model, tc, log_path, master, autocast, device)` once, with
+`load_state_dict(checkpoint)` on --resume and `state_dict()` into each checkpoint (a resumed run flags, skips and
+diverges exactly where the uninterrupted one would, unless --diverge_loss, --spike_window or --spike_z is given
+anew: those apply from the resumed step). Each step, `pre_step = instruments.before_step()` keeps the
+buffers forensics needs; after the backward passes and the step's one host read, `verdict =
+instruments.judge(step, loss, grad_norm, scaler)` is the one place where a step's fate is decided, before the
+weights change: diverged (then `instruments.report(...)` re-runs the step for the failed op and ends the run with
+exit code 3), skipped (a spike under --skip_spikes), or taken. Around the optimizer step,
+`weights_before(step)` and `after_update(step, ...)` write the overflow, telemetry and headroom events.
+"""
+
+import functools
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+import stability
+from checkpoints import log_event, pause_for_tests
+from flags import UsageError
+
+# float16: a run whose gradients overflow even with the loss scaled below this has diverged (fairseq's
+# --min-loss-scale default, the code NormFormer trained with)
+MIN_LOSS_SCALE = 1e-4
+
+# the criterion a diverged event names, from stability.DivergenceCheck's reasons (nanonorm's own rules, not a
+# paper's) and train.py's; sweep.py's criterion() reads the same names from older logs
+CRITERIA = (("non-finite validation", "non-finite val loss"), ("non-finite", "non-finite loss"),
+            ("float16", "float16 loss scale"), ("above the bound", "loss bound"), ("above its best", "loss gap"))
+
+
+def criterion_of(reason):
+    return next((name for text, name in CRITERIA if text in reason), reason)
+
+
+@dataclass
+class Verdict:
+    """What the instruments make of a step from its loss and gradient norm, before the optimizer step."""
+    loss: float
+    grad_norm: float
+    diverged: Optional[str] = None  # the reason the run has diverged, or None
+    overflow: bool = False  # float16: the scaled gradients overflowed; GradScaler skips the update
+    spike: bool = False  # a loss or gradient-norm spike (the monitor's z-scores above --spike_z)
+    skip: bool = False  # the optimizer step is skipped (a spike under --skip_spikes)
+    criterion: Optional[str] = None  # the rule that ended the run: "fp16 overflow", "loss gap", ... (CRITERIA)
+    failed_op: Optional[dict] = None  # --fp16_overflow_fails: the op over 65504 in this step's own forward
+
+
+class Instruments:
+    """The step's instruments over the plain (not compiled, not DDP-wrapped) model."""
+
+    def __init__(self, model, tc, log_path, master, autocast, device):
+        self.model, self.tc, self.log_path, self.master = model, tc, log_path, master
+        self.autocast, self.device = autocast, device
+        self.monitor = stability.SpikeMonitor(tc.spike_window, tc.spike_z)
+        self.divergence = stability.DivergenceCheck(tc.diverge_loss, gap=tc.diverge_gap)
+        self.points = model.probe_points()  # the papers' op names for the hooks of stability.py
+        persistent = model.state_dict().keys()
+        # running statistics change in a step's forward/backward; they are put back before forensics re-runs it
+        self.stateful = any(name in persistent for name, _ in model.named_buffers())
+        if tc.fp16_overflow_fails and tc.compile:
+            raise UsageError("--fp16_overflow_fails needs --compile=False: its forward hooks see nothing inside "
+                             "torch.compile")
+        self.step_probe = None  # --fp16_overflow_fails: the hooks on the training step's own forward passes
+        self.ended = None  # the verdict that ended the run, for report()
+
+    def state_dict(self):
+        return {"spike_monitor": self.monitor.state_dict(), "divergence": self.divergence.state_dict()}
+
+    def load_state_dict(self, checkpoint):
+        """The checkpoint's windows and bounds. self.tc holds the checkpoint's --spike_window, --spike_z and
+        --diverge_loss unless the resume gave new ones, which apply from here (a shorter window keeps its newest
+        values; a new --diverge_loss=None sets the bound from the next loss)."""
+        saved = checkpoint.get("spike_monitor", self.monitor.state_dict())
+        self.monitor.load_state_dict({**saved, "window": self.tc.spike_window, "z_threshold": self.tc.spike_z})
+        self.divergence.load_state_dict(checkpoint.get("divergence", self.divergence.state_dict()))
+        if self.tc.diverge_loss != checkpoint["train_config"].get("diverge_loss"):
+            self.divergence.max_loss = self.tc.diverge_loss
+
+    def log(self, event):
+        if self.master:
+            log_event(self.log_path, event)
+
+    def before_step(self):
+        """The buffers that the step's forward passes will update, for forensics to re-run it from."""
+        if self.tc.fp16_overflow_fails:
+            self.step_probe = stability.Probe(self.model, self.points)
+            self.step_probe.__enter__()
+        return stability.snapshot(self.model, parameters=False) if self.stateful else None
+
+    def fp16_overflow(self):
+        """--fp16_overflow_fails, NormFormer arXiv v1 §4 (final: §6): its runs fail when an op's output is "too
+        large to be represented in 16 bits". Emulated in any dtype: the first forward output of this step's
+        micro-batches, in forward order, that is non-finite or above 65504, or None. The hooks only took one amax
+        per output; the maxima are agreed across processes so that every one reaches the same verdict."""
+        probe, self.step_probe = self.step_probe, None
+        probe.__exit__()
+        if not probe.pending:
+            return None
+        peaks = torch.stack([stats[0] for _, _, stats in probe.pending])
+        peaks = torch.where(torch.isfinite(peaks), peaks, math.inf)  # NaN as inf: MAX of a NaN is undefined
+        if dist.is_initialized():
+            dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
+        over = (peaks > stability.FP16_MAX).nonzero()
+        if len(over) == 0:
+            return None
+        layer, op, module = probe.pending[int(over[0])][0][:3]
+        return {"layer": layer, "op": op, "pass": "forward", "module": module, "max_abs": peaks[over[0]].item()}
+
+    def judge(self, step, loss, grad_norm, scaler):
+        """The step's verdict from its loss and gradient norm (the same on every process)."""
+        # float16: a non-finite gradient from a finite loss is the loss scale overflowing, not a divergence.
+        # GradScaler skips this update and halves the scale (Micikevicius et al. 2018 §3.2); only the loss is
+        # checked, and the spike monitor does not see the step
+        overflow = scaler.is_enabled() and math.isfinite(loss) and not math.isfinite(grad_norm)
+        record = self.fp16_overflow() if self.step_probe else None
+        if record:
+            layer = f" at layer {record['layer']}" if record["layer"] is not None else ""
+            reason = f"{record['op']}{layer} output max |x| {record['max_abs']:.3g} is above the float16 range (65504)"
+            verdict = Verdict(loss, grad_norm, reason, overflow, criterion="fp16 overflow", failed_op=record)
+        else:
+            verdict = Verdict(loss, grad_norm, self.divergence.check(loss, None if overflow else grad_norm), overflow)
+        if overflow and not verdict.diverged and scaler.get_scale() * scaler.get_backoff_factor() < MIN_LOSS_SCALE:
+            verdict.diverged = (f"float16 gradients overflow with the loss scaled by {scaler.get_scale():.3g}; the "
+                                f"next scale would be below {MIN_LOSS_SCALE:g}")
+        if verdict.diverged:
+            verdict.criterion = verdict.criterion or criterion_of(verdict.diverged)
+            self.ended = verdict
+            return verdict
+        z_scores = (math.nan, math.nan) if overflow else self.monitor.update(loss, grad_norm)
+        verdict.spike = self.monitor.is_spike(*z_scores)
+        verdict.skip = verdict.spike and self.tc.skip_spikes
+        if verdict.spike:
+            self.log({"event": "spike", "step": step + 1, "loss": loss, "grad_norm": grad_norm,
+                      "z_loss_score": z_scores[0], "z_grad_score": z_scores[1], "skipped": verdict.skip})
+        pause_for_tests(f"step@{step + 1}")  # gradients computed, weights not yet updated
+        return verdict
+
+    def due(self, step):
+        """Whether telemetry or headroom events are due after step (the step numbered step + 1 in the log)."""
+        return self.master and any(n and (step + 1) % n == 0
+                                   for n in (self.tc.telemetry_interval, self.tc.fp16_headroom_interval))
+
+    def weights_before(self, step):
+        """The weights before the update, for the update/weight ratio of the telemetry event (None if not due)."""
+        return stability.snapshot(self.model) if self.due(step) else None
+
+    def after_update(self, step, verdict, scaler, before, x, y):
+        """The events of a step after its update (step: its number in the log, gradients still in .grad): the
+        loss scale after an overflow, and telemetry and headroom from a hooked pass over its last micro-batch."""
+        if verdict.overflow:
+            self.log({"event": "overflow", "step": step, "loss": verdict.loss, "loss_scale": scaler.get_scale()})
+        if before is None:
+            return
+        tc = self.tc
+        weights = None
+        if tc.telemetry_interval and step % tc.telemetry_interval == 0:
+            weights = stability.weight_stats(self.model, before, splits=self.model.weight_splits(),
+                                             label=self.model.op_label)
+        headroom = bool(tc.fp16_headroom_interval) and step % tc.fp16_headroom_interval == 0
+        records, logits = self.probe_pass(x, y, backward=headroom)
+        if headroom:
+            self.log({"event": "headroom", "step": step, "ops": stability.headroom(records),
+                      "fp16_max": stability.FP16_MAX})
+        if weights is not None:
+            forward = [r for r in records if r["pass"] == "forward"]
+            self.log({"event": "telemetry", "step": step, "weights": weights,
+                      "acts": [{k: r[k] for k in ("layer", "op", "std", "max_abs")} for r in forward],
+                      "attn_logit_max": [{"layer": r["layer"], "value": r["max_abs"]} for r in forward
+                                         if r["op"] == "q@k"],
+                      "logits": stability.logit_stats(logits),
+                      "gains": stability.gain_stats(self.model, label=self.model.op_label),
+                      "norm_stats": stability.buffer_stats(self.model, label=self.model.op_label)})
+
+    def probe_pass(self, x, y, backward):
+        """The probes' own forward (and backward) of a batch on the plain model (hooks see nothing inside
+        torch.compile), leaving the weights, buffers, gradients and RNG as they were."""
+        saved = stability.snapshot(self.model, parameters=False)
+        with torch.random.fork_rng(devices=[self.device] if self.device.startswith("cuda") else []):
+            with stability.Probe(self.model, self.points, backward=backward, stats=True) as probe:
+                with self.autocast:
+                    logits, loss = self.model(x, y)
+                if backward:
+                    loss.backward()
+        self.model.zero_grad(set_to_none=True)
+        stability.restore(self.model, saved)
+        return probe.records, logits.detach()
+
+    def failed_op(self, pre_step, batches):
+        """NormFormer Table 3's "failed operation": the step's micro-batches re-run from the pre-step state
+        with hooks on, until one shows an op whose output (or its gradient) is non-finite or above 65504."""
+        self.model.zero_grad(set_to_none=True)
+        for x, y in batches:
+            if pre_step:
+                stability.restore(self.model, pre_step)
+            record, _ = stability.find_first_overflow(self.model, self.points, functools.partial(self.backward, x, y))
+            self.model.zero_grad(set_to_none=True)
+            if record:
+                return record
+        return None
+
+    def backward(self, x, y):
+        with self.autocast:
+            loss = self.model(x, y)[1]
+        loss.backward()
+
+    def report(self, step, lr, reason, pre_step=None, batches=()):
+        """The "diverged" event and line, with the failed op of the step's micro-batches (batches: (x, y) of
+        each, drawn again); returns exit code 3. The last good checkpoint, if the run has written one, stays as
+        it is."""
+        if not self.master:
+            return 3
+        ended = self.ended if self.ended and self.ended.diverged == reason else None
+        criterion = ended.criterion if ended else criterion_of(reason)
+        # --fp16_overflow_fails names the op of the step itself; the other criteria re-run the step to find one
+        record = ended.failed_op if ended and ended.failed_op else self.failed_op(pre_step, batches)
+        notes = []
+        if record is None:
+            notes.append("no op's output or gradient was above the float16 range (65504) or non-finite")
+        if not any(op == "q@k" for _, op, *_ in self.points):
+            notes.append("q@k needs --attn_impl=manual")
+        self.log({"event": "diverged", "step": step, "steps_survived": step, "lr": lr, "reason": reason,
+                  "criterion": criterion, "loss_tail": list(self.divergence.tail), "failed_op": record,
+                  "note": "; ".join(notes)})
+        where = "none"
+        if record:
+            layer = f" at layer {record['layer']}" if record["layer"] is not None else ""
+            where = f"{record['op']}{layer} ({record['pass']}, max |x| {record['max_abs']:.3g})"
+        # a run that diverges before its first checkpoint has none to keep (--overwrite removed any older one)
+        kept = "the last good checkpoint is kept" if os.path.exists(os.path.join(self.tc.out_dir, "ckpt.pt")) else \
+            "there is no checkpoint: it diverged before the first"
+        print(f"diverged at step {step} (survived {step} steps, lr {lr:.3e}) by {criterion}: {reason}; first op "
+              f"over the float16 range: {where}{' (' + '; '.join(notes) + ')' if notes else ''}; {kept}.")
+        return 3

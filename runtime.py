@@ -1,0 +1,293 @@
+"""
+Where a run executes: torchrun's processes (DDP), the device and dtype, CPU threads and memory, and how fast it
+goes (ms/step, tokens/s, MFU).
+
+How train.py uses this: `Machine.from_env()` reads torchrun's environment (one process without it), and
+`resolve_device(tc)` makes --device=auto and --dtype=auto concrete; `check_memory(model_cfg, tc, device,
+machine)` refuses a model that cannot fit before anything is allocated. Once every input is checked (on every
+process, each on its own: no process group yet), `start(tc, machine)` joins the process group and sets the CPU
+threads. In the loop, `host_read(...)` is a step's one read of the device, through which the processes
+agree on the loss, gradient norm and a stop request (StopRequest, Ctrl-C); `agree` makes a failure on one
+process (a checkpoint write) a failure on all, and `rank_spread` checks that DDP kept their weights identical.
+`Progress` times the progress lines and `gpu_peak_flops` gives MFU its denominator.
+"""
+
+import ctypes
+import dataclasses
+import os
+import platform
+import signal
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+# Imported before init_process_group on purpose: torch.distributed.nn binds group.WORLD as a default argument when
+# first imported, and DDP imports it (through torch._dynamo). Imported after, it pins the group for good, so
+# destroy_process_group leaves gloo's threads running into the interpreter's exit, where they can abort it
+# ("terminate called without an active exception": once in a 2-process CPU run). Imported first, it binds None.
+import torch.distributed.nn  # noqa: F401
+
+from flags import UsageError
+
+clock = time.perf_counter  # the progress lines' clock (test_train.py replaces it with one that it advances)
+
+
+@dataclass
+class Machine:
+    """This process's place in the run: its rank among world_size processes (torchrun sets RANK, LOCAL_RANK,
+    WORLD_SIZE and LOCAL_WORLD_SIZE; without them, one process), its device, and the GPUs the run uses."""
+    ddp: bool = False
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    device: str = "cpu"
+    gpus: int = 0  # GPUs of the whole run, for MFU: one per process, or each node's when processes share them
+
+    @classmethod
+    def from_env(cls):
+        env = {k: int(os.environ.get(k.upper(), 1)) for k in ("world_size", "local_world_size")}
+        return cls(ddp=int(os.environ.get("RANK", -1)) != -1, rank=int(os.environ.get("RANK", 0)),
+                   local_rank=int(os.environ.get("LOCAL_RANK", 0)), **env)
+
+    @property
+    def master(self):
+        return self.rank == 0
+
+    @property
+    def device_type(self):
+        return self.device.split(":")[0]
+
+
+def resolve_device(tc):
+    """--device=auto and --dtype=auto made concrete: returns the device and tc with its dtype resolved."""
+    device = tc.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device_type = device.split(":")[0]
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device={tc.device}: CUDA is not available here; use --device=cpu")
+    if device_type == "cuda" and torch.device(device).index is not None and \
+            torch.device(device).index >= torch.cuda.device_count():
+        raise UsageError(f"--device={tc.device}: this machine has {torch.cuda.device_count()} GPUs (cuda:0 to "
+                         f"cuda:{torch.cuda.device_count() - 1})")
+    if device_type == "mps" and not torch.backends.mps.is_available():
+        raise UsageError(f"--device={tc.device}: this torch has no MPS device; use --device=cpu")
+    if tc.dtype == "auto":
+        # CPUs without bf16 units run bf16 autocast 20-30x slower than float32 (measured on a 2-core AMD EPYC)
+        bf16_ok = device_type == "cuda" and torch.cuda.is_bf16_supported()
+        tc = dataclasses.replace(tc, dtype="bfloat16" if bf16_ok else "float32")
+    if tc.dtype == "bfloat16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UsageError("--dtype=bfloat16 is not supported by this GPU; use --dtype=float16")
+    if tc.compile is None:
+        # measured: inductor beats eager on GPUs, but on a 2-core CPU at the quickstart shape it was slower
+        tc = dataclasses.replace(tc, compile=device_type == "cuda")
+    return device, tc
+
+
+def parameter_estimate(m):
+    """The model's parameters, counted from its config without building it: the embeddings and every layer's
+    matrices (attention's 4 d^2, the feed-forward's 2 or, for GEGLU, 3 times ffn_mult d^2). Biases, gains and
+    scales are left out: O(L d) against O(L d^2), a few percent at d = 32 (test_reliability.py checks it)."""
+    ffn = m.ffn_mult * m.n_embd * (3 if m.activation == "geglu" else 2)
+    embeddings = m.vocab_size * m.n_embd * (1 if m.tie_embeddings else 2)
+    positions = m.block_size * m.n_embd if m.pos == "learned" else 0
+    return m.n_layer * (4 * m.n_embd + ffn) * m.n_embd + embeddings + positions
+
+
+def memory_estimate(m, tc):
+    """Bytes one training process needs, roughly: 16 per parameter (float32 weights and gradients, AdamW's two
+    moments) plus the activations autograd keeps for a micro-step of batch_size x block_size tokens, which
+    Korthikanti et al. 2022 (§4.1, eq. (1)) put at T B d (34 + 5 H T / d) bytes per layer in 16-bit (the 5 H T / d
+    term is the attention matrix, which SDPA's fused kernels do not keep), twice that in float32, plus the logits
+    and their gradient in float32."""
+    tokens = tc.batch_size * m.block_size
+    per_value = 34 + (5 * m.n_head * m.block_size / m.n_embd if m.attn_impl == "manual" else 0)
+    activations = m.n_layer * tokens * m.n_embd * per_value * (2 if tc.dtype == "float32" else 1)
+    return 16 * parameter_estimate(m) + activations + 2 * 4 * tokens * m.vocab_size
+
+
+def memory_of(device, machine):
+    """(bytes, what they are) this process may use: its GPU's memory, or its share of the machine's RAM (the
+    processes torchrun starts on one machine share it)."""
+    if device.startswith("cuda"):
+        sharing = -(-machine.local_world_size // torch.cuda.device_count())
+        return torch.cuda.get_device_properties(device).total_memory // sharing, describe_device(device)
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    share = f" ({machine.local_world_size} processes share it)" if machine.local_world_size > 1 else ""
+    return total // machine.local_world_size, f"this machine's memory{share}"
+
+
+def check_memory(model_cfg, tc, device, machine):
+    """A model and batch that cannot fit in memory, refused before anything is allocated (one line)."""
+    need = memory_estimate(model_cfg, tc)
+    have, where = memory_of(device, machine)
+    if need > have:
+        raise UsageError(f"the model and its training need about {need / 1e9:.3g} GB "
+                         f"({parameter_estimate(model_cfg):.3g} parameters, 16 bytes each with their gradients and "
+                         f"AdamW's state, and the activations of --batch_size={tc.batch_size} x --block_size="
+                         f"{model_cfg.block_size} tokens), and {where} has {have / 1e9:.3g} GB; choose a smaller "
+                         "model, --batch_size or --block_size")
+
+
+def ddp_device(device_type, local_rank, local_world_size):
+    """This torchrun process's device and process-group backend. NCCL takes one process per GPU; with more
+    processes than GPUs (torchrun --nproc_per_node=2 on one GPU, to try DDP) they share the GPUs in turn, and
+    gloo, which copies CUDA tensors through host memory, carries their collectives."""
+    if device_type != "cuda":
+        return device_type, "gloo"
+    gpus = torch.cuda.device_count()
+    return f"cuda:{local_rank % gpus}", "nccl" if local_world_size <= gpus else "gloo"
+
+
+def start(tc, machine):
+    """The device (machine.device) and tc with --device, --dtype and --compile resolved; under torchrun, the
+    process group joined; on CPU, each process's share of the cores and an allocator that keeps freed memory.
+    Called once every input is checked: bad input stops each process on its own, with no process group to
+    tear down."""
+    device, tc = resolve_device(tc)
+    machine.device = device
+    if machine.device_type == "cuda":
+        machine.gpus = machine.world_size // machine.local_world_size * min(machine.local_world_size,
+                                                                            torch.cuda.device_count())
+    if machine.ddp:
+        machine.device, backend = ddp_device(machine.device_type, machine.local_rank, machine.local_world_size)
+        if machine.device_type == "cuda":
+            torch.cuda.set_device(machine.device)
+        dist.init_process_group(backend=backend)
+    if machine.device_type == "cpu":
+        # torchrun sets OMP_NUM_THREADS=1 per process: give each process its share of the cores instead
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // machine.local_world_size))
+        keep_freed_memory()
+    return tc
+
+
+def keep_freed_memory():
+    """Make glibc keep the memory a CPU training step frees, for the next step to reuse. Returns whether it could.
+
+    Each step allocates and frees every activation. By default glibc serves large blocks with mmap and gives them
+    back to the OS on free, so each new tensor page-faults on first touch: measured 476-5,700 faults a step at
+    the quickstart shape and 36,000-71,000 at 2L/768d/T1024, batch 4. Never trimming the heap
+    (M_TRIM_THRESHOLD = -1) and never using mmap (M_MMAP_MAX = 0) stops that; the process then holds its peak
+    memory. Trimming off alone is worse: it also freezes glibc's adaptive mmap threshold at 128 KiB. Not glibc
+    (macOS, musl): nothing to do.
+    """
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # from glibc's malloc.h
+    libc = ctypes.CDLL(None)
+    return bool(libc.mallopt(M_TRIM_THRESHOLD, -1)) and bool(libc.mallopt(M_MMAP_MAX, 0))
+
+
+class StopRequest:
+    """The first Ctrl-C (SIGINT), a SIGTERM (what torchrun sends its workers on Ctrl-C) or a SIGHUP (a closed
+    terminal or ssh session) asks the run to stop at the next step boundary, or between two eval batches, with a
+    checkpoint; a second Ctrl-C stops at once."""
+
+    def __init__(self):
+        self.requested = False
+
+    def __call__(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+
+
+def leave_together(code, machine):
+    """How torchrun's processes leave on an error that every one of them meets (bad input, which each process checks
+    on its own): process 0, which has printed it, waits a second for the others to get here too, then exits; each
+    other process waits for the SIGTERM that torchrun sends once process 0 has exited, and exits with the same code.
+    So the line is printed once, never lost to a process 0 that torchrun stopped first, and torchrun lists every
+    process with that exit code rather than as killed by a signal. Returns in a process other than 0 only if
+    torchrun has not ended it within a minute: an error of its own, which it then prints itself."""
+    if machine.master:
+        time.sleep(1)
+        return
+    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(code))
+    time.sleep(60)
+
+
+def host_read(sums, grad_norm, stop, machine):
+    """A step's one read of the device: (loss, z-loss term, stop everywhere, grad norm). Under DDP the
+    processes' means are all-reduced first, so that every process takes the same divergence and spike
+    decisions, and a stop request (Ctrl-C) on any process rides along: all stop before the next step without
+    a sync of their own."""
+    if machine.ddp:
+        sums[2] = stop.requested
+        dist.all_reduce(sums)
+        sums /= machine.world_size
+    loss, z_loss, stops, grad = torch.cat([sums, grad_norm.view(1).float()]).tolist()
+    return loss, z_loss, stops > 0 if machine.ddp else stop.requested, grad
+
+
+def agree(value, machine):
+    """The largest of the processes' values (a flag, an exit code) on every process: a failure on one (a
+    checkpoint write, a stop request) is a failure on all, so all stop together."""
+    if not machine.ddp:
+        return value
+    value = torch.tensor(float(value), device=machine.device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return int(value.item())
+
+
+def rank_spread(model):
+    """How far the processes' weights and buffers have drifted apart: DDP keeps them identical, so anything
+    but 0 means a bug (an unsynchronized buffer, a gradient that skipped the all-reduce)."""
+    sums = torch.stack([t.detach().double().sum() for t in [*model.parameters(), *model.buffers()]]).tolist()
+    gathered = [None] * dist.get_world_size()
+    # a list of Python floats per process, gathered as one object: one call, whatever the backend and device
+    dist.all_gather_object(gathered, sums)
+    return max(abs(theirs - ours) for other in gathered for theirs, ours in zip(other, sums, strict=True))
+
+
+class Progress:
+    """The timing of the progress lines: each times the steps since the line before. The run's first step
+    compiles and warms up (seconds to minutes on a GPU), so unless it ends a line itself the first line leaves
+    it out and times the steps after it."""
+
+    def __init__(self, step):
+        self.first_step, self.timed_from, self.t0 = step, step, clock()
+
+    def step_done(self, step, log_interval):
+        if step == self.first_step + 1 and step % log_interval:
+            self.timed_from, self.t0 = step, clock()
+
+    def lap(self, step):
+        """Seconds per step since the last lap, and the steps it timed (first, last); the next lap starts here."""
+        now = clock()
+        seconds, timed = (now - self.t0) / (step - self.timed_from), (self.timed_from + 1, step)
+        self.timed_from, self.t0 = step, now
+        return seconds, timed
+
+
+def format_duration(seconds):
+    minutes, seconds = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}" if minutes >= 60 else f"{minutes}:{seconds:02d}"
+
+
+# Dense bf16 peak of common GPUs, FLOP/s (vendor datasheets, without sparsity). MFU = achieved model FLOP/s over
+# this peak (PaLM App. B); nanoGPT issue #182: a hard-coded A100 peak gives wrong MFU on any other GPU. The first
+# key found in the device's name wins, so a name that holds another ("H100 NVL" holds "H100") comes before it.
+GPU_PEAK_BF16 = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12), ("A100", 312e12),
+                 ("L40S", 362e12), ("L40", 181e12), ("L4", 121e12), ("A10", 125e12), ("RTX 4090", 165e12),
+                 ("RTX 3090", 71e12))
+
+
+def describe_device(device):
+    """The device as the progress output names it: with the GPU's model, so that timings say where they ran."""
+    return f"{device} ({torch.cuda.get_device_name(device)})" if device.startswith("cuda") else device
+
+
+def gpu_peak_flops(tc, device):
+    """The peak used for MFU on this GPU, or None where it is not known (then MFU is not printed)."""
+    if tc.gpu_peak_tflops:
+        return tc.gpu_peak_tflops * 1e12
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in GPU_PEAK_BF16 if key in name), None)
+
+
+def mfu(flops_per_second, tc, machine):
+    """Model FLOP/s over the peak of the run's GPUs (PaLM App. B), or None off CUDA or for a GPU of unknown peak."""
+    peak = gpu_peak_flops(tc, machine.device) if machine.device_type == "cuda" else None
+    return flops_per_second / peak / machine.gpus if peak else None

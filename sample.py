@@ -1,0 +1,126 @@
+"""
+Sample from a trained model, as nanoGPT's sample.py: loads <out_dir>/ckpt.pt (any variant, saved from a
+compiled model or not) and prints --num_samples continuations of --start, decoded with the run's tokenizer.
+    python sample.py --out_dir=out --start="def " --num_samples=3 --max_new_tokens=200
+--start is the text to continue, or FILE:path for the text of a UTF-8 file. Each token is drawn from the
+softmax of the logits / --temperature over the --top_k most likely tokens (--top_k=None: all of them);
+--top_k=1 is greedy decoding. The same --seed gives the same samples on the same machine.
+"""
+import os
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+import data
+import flags
+from checkpoints import read_checkpoint
+from flags import UsageError, help_of
+from model import GPT, GPTConfig
+
+
+@dataclass
+class SampleConfig:
+    out_dir: str = help_of("the run folder whose ckpt.pt to load", default="out")
+    start: str = help_of("the text to continue, or FILE:path", default="\n")
+    num_samples: int = help_of("samples to print", default=3)
+    max_new_tokens: int = help_of("tokens to add to --start in each sample", default=200)
+    temperature: float = help_of("divides the logits: < 1 sharper, > 1 flatter", default=0.8)
+    top_k: Optional[int] = help_of("sample from the k most likely tokens; None: all", default=200)
+    seed: int = help_of("seeds torch's generators", default=1337)
+    device: str = help_of("auto (cuda where there is a GPU), cpu, cuda or cuda:N", default="auto")
+
+
+def check(sc):
+    """sc's values, or a UsageError saying which is wrong and what is allowed."""
+    if sc.num_samples < 1 or sc.max_new_tokens < 1:
+        raise UsageError(f"--num_samples={sc.num_samples} and --max_new_tokens={sc.max_new_tokens} must be >= 1")
+    if sc.temperature <= 0:
+        raise UsageError(f"--temperature={sc.temperature} must be > 0 (--top_k=1 samples greedily)")
+    if sc.top_k is not None and sc.top_k < 1:
+        raise UsageError(f"--top_k={sc.top_k} must be >= 1, or None to sample from the whole vocabulary")
+
+
+def resolve_device(name):
+    """--device=auto is CUDA where there is a GPU, else the CPU; any other name must exist here."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"--device={name} is not a device; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device={name}: CUDA is not available here; use --device=cpu")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise UsageError(f"--device={name}: this machine has {torch.cuda.device_count()} GPUs, cuda:0 and up")
+    if device.type not in ("cpu", "cuda"):
+        raise UsageError(f"--device={name} is not supported; use auto, cpu, cuda or cuda:N")
+    return name
+
+
+def load_model(out_dir):
+    """The model saved in out_dir/ckpt.pt and the name of its run's tokenizer."""
+    path = os.path.join(out_dir, "ckpt.pt")
+    if not os.path.isfile(path):
+        raise UsageError(f"no checkpoint at {path}; train one with python train.py --out_dir={out_dir}")
+    checkpoint = read_checkpoint(path)  # torch.load(weights_only=True): a checkpoint runs no code
+    try:
+        model = GPT(GPTConfig(**checkpoint["model_config"]))
+        # nanoGPT issue #325: a compiled model's state_dict prefixes every name with _orig_mod.
+        model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in checkpoint["model"].items()})
+        tokenizer = checkpoint["train_config"]["tokenizer"]
+    except (TypeError, ValueError, KeyError, RuntimeError, AttributeError) as e:
+        cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(f"{path} does not hold a model this model.py can build ({cause})") from None
+    return model, tokenizer
+
+
+def start_text(start):
+    """--start's text: itself, or the text of the UTF-8 file FILE:path names."""
+    if start.startswith("FILE:"):
+        path = start.removeprefix("FILE:")
+        try:
+            with open(path, "rb") as f:
+                start = f.read().decode("utf-8")
+        except OSError as e:
+            raise UsageError(f"--start=FILE:{path}: cannot read it ({e.strerror})") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"--start=FILE:{path} is not UTF-8 text; convert it, e.g. iconv -t utf-8") from None
+    try:
+        start.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes of a command line arrive as lone surrogates
+        raise UsageError("--start is not valid UTF-8 text; give UTF-8 text or FILE:path of a UTF-8 file") from None
+    if not start:
+        raise UsageError("--start is empty; give at least one character to continue (the default is a newline)")
+    return start
+
+
+def main(argv):
+    if flags.wants_help(argv):
+        flags.print_help(__doc__, SampleConfig)
+        return 0
+    try:
+        sc = flags.build(SampleConfig, flags.parse(argv, SampleConfig))
+        check(sc)
+        device = resolve_device(sc.device)
+        start = start_text(sc.start)
+        model, tokenizer = load_model(sc.out_dir)
+        enc = data.get_tokenizer(tokenizer)
+        if model.config.vocab_size < enc.n_vocab:
+            raise UsageError(f"the checkpoint's vocab_size={model.config.vocab_size} is smaller than its "
+                             f"tokenizer's ({tokenizer}, {enc.n_vocab}); it is not a checkpoint train.py wrote")
+    except (UsageError, data.DataError) as e:
+        return flags.fail("sample.py", e)
+    model.to(device)
+    idx = torch.tensor(data.encode(enc, start).astype("int64"), device=device)[None]
+    torch.manual_seed(sc.seed)  # every device's generator
+    for _ in range(sc.num_samples):
+        out = model.generate(idx, sc.max_new_tokens, temperature=sc.temperature, top_k=sc.top_k)
+        print(data.decode(enc, out[0].tolist()))
+        print("---------------")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

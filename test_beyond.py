@@ -1,0 +1,278 @@
+"""Tests of the methods beyond the four papers against their equations, written out here in float64: DyT (Zhu et al.
+2025), Gemma 2's soft-caps, LayerNorm Scaling (Sun et al. 2025), Mix-LN (Li, Yin, Liu 2025), Peri-LN (Kim et al.
+2025), OLMo 2's reordered norm, Magneto's SubLN (Wang et al. 2023), and the coord check (Tensor Programs V)."""
+
+import copy
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import coord_check
+import norms
+from model import GPT, GPTConfig, PRESETS, softcap, subln_gain
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TINY = dict(n_layer=2, n_embd=32, n_head=4, block_size=16, vocab_size=64)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # tiny models on a busy 2-core machine: a second intra-op thread only adds synchronization
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def build(seed=0, **kw):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(**{**TINY, **kw})).double()
+
+
+def tokens(B=3, T=16, V=64, seed=1):
+    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def hidden(seed=3, shape=(2, 16, 32), scale=1.0):
+    return scale * torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def perturb_(module, seed=7, scale=0.3):
+    """Move every parameter away from its init (gains 1, biases 0, alpha 0.5), so that an operation that is skipped
+    or misplaced shows up in the output."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+
+
+def layer_norm(x, norm, scale=1.0):
+    """Ba et al. 2016 with norm's g and b, written out: (x - E[x]) / sqrt(Var[x] + eps) * g + b, times scale."""
+    mu = x.mean(-1, keepdim=True)
+    var = (x - mu).square().mean(-1, keepdim=True)
+    return ((x - mu) / torch.sqrt(var + 1e-5) * norm.weight + norm.bias) * scale
+
+
+def attention(attn, x, cap=0.0, sub_norm=None):
+    """Causal attention written out: per head softmax(mask(q k^T / sqrt(hd))) v, the logits soft-capped as
+    c * tanh(s / c) when cap > 0, the concatenated heads through sub_norm (SubLN) when given, then W_O."""
+    B, T, C = x.shape
+    H = attn.n_head
+    q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in attn.qkv(x).split(C, dim=2))
+    s = q @ k.transpose(-2, -1) / math.sqrt(C // H)
+    if cap:
+        s = cap * torch.tanh(s / cap)
+    s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    y = (F.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    return attn.proj(y if sub_norm is None else layer_norm(y, sub_norm))
+
+
+# 1. DyT: y = g * tanh(alpha * x) + b
+
+@pytest.mark.parametrize("affine", norms.AFFINE)
+def test_dyt_forward_matches_formula(affine):
+    m = norms.make_norm("dyt", 8, affine=affine, dyt_alpha=0.7).double()
+    perturb_(m)
+    x = hidden(shape=(3, 5, 8), scale=3.0)
+    g = 1.0 if m.weight is None else m.weight
+    b = 0.0 if m.bias is None else m.bias
+    torch.testing.assert_close(m(x), g * torch.tanh(m.alpha * x) + b, rtol=0, atol=1e-14)
+
+
+def test_dyt_backward_matches_closed_form():
+    m = norms.make_norm("dyt", 8, dyt_alpha=0.7).double()
+    perturb_(m)
+    x = hidden(shape=(3, 5, 8), scale=3.0).requires_grad_()
+    dy = hidden(seed=4, shape=(3, 5, 8))
+    m(x).backward(dy)
+    a, g = m.alpha.detach(), m.weight.detach()
+    t = torch.tanh(a * x.detach())
+    sech2 = 1 - t * t  # d tanh(u) / du
+    torch.testing.assert_close(x.grad, dy * g * a * sech2, rtol=0, atol=1e-13)
+    torch.testing.assert_close(m.alpha.grad, (dy * g * x.detach() * sech2).sum(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(m.weight.grad, (dy * t).sum((0, 1)), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(m.bias.grad, dy.sum((0, 1)), rtol=1e-12, atol=1e-12)
+
+
+def test_dyt_alpha_starts_at_its_flags_per_slot():
+    model = build(norm="dyt", dyt_alpha=0.2, dyt_alpha_attn=0.8, qk_norm=True)
+    block = model.blocks[0]
+    assert block.attn_norm.alpha.item() == pytest.approx(0.8)  # a float32 parameter
+    for slot in (block.ffn_norm, block.attn.q_norm, block.attn.k_norm, model.final_norm):
+        assert slot.alpha.item() == pytest.approx(0.2)
+    assert build(norm="dyt").blocks[1].attn_norm.alpha.item() == 0.5
+
+
+# 2. soft-caps (Gemma 2): c * tanh(z / c)
+
+def test_softcap_values_and_gradient():
+    z = torch.linspace(-200, 200, 101, dtype=torch.float64, requires_grad=True)
+    y = softcap(z, 30.0)
+    y.sum().backward()
+    torch.testing.assert_close(y, 30.0 * torch.tanh(z.detach() / 30.0), rtol=0, atol=1e-13)
+    torch.testing.assert_close(z.grad, 1 - torch.tanh(z.detach() / 30.0) ** 2, rtol=0, atol=1e-13)
+    assert y.abs().max() < 30.0 and softcap(z, 0.0) is z
+
+
+def test_attn_softcap_forces_the_manual_path_and_caps_the_logits():
+    model = build(attn_softcap=0.5)  # attn_impl=sdpa: the cap must take the manual path anyway
+    perturb_(model)
+    attn = model.blocks[0].attn
+    assert attn.scores is not None
+    x = hidden(scale=2.0).requires_grad_()
+    y = attn(x)
+    torch.testing.assert_close(y, attention(attn, x, cap=0.5), rtol=0, atol=1e-12)
+    assert not torch.allclose(y, attention(attn, x))  # the cap is small enough to matter here
+    dx = torch.autograd.grad(y.square().sum(), x)[0]
+    dx_written = torch.autograd.grad(attention(attn, x, cap=0.5).square().sum(), x)[0]
+    torch.testing.assert_close(dx, dx_written, rtol=0, atol=1e-11)
+
+
+def test_logit_softcap_caps_the_output_logits_and_the_loss_sees_them():
+    capped, plain = build(logit_softcap=0.5), build()
+    perturb_(capped)
+    perturb_(plain)
+    idx, targets = tokens(), tokens(seed=2)
+    logits, loss = capped(idx, targets)
+    expected = 0.5 * torch.tanh(plain(idx)[0] / 0.5)
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-13)
+    torch.testing.assert_close(loss, F.cross_entropy(expected.view(-1, 64), targets.view(-1)), rtol=0, atol=1e-13)
+
+
+# 3. placements, each block against its equation on a hand-built input
+
+def test_layer_norm_scaling_divides_each_pre_ln_norm_output_by_sqrt_l():
+    model = build(n_layer=3, layer_norm_scaling=True)
+    perturb_(model)
+    x = hidden(scale=2.0)
+    for layer, block in enumerate(model.blocks, start=1):
+        h = x + block.attn(layer_norm(x, block.attn_norm, 1 / math.sqrt(layer)))
+        expected = h + block.mlp(layer_norm(h, block.ffn_norm, 1 / math.sqrt(layer)))
+        torch.testing.assert_close(block(x), expected, rtol=0, atol=1e-12)
+
+
+def test_mix_ln_is_post_ln_in_the_first_round_alpha_l_layers_then_pre_ln():
+    model = build(n_layer=4, layout="mix", mix_ln_ratio=0.5)
+    perturb_(model)
+    x = hidden(scale=2.0)
+    assert [b.layout for b in model.blocks] == ["post", "post", "pre", "pre"]
+    last_post, first_pre = model.blocks[1], model.blocks[2]  # the switch
+    h = layer_norm(x + last_post.attn(x), last_post.attn_norm)
+    torch.testing.assert_close(last_post(x), layer_norm(h + last_post.mlp(h), last_post.ffn_norm), rtol=0, atol=1e-12)
+    h = x + first_pre.attn(layer_norm(x, first_pre.attn_norm))
+    torch.testing.assert_close(first_pre(x), h + first_pre.mlp(layer_norm(h, first_pre.ffn_norm)), rtol=0, atol=1e-12)
+    assert model.final_norm is not None  # the last layers are pre-LN
+    # the default ratio 0.25, rounded half up: 10 layers -> 3 Post-LN (Python's round would give 2), 4 -> 1, 1 -> 0
+    for n_layer, posts in ((10, 3), (4, 1), (1, 0)):
+        layouts = [b.layout for b in GPT(GPTConfig(**{**TINY, "n_layer": n_layer, "layout": "mix"})).blocks]
+        assert layouts == ["post"] * posts + ["pre"] * (n_layer - posts)
+
+
+def test_reordered_norms_each_sublayer_output_only():
+    model = build(layout="reordered")
+    perturb_(model)
+    x = hidden(scale=2.0)
+    block = model.blocks[1]
+    h = x + layer_norm(block.attn(x), block.attn_norm)
+    torch.testing.assert_close(block(x), h + layer_norm(block.mlp(h), block.ffn_norm), rtol=0, atol=1e-12)
+    assert model.final_norm is not None  # OLMo 2 keeps a final norm
+    with pytest.raises(ValueError, match="reordered"):
+        GPTConfig(layout="reordered", scale_attn=True)
+
+
+def test_peri_ln_preset_norms_each_sublayer_input_and_output_and_the_embeddings():
+    model = build(**PRESETS["peri_ln"])
+    perturb_(model)
+    x = hidden(scale=2.0)
+    block = model.blocks[0]
+    h = x + layer_norm(block.attn(layer_norm(x, block.attn_norm)), block.attn_out_norm)
+    expected = h + layer_norm(block.mlp(layer_norm(h, block.ffn_norm)), block.ffn_out_norm)
+    torch.testing.assert_close(block(x), expected, rtol=0, atol=1e-12)
+    idx = tokens()
+    embedded = layer_norm(model.wte.weight[idx] + model.wpe.weight[:16], model.embed_norm)
+    torch.testing.assert_close(model.embed(idx), embedded, rtol=0, atol=1e-12)
+    assert model.final_norm is not None
+
+
+def test_subln_puts_a_norm_before_w_o_and_before_w_2():
+    model = build(subln=True)
+    perturb_(model)
+    x = hidden(scale=2.0)
+    block = model.blocks[0]
+    torch.testing.assert_close(block.attn(x), attention(block.attn, x, sub_norm=block.attn.sub_norm),
+                               rtol=0, atol=1e-12)
+    mlp = block.mlp
+    torch.testing.assert_close(mlp(x), mlp.proj(layer_norm(F.gelu(mlp.fc(x)), mlp.fc_norm)), rtol=0, atol=1e-12)
+
+
+def test_subln_init_multiplies_v_w_o_w_1_and_w_2_by_sqrt_log_2n():
+    plain, sub = build(n_layer=3), build(n_layer=3, subln=True)
+    gain = math.sqrt(math.log(6))
+    assert subln_gain(GPTConfig(n_layer=3)) == gain
+    for p, s in zip(plain.blocks, sub.blocks):
+        qk_p, v_p = p.attn.qkv.weight.split((64, 32))
+        qk_s, v_s = s.attn.qkv.weight.split((64, 32))
+        torch.testing.assert_close(qk_s, qk_p, rtol=0, atol=0)
+        for w_p, w_s in ((v_p, v_s), (p.attn.proj.weight, s.attn.proj.weight), (p.mlp.fc.weight, s.mlp.fc.weight),
+                         (p.mlp.proj.weight, s.mlp.proj.weight)):
+            torch.testing.assert_close(w_s, gain * w_p, rtol=1e-6, atol=0)  # drawn and scaled in float32
+
+
+@pytest.mark.parametrize("preset", ["peri_ln", "mix_ln", "lns", "olmo2", "magneto", "dyt", "gemma2"])
+def test_new_presets_compile_to_one_graph_that_matches_eager(preset):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**TINY, **PRESETS[preset]}))
+    idx = tokens()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(idx)[0], model(idx)[0], rtol=1e-5, atol=1e-5)
+
+
+# 4. the coord check
+
+def test_coord_check_gives_the_mean_abs_a_direct_computation_gives():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**TINY)).double()
+    twin = copy.deepcopy(model)
+    batches = [(tokens(seed=s), tokens(seed=s + 10)) for s in range(3)]
+    rows = coord_check.coord_check(model, batches, lr=0.01)
+    assert len(rows) == 3 * len(twin.probe_points())
+    got = {(r["step"], r["layer"], r["op"]): r["mean_abs"] for r in rows}
+    optimizer = torch.optim.AdamW(twin.parameters(), lr=0.01, weight_decay=0.0)
+    for step, (idx, targets) in enumerate(batches):
+        h = twin.embed(idx)
+        q = twin.blocks[0].attn.qkv(layer_norm(h, twin.blocks[0].attn_norm)).chunk(3, dim=-1)[0]
+        direct = {(step, None, "embed"): h, (step, 0, "q"): q}
+        for layer, block in enumerate(twin.blocks):
+            h = block(h)
+            direct[(step, layer, "resid_ffn")] = h
+        logits, loss = twin(idx, targets)
+        direct[(step, None, "logits")] = logits
+        for key, tensor in direct.items():
+            assert got[key] == pytest.approx(tensor.abs().mean().item(), rel=1e-12), key
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def test_coord_check_command_writes_png_and_numbers(tmp_path):
+    out = tmp_path / "cc.png"
+    argv = ["--widths=16,32", "--head_dim=8", "--steps=1", "--n_layer=1", "--batch_size=2",
+            f"--data_dir={os.path.join(HERE, 'data')}", f"--out={out}"]
+    assert coord_check.main(argv) == 0
+    assert out.stat().st_size > 0 and (tmp_path / "cc.json").stat().st_size > 0
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--widths=32,x"], "--widths=32,x is not a comma-separated list of integers"),
+    (["--widths=24", "--head_dim=16"], "--head_dim=16 must be >= 1 and divide every width"),
+    (["--n_embd=64"], "--n_embd and --n_head are set by --widths and --head_dim"),
+    (["--out=cc.jpg"], "--out=cc.jpg must be a .png path"),
+])
+def test_coord_check_bad_input_is_one_line_and_exit_code_2(argv, expected, capsys):
+    assert coord_check.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("coord_check.py: ") and expected in err and err.count("\n") == 1

@@ -1,0 +1,110 @@
+"""flags.py: one parser and one UsageError for every script; the same syntax and the same answers everywhere."""
+
+import ast
+import os
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import pytest
+
+import bench
+import data
+import flags
+import plot
+import sweep
+import train
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPTS = ("train.py", "data.py", "sweep.py", "plot.py", "bench.py", "sample.py")
+
+
+@dataclass
+class Options:
+    name: str = "x"
+    count: int = 1
+    rate: float = 0.5
+    on: bool = False
+    maybe: Optional[bool] = None
+    limit: Optional[int] = 3
+    kind: Literal["a", "b"] = "a"
+
+
+def test_each_syntax_gives_a_typed_value():
+    given = flags.parse(["--name", "y", "--count=7", "--rate", "-2.5", "--on", "--maybe", "--limit=None", "--kind=b"],
+                        Options)
+    assert given == {"name": "y", "count": 7, "rate": -2.5, "on": True, "maybe": True, "limit": None, "kind": "b"}
+    assert flags.build(Options, given) == Options("y", 7, -2.5, True, True, None, "b")
+    assert flags.parse(["--on", "no", "--maybe=False"], Options) == {"on": False, "maybe": False}
+    assert flags.parse(["--name="], Options) == {"name": ""}
+
+
+@pytest.mark.parametrize("text, value", [("true", True), ("True", True), ("YES", True), ("1", True),
+                                         ("false", False), ("No", False), ("0", False)])
+def test_booleans_are_read_alike_in_every_script(text, value):
+    assert train.parse_flags([f"--bias={text}"]) == {"bias": value}
+    assert sweep.parse_args(["--variants=baseline", "--lrs=1e-2", f"--dry_run={text}"])["dry_run"] is value
+    assert flags.parse([f"--on={text}"], Options) == {"on": value}
+
+
+@pytest.mark.parametrize("script, main, argv", [
+    ("train.py", train.main, ["--bias=maybe"]),
+    ("sweep.py", sweep.main, ["--variants=baseline", "--lrs=1e-2", "--dry_run=maybe"]),
+    ("bench.py", bench.main, ["--bias=maybe"]),
+])
+def test_a_bad_boolean_is_the_same_line_in_every_script(capsys, script, main, argv):
+    assert main(argv) == 2
+    name = argv[-1].split("=")[0]
+    assert capsys.readouterr().err == f"{script}: {name}=maybe is not a boolean; use True or False (or 1/0, yes/no)\n"
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--count=1_0"], "--count=1_0 is not a valid int"),
+    (["--count=\u0663"], "is not a valid int"),  # an Arabic-Indic 3: int() would take it
+    (["--count= 3"], "is not a valid int"),
+    (["--count=2.0"], "--count=2.0 is not a valid int"),
+    (["--rate=inf"], "--rate=inf is not a finite number"),
+    (["--rate=nan"], "--rate=nan is not a finite number"),
+    (["--rate=fast"], "--rate=fast is not a valid float"),
+    (["--on=2"], "--on=2 is not a boolean"),
+    (["--kind=c"], "--kind=c is not allowed; choose one of a, b"),
+    (["--limit"], "--limit needs a value (--limit=VALUE)"),
+    (["--cuont=2"], "unknown flag --cuont; did you mean --count?"),
+    (["loose"], "unexpected argument 'loose'"),
+    (["--"], "unexpected argument '--'"),
+])
+def test_bad_input_is_one_line(argv, expected):
+    with pytest.raises(flags.UsageError) as error:
+        flags.parse(argv, Options)
+    assert expected in str(error.value) and "\n" not in str(error.value)
+
+
+def test_choices_and_positionals():
+    assert flags.parse(["--name=q"], Options, choices={"name": ["p", "q"]}) == {"name": "q"}
+    with pytest.raises(flags.UsageError, match="--name=r is not allowed; choose one of p, q"):
+        flags.parse(["--name=r"], Options, choices={"name": ["p", "q"]})
+    assert flags.parse(["a", "--count", "2", "b"], Options, positional="folders") == {"folders": ["a", "b"], "count": 2}
+    paths, opts = plot.parse_args(["run", "--out", "png", "sweep", "--op=q"])
+    assert paths == ["run", "sweep"] and (opts["out"], opts["op"]) == ("png", "q")
+
+
+def test_split_keeps_what_is_not_its_own_as_given():
+    own, rest = flags.split(["--n_layer", "3", "--count", "2", "--on", "--compile", "False", "x", "--rate=1"], Options)
+    assert own == ["--count", "2", "--on", "--rate=1"]
+    assert rest == ["--n_layer", "3", "--compile", "False", "x"]
+
+
+def test_the_first_class_owns_a_shared_name():
+    @dataclass
+    class Other:
+        count: str = "many"
+    assert flags.field_types(Options, Other)["count"] is int and flags.field_types(Other, Options)["count"] is str
+    assert sweep.parse_args(["--variants=b", "--lrs=1", "--out_dir=grid"])["out_dir"] == "grid"  # not train.py's
+
+
+def test_there_is_one_usage_error():
+    assert train.flags.UsageError is data.UsageError is sweep.UsageError is plot.UsageError is bench.UsageError
+    for script in SCRIPTS:
+        with open(os.path.join(HERE, script)) as f:
+            tree = ast.parse(f.read())
+        classes = [node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
+        assert "UsageError" not in classes, f"{script} defines a UsageError of its own"

@@ -1,0 +1,505 @@
+"""Nothing lost, nothing cryptic, no silent harm (issues 23 and 25): one run per out_dir, writes that fail on a full
+or read-only disk, torn and foreign logs, models too big for the machine, a resume onto other data, best_val and
+the instruments' bounds across a resume, stops in evaluations and by SIGHUP, a FIFO for a checkpoint, and bad
+input under a real 2-process torchrun."""
+
+import builtins
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import checkpoints
+import files
+import flags
+import model
+import runtime
+import train
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
+        "--log_interval=1", "--warmup_iters=2", "--lr=3e-3"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "tiny.txt"
+    path.write_text("".join(f"the norm {i % 7} of layer {i % 5} scales residual {i % 3}\n" for i in range(400)))
+    return str(path)
+
+
+def flags_of(corpus, out, *more):
+    return [f"--dataset={corpus}", f"--data_dir={os.path.dirname(corpus)}/data", f"--out_dir={out}", *TINY, *more]
+
+
+def events(out):
+    return files.read_log(os.path.join(out, "log.jsonl"))[0]
+
+
+def steps(out, kind="train"):
+    return [e["step"] for e in events(out) if e["event"] == kind]
+
+
+def contents(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+
+def one_line(err, *pieces):
+    assert err.count("\n") == 1 and err.startswith("train.py: ") and "Traceback" not in err, err
+    for piece in pieces:
+        assert piece in err, (piece, err)
+
+
+def start(args, **env):
+    return subprocess.Popen([sys.executable, "train.py", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, cwd=HERE, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+
+
+def wait_for(process, printed):
+    deadline = time.time() + 120
+    while time.time() < deadline and process.poll() is None:
+        if printed in process.stdout.readline():
+            return
+    raise AssertionError(f"the run never printed {printed!r} (exit code {process.poll()})")
+
+
+# One run per out_dir
+
+def test_a_held_out_dir_refuses_a_second_run_and_a_killed_holder_releases_it(corpus, tmp_path):
+    out = tmp_path / "out"
+    run = flags_of(corpus, out, "--max_iters=6", "--eval_interval=2")
+    holder = start(run, NANONORM_PAUSE_AT="step@3")  # paused (asleep) inside step 3, after the step-2 checkpoint
+    try:
+        wait_for(holder, "paused at step@3")
+        assert files.held_by(out) == f"PID {holder.pid} on {socket.gethostname()}"
+        before = contents(out)
+        for extra in (["--resume"], [], ["--overwrite"]):
+            second = subprocess.run([sys.executable, "train.py", *run, *extra], capture_output=True, text=True,
+                                    cwd=HERE, timeout=120)
+            assert second.returncode == 2, second
+            one_line(second.stderr, f"--out_dir={out} is in use by a run (PID {holder.pid} on "
+                                    f"{socket.gethostname()})")
+            assert contents(out) == before  # nothing written
+    finally:
+        holder.kill()
+        holder.wait()
+    assert files.held_by(out) is None  # the kernel dropped the dead holder's lock
+    assert train.main([*run, "--resume"]) == 0
+    assert steps(out) == [1, 2, 3, 4, 5, 6]
+
+
+def test_claim_and_held_by_in_one_process(tmp_path):
+    lock = files.claim(str(tmp_path / "run"))
+    assert files.held_by(str(tmp_path / "run")) == f"PID {os.getpid()} on {socket.gethostname()}"
+    with pytest.raises(flags.UsageError, match=f"is in use by a run \\(PID {os.getpid()} on "):
+        files.claim(str(tmp_path / "run"))  # another open file: flock refuses it even in the same process
+    lock.close()
+    assert files.held_by(str(tmp_path / "run")) is None
+    assert files.held_by(str(tmp_path / "never-made")) is None and not (tmp_path / "never-made").exists()
+
+
+# Disk full or read-only, at every write site
+
+class FailingWrites:
+    """Writes to the files whose names start with `name` fail with `code`, after `after` that succeed (builtins.open
+    and os.open, with a mode or flags that write). name None: every write under `under` once `once` exists."""
+
+    def __init__(self, monkeypatch, code, name=None, after=0, under=None, once=None):
+        self.code, self.name, self.after, self.under, self.once, self.count = code, name, after, under, once, 0
+        self.open, self.os_open = builtins.open, os.open
+        monkeypatch.setattr(builtins, "open", self.patched_open)
+        monkeypatch.setattr(os, "open", self.patched_os_open)
+
+    def check(self, path):
+        path = str(path)
+        if self.name is not None:
+            hit = os.path.basename(path).startswith(self.name)
+        else:
+            hit = path.startswith(str(self.under)) and os.path.exists(self.once)
+        if hit:
+            self.count += 1
+            if self.count > self.after:
+                raise OSError(self.code, os.strerror(self.code), path)
+
+    def patched_open(self, file, mode="r", *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and any(c in mode for c in "wax+"):
+            self.check(file)
+        return self.open(file, mode, *args, **kwargs)
+
+    def patched_os_open(self, path, flags, *args, **kwargs):
+        if flags & (os.O_WRONLY | os.O_RDWR):
+            self.check(path)
+        return self.os_open(path, flags, *args, **kwargs)
+
+
+def leftovers(root):
+    return [str(p) for p in root.rglob("*") if ".tmp" in p.name]
+
+
+@pytest.mark.parametrize("name, code", [("run.lock", errno.ENOSPC), ("log.jsonl", errno.ENOSPC),
+                                        ("config.json", errno.ENOSPC), ("config.json", errno.EROFS),
+                                        ("ckpt.pt", errno.ENOSPC)])
+def test_a_fresh_run_on_a_full_or_read_only_disk_is_one_line_and_a_retry_runs(corpus, tmp_path, monkeypatch,
+                                                                               capsys, name, code):
+    out = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        FailingWrites(patch, code, name)
+        assert train.main(flags_of(corpus, out, "--max_iters=2", "--eval_interval=2")) == 1
+    one_line(capsys.readouterr().err, f"cannot write {out / name}", f"({os.strerror(code)})")
+    assert leftovers(tmp_path) == []
+    assert checkpoints.holds_a_run(str(out)) == ([] if name != "ckpt.pt" else ["config.json", "log.jsonl"])
+    if name != "ckpt.pt":  # a run that wrote nothing but empty files holds nothing: the same command runs
+        assert train.main(flags_of(corpus, out, "--max_iters=2", "--eval_interval=2")) == 0
+
+
+@pytest.mark.parametrize("name", ["train.bin", "val.bin", "meta.json"])
+def test_data_preparation_on_a_full_disk_leaves_no_folder(tmp_path, monkeypatch, capsys, name):
+    text = tmp_path / "fresh.txt"
+    text.write_text("a corpus no test has prepared yet\n" * 50)
+    with monkeypatch.context() as patch:
+        FailingWrites(patch, errno.ENOSPC, name)
+        assert train.main(flags_of(str(text), tmp_path / "out", "--max_iters=2")) == 1
+    one_line(capsys.readouterr().err, f"cannot write {tmp_path / 'data'}", f"/{name} (No space left on device)")
+    assert [p.name for p in (tmp_path / "data").iterdir() if p.is_dir()] == []  # complete or absent: absent
+    assert leftovers(tmp_path) == [] and not (tmp_path / "out").exists()
+
+
+@pytest.fixture
+def checkpointed(corpus, tmp_path):
+    """A run stopped at step 4 with checkpoints at 2 and 4 (ckpt-2.pt kept)."""
+    out = tmp_path / "out"
+    assert train.main(flags_of(corpus, out, "--max_iters=4", "--eval_interval=2", "--keep_checkpoints=2",
+                               "--lr_decay_iters=12")) == 0
+    return out
+
+
+def test_a_resume_on_a_full_disk_keeps_the_log_and_the_checkpoint(corpus, checkpointed, monkeypatch, capsys):
+    before = contents(checkpointed)
+    capsys.readouterr()
+    with monkeypatch.context() as patch:
+        FailingWrites(patch, errno.ENOSPC, "log.jsonl")
+        assert train.main(flags_of(corpus, checkpointed, "--resume", "--max_iters=8")) == 1
+    one_line(capsys.readouterr().err, f"cannot write {checkpointed / 'log.jsonl'} (No space left on device)")
+    assert contents(checkpointed) == before
+    assert leftovers(checkpointed) == []
+
+
+@pytest.mark.parametrize("case", ["a log line mid-run", "read-only after a checkpoint"])
+def test_a_disk_that_fills_or_turns_read_only_mid_run_loses_nothing(corpus, checkpointed, monkeypatch, capsys,
+                                                                   case):
+    """Resumed at step 4; the first write after step 5's log line fails (a full disk), or every write after the
+    step-6 checkpoint (a filesystem remounted read-only). The log keeps its whole lines, the checkpoint stays, and
+    the run resumes exactly once the disk is back."""
+    common = flags_of(corpus, checkpointed, "--max_iters=8", "--eval_interval=2", "--keep_checkpoints=2")
+    capsys.readouterr()
+    with monkeypatch.context() as patch:
+        if case == "a log line mid-run":
+            # the resume rewrites the log (1 write), then appends train 5 (2) and train 6 (3)
+            FailingWrites(patch, errno.ENOSPC, "log.jsonl", after=2)
+            failed, saved = "log.jsonl", 4
+        else:
+            FailingWrites(patch, errno.EROFS, under=checkpointed, once=checkpointed / "ckpt-6.pt")
+            failed, saved = "log.jsonl", 6
+        assert train.main([*common, "--resume"]) == 1
+    one_line(capsys.readouterr().err, f"cannot write {checkpointed / failed}")
+    lines = (checkpointed / "log.jsonl").read_bytes()
+    assert lines.endswith(b"\n") and files.read_log(str(checkpointed / "log.jsonl"))[1] == ""
+    assert torch.load(checkpointed / "ckpt.pt", weights_only=True)["step"] == saved
+    assert leftovers(checkpointed) == []
+    assert train.main([*common, "--resume"]) == 0
+    assert steps(checkpointed) == list(range(1, 9))
+
+
+def test_write_atomic_and_append_line_keep_the_old_file_on_failure(tmp_path, monkeypatch):
+    path = tmp_path / "f"
+    files.write_atomic(str(path), b"old\n")
+    files.append_line(str(path), "line\n")
+    write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: write(fd, data[:3]) if len(data) > 3 else
+                        (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device")))
+    with pytest.raises(files.WriteError, match="No space left on device"):
+        files.append_line(str(path), "a longer line\n")  # 3 bytes written, then the disk is full
+    assert path.read_bytes() == b"old\nline\n"
+    monkeypatch.undo()
+    with monkeypatch.context() as patch:
+        FailingWrites(patch, errno.EROFS, "f.")
+        with pytest.raises(files.WriteError, match="Read-only file system"):
+            files.write_atomic(str(path), b"new\n")
+    with monkeypatch.context() as patch:  # the temporary file is written, then the disk is found full
+        patch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device")))
+        with pytest.raises(files.WriteError, match=f"cannot write {path} \\(No space left on device\\)"):
+            files.write_atomic(str(path), b"new\n")
+    assert path.read_bytes() == b"old\nline\n" and leftovers(tmp_path) == []
+
+
+# One log reader
+
+FOREIGN_LOGS = [
+    (b'{"event": "eval", "step": 0}\nnot json\n{"event": "eval", "step": 2}\n', ":2: not JSON"),
+    (b'{"event": "eval", "step": 0}\n[1, 2]\n', ':2: not an event (a JSON object with an "event" name)'),
+    (b'{"step": 3}\n', ':1: not an event'),
+    (b'{"event": 7, "step": 3}\n', ':1: not an event'),
+    (b'{"event": "train", "step": 1}\n{"event": "caf\xe9"}\n', ":2: not UTF-8 text"),
+    (b'\n', ":1: not JSON"),
+]
+
+
+@pytest.mark.parametrize("content, says", FOREIGN_LOGS)
+def test_read_log_names_the_file_and_line_of_a_foreign_log(tmp_path, content, says):
+    (tmp_path / "log.jsonl").write_bytes(content)
+    with pytest.raises(flags.UsageError) as e:
+        files.read_log(str(tmp_path / "log.jsonl"))
+    assert f"{tmp_path / 'log.jsonl'}{says}" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_read_log_leaves_out_a_torn_last_line_and_says_so(tmp_path):
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(b'{"event": "train", "step": 1}\n{"event": "train", "step": 2}\n{"event": "tr')
+    assert files.read_log(str(path)) == ([{"event": "train", "step": 1}, {"event": "train", "step": 2}],
+                                         f"{path}:3: the last line was cut short (a killed run); left out")
+    path.write_bytes(b'{"event": "train", "step": 1}\n\xe2\x82')  # cut inside a UTF-8 character
+    assert files.read_log(str(path))[0] == [{"event": "train", "step": 1}]
+    assert files.read_log(str(tmp_path / "absent.jsonl")) == ([], "")
+
+
+@pytest.mark.parametrize("kind, says", [("folder", "is a folder, not a file"),
+                                        ("broken symlink", "is a symlink to"),
+                                        ("symlink loop", "is in a symlink loop"),
+                                        ("fifo", "is not a regular file")])
+def test_read_log_refuses_what_is_not_a_file(tmp_path, kind, says):
+    path = tmp_path / "log.jsonl"
+    if kind == "folder":
+        path.mkdir()
+    elif kind == "broken symlink":
+        path.symlink_to(tmp_path / "gone.jsonl")
+    elif kind == "symlink loop":
+        path.symlink_to(path)
+    else:
+        os.mkfifo(path)
+    with pytest.raises(flags.UsageError, match=says):
+        files.read_log(str(path))
+
+
+def test_resume_refuses_a_foreign_log_and_leaves_every_file(corpus, checkpointed, capsys):
+    log = checkpointed / "log.jsonl"
+    log.write_bytes(log.read_bytes().replace(b'"event": "eval", "step": 2', b'"event": "eval", "step": 2, oops', 1))
+    before = contents(checkpointed)
+    capsys.readouterr()
+    assert train.main(flags_of(corpus, checkpointed, "--resume", "--max_iters=6")) == 2
+    line = [n for n, text in enumerate(log.read_text().splitlines(), 1) if "oops" in text][0]
+    one_line(capsys.readouterr().err, f"{log}:{line}: not JSON")
+    assert contents(checkpointed) == before  # never rewrites a log it could not parse
+
+
+def test_resume_drops_a_torn_last_line_with_a_note(corpus, checkpointed, capsys):
+    log = checkpointed / "log.jsonl"
+    whole = log.read_bytes()
+    torn_line = len(whole.splitlines()) + 1
+    log.write_bytes(whole + b'{"event": "train", "step": 5, "lo')
+    capsys.readouterr()
+    assert train.main(flags_of(corpus, checkpointed, "--resume", "--max_iters=6")) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        f"train.py: note: {log}:{torn_line}: the last line was cut short (a killed run); left out"]
+    assert steps(checkpointed) == [1, 2, 3, 4, 5, 6]
+
+
+# Models that cannot fit
+
+@pytest.mark.parametrize("overrides", [{}, dict(n_embd=96, n_head=4, activation="geglu"),
+                                       dict(tie_embeddings=False, pos="sinusoidal", n_layer=3, n_embd=64),
+                                       dict(vocab_size=512, block_size=64, ffn_mult=2, n_embd=64, bias=False)])
+def test_the_parameter_estimate_is_within_5_percent_of_a_direct_count(overrides):
+    cfg = model.GPTConfig(**{"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 32, **overrides})
+    counted = model.GPT(cfg).num_params()
+    assert abs(runtime.parameter_estimate(cfg) - counted) <= 0.05 * counted, (runtime.parameter_estimate(cfg), counted)
+
+
+def test_the_memory_estimate_counts_parameters_optimizer_and_activations():
+    cfg, tc = model.GPTConfig(), train.TrainConfig(dtype="float32")
+    params = runtime.parameter_estimate(cfg)
+    base = runtime.memory_estimate(cfg, tc)
+    assert base > 16 * params
+    doubled = runtime.memory_estimate(cfg, train.TrainConfig(dtype="float32", batch_size=2 * tc.batch_size))
+    assert doubled - base == base - 16 * params  # activations grow with the batch, the parameters' share does not
+
+
+@pytest.mark.parametrize("model_flags, train_flags", [(dict(n_embd=10 ** 9), {}), (dict(n_layer=10 ** 6), {}),
+                                                      ({}, dict(batch_size=10 ** 9))])
+def test_a_model_that_cannot_fit_is_refused_before_it_is_built(model_flags, train_flags):
+    cfg, tc = model.GPTConfig(**model_flags), train.TrainConfig(dtype="float32", **train_flags)
+    runtime.check_memory(model.GPTConfig(), train.TrainConfig(dtype="float32"), "cpu", runtime.Machine())
+    with pytest.raises(flags.UsageError) as e:
+        runtime.check_memory(cfg, tc, "cpu", runtime.Machine())
+    have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert f"need about {runtime.memory_estimate(cfg, tc) / 1e9:.3g} GB" in str(e.value)
+    assert f"this machine's memory has {have / 1e9:.3g} GB" in str(e.value)
+
+
+# best_val and the instruments' bounds across a resume
+
+def test_resume_reads_best_val_and_best_step_back(corpus, tmp_path):
+    """A run whose best checkpoint is at step 3 (its val loss made unbeatable here): a resume that forgot it
+    would call a later one the best and let --keep_checkpoints=1 delete ckpt-3.pt."""
+    out = tmp_path / "out"
+    assert train.main(flags_of(corpus, out, "--max_iters=3", "--eval_interval=3", "--lr_decay_iters=9")) == 0
+    checkpoint = torch.load(out / "ckpt.pt", weights_only=True)
+    torch.save({**checkpoint, "best_val": 0.0, "best_step": 3}, out / "ckpt.pt")
+    assert train.main(flags_of(corpus, out, "--resume", "--max_iters=9", "--keep_checkpoints=1")) == 0
+    resumed = torch.load(out / "ckpt.pt", weights_only=True)
+    assert (resumed["step"], resumed["best_val"], resumed["best_step"]) == (9, 0.0, 3)
+    assert sorted(p.name for p in out.glob("ckpt*")) == ["ckpt-3.pt", "ckpt-9.pt", "ckpt.pt"]
+
+
+def test_a_new_diverge_loss_given_with_resume_applies(corpus, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert train.main(flags_of(corpus, out, "--max_iters=3", "--eval_interval=3", "--diverge_loss=100")) == 0
+    capsys.readouterr()
+    assert train.main(flags_of(corpus, out, "--resume", "--max_iters=9", "--diverge_loss=0.5")) == 3
+    assert "above the bound 0.5000 for 3 steps" in capsys.readouterr().out
+    assert [e["step"] for e in events(out) if e["event"] == "diverged"] == [5]  # steps 4, 5, 6 above it
+
+
+def test_a_new_spike_window_and_z_given_with_resume_apply(corpus, tmp_path):
+    out = tmp_path / "out"
+    assert train.main(flags_of(corpus, out, "--max_iters=3", "--eval_interval=3", "--spike_window=50")) == 0
+    assert train.main(flags_of(corpus, out, "--resume", "--max_iters=6", "--spike_window=2", "--spike_z=1e-9",
+                               "--diverge_gap=0")) == 0
+    monitor = torch.load(out / "ckpt.pt", weights_only=True)["spike_monitor"]
+    assert (monitor["window"], monitor["z_threshold"]) == (2, 1e-9) and len(monitor["losses"]) == 2
+    assert [e["step"] for e in events(out) if e["event"] == "spike"]  # any move up from a 2-step window is one
+
+
+# The data a run trained on
+
+def test_a_resume_from_another_folder_reads_the_runs_data_and_refuses_changed_data(tmp_path, monkeypatch, capsys):
+    """Started in folder a with relative paths; resumed from folder b, which has a tiny.txt of its own: the run
+    goes on with a's data (its paths were recorded absolute), and once a's tiny.txt is edited, the resume is
+    refused in one line."""
+    for name, word in (("a", "norm"), ("b", "spike")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "tiny.txt").write_text(f"the {word} of each layer scales\n" * 300)
+    monkeypatch.chdir(tmp_path / "a")
+    relative = ["--dataset=tiny.txt", "--data_dir=data", *TINY]
+    assert train.main([*relative, "--out_dir=out", "--max_iters=2", "--eval_interval=2"]) == 0
+    config = json.loads((tmp_path / "a" / "out" / "config.json").read_text())
+    assert config["train"]["dataset"] == str(tmp_path / "a" / "tiny.txt")
+    assert config["train"]["data_dir"] == str(tmp_path / "a" / "data")
+    assert config["data"]["source"]["sha256"] == torch.load(tmp_path / "a" / "out" / "ckpt.pt",
+                                                            weights_only=True)["data_sha256"]
+    monkeypatch.chdir(tmp_path / "b")
+    assert train.main(["--out_dir=../a/out", "--resume", "--max_iters=4"]) == 0
+    assert not (tmp_path / "b" / "data").exists()
+    (tmp_path / "a" / "tiny.txt").write_text("edited after the run started\n" * 300)
+    before = contents(tmp_path / "a" / "out")
+    capsys.readouterr()
+    assert train.main(["--out_dir=../a/out", "--resume", "--max_iters=6"]) == 2
+    one_line(capsys.readouterr().err, "--resume: the data has changed since the run started",
+             str(tmp_path / "a" / "tiny.txt"))
+    assert contents(tmp_path / "a" / "out") == before
+
+
+# Stops: between eval batches, by SIGHUP; a divergence with no checkpoint; a FIFO for a checkpoint
+
+def test_ctrl_c_during_an_evaluation_stops_between_its_batches_and_resume_evaluates_again(corpus, tmp_path,
+                                                                                        monkeypatch):
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    common = ["--max_iters=6", "--eval_interval=3", "--eval_iters=20", "--dropout=0.1"]
+    assert train.main(flags_of(corpus, whole, *common)) == 0
+    generator, drawn = train.batch_generator, []
+
+    def hooked(*stream):
+        if stream[2] == train.EVAL_STREAM:
+            drawn.append(stream[3])
+            if len(drawn) == 20 + 20 + 5:  # the 5th batch of step 3's evaluation
+                os.kill(os.getpid(), signal.SIGINT)
+        return generator(*stream)
+
+    monkeypatch.setattr(train, "batch_generator", hooked)
+    assert train.main(flags_of(corpus, split, *common)) == 130
+    assert len(drawn) == 45  # not the 40 - 5 batches left
+    assert torch.load(split / "ckpt.pt", weights_only=True)["step"] == 3
+    assert steps(split, "eval") == [0]
+    monkeypatch.undo()
+    assert train.main(flags_of(corpus, split, *common, "--resume")) == 0
+    assert [(e["event"], e["step"], e.get("val_loss")) for e in events(split) if e["event"] != "interrupted"] == \
+        [(e["event"], e["step"], e.get("val_loss")) for e in events(whole)]
+
+
+def test_a_second_ctrl_c_during_an_evaluation_is_one_line(corpus, tmp_path, monkeypatch, capsys):
+    generator = train.batch_generator
+
+    def hooked(*stream):
+        if stream[2:] == (train.EVAL_STREAM, 1):
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        return generator(*stream)
+
+    monkeypatch.setattr(train, "batch_generator", hooked)
+    assert train.main(flags_of(corpus, tmp_path / "out", "--max_iters=4", "--eval_interval=2")) == 130
+    err = capsys.readouterr().err
+    assert err == "train.py: stopped at once by a second Ctrl-C; the checkpoints written so far are kept\n"
+
+
+def test_sighup_stops_a_run_with_a_checkpoint(corpus, tmp_path):
+    out = tmp_path / "out"
+    process = start(flags_of(corpus, out, "--max_iters=100000", "--eval_interval=1000"))
+    try:
+        wait_for(process, "step 3 |")
+        process.send_signal(signal.SIGHUP)
+        output = process.communicate(timeout=120)[0]
+    finally:
+        process.kill()
+    assert process.returncode == 130, output
+    interrupted = [e["step"] for e in events(out) if e["event"] == "interrupted"]
+    assert interrupted == [torch.load(out / "ckpt.pt", weights_only=True)["step"]]
+
+
+def test_a_divergence_before_the_first_checkpoint_says_there_is_none(corpus, tmp_path, monkeypatch, capsys):
+    forward = model.GPT.forward
+    monkeypatch.setattr(model.GPT, "forward", lambda self, idx, targets=None: (
+        lambda logits, loss: (logits, loss * float("nan")))(*forward(self, idx, targets)))
+    assert train.main(flags_of(corpus, tmp_path / "out", "--max_iters=4", "--eval_interval=2")) == 3
+    printed = capsys.readouterr().out
+    assert "there is no checkpoint: it diverged before the first" in printed and "is kept" not in printed
+    assert not (tmp_path / "out" / "ckpt.pt").exists()
+
+
+def test_a_fifo_in_place_of_ckpt_pt_is_refused_and_an_older_checkpoint_resumes(corpus, checkpointed):
+    (checkpointed / "ckpt.pt").unlink()
+    (checkpointed / "ckpt-4.pt").unlink()
+    os.mkfifo(checkpointed / "ckpt.pt")
+    done = subprocess.run([sys.executable, "train.py", *flags_of(corpus, checkpointed, "--resume", "--max_iters=6")],
+                          capture_output=True, text=True, cwd=HERE, timeout=120)  # a regression hangs: timeout
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [f"train.py: note: cannot read {checkpointed / 'ckpt.pt'}: it is not a regular "
+                                        "file (a FIFO, socket or device, which could block a read forever); resuming "
+                                        f"from {checkpointed / 'ckpt-2.pt'}"]
+    assert steps(checkpointed) == [1, 2, 3, 4, 5, 6]
+
+
+# Bad input under a real 2-process torchrun
+
+@pytest.mark.parametrize("bad, says", [("--lr=0", "--lr=0.0 must be > 0"),
+                                       ("--block_size=100000", "too few for --block_size=100000")])
+def test_bad_input_under_torchrun_is_one_line_from_process_0_and_exit_code_2_on_every_process(corpus, tmp_path, bad,
+                                                                                              says):
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "train.py", *flags_of(corpus, out, bad)], capture_output=True, text=True, cwd=HERE,
+                            timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    ours = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("train.py: ")]
+    assert len(ours) == 1 and says in ours[0], result.stderr
+    # what torchrun itself adds when a worker exits with a code other than 0 (docs/guarantees.md): its exit code 1,
+    # a log line as it stops the others, and its ChildFailedError block, here listing every process with exit code 2
+    # and none as killed by a signal
+    assert result.returncode == 1
+    assert result.stderr.count("exitcode  : 2") == 2 and "(SIGTERM)" not in result.stderr, result.stderr
+    assert 'File "' + os.path.join(HERE, "train.py") not in result.stderr  # no traceback of a worker
+    assert not out.exists()

@@ -1,0 +1,222 @@
+"""sample.py on tiny real runs: decoded text that continues --start, seeded, from compiled and plain checkpoints,
+greedy decoding checked against an argmax loop written out, the run's own tokenizer, and bad input."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import data
+import sample
+import train
+from test_train import HERE, corpus  # noqa: F401 (a fixture)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # a model this small runs faster on one thread than on two contending ones (test_model.py measured it)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--block_size=32", "--batch_size=4", "--max_iters=20",
+        "--eval_interval=10", "--eval_iters=1", "--log_interval=10"]
+
+
+def gpt2_ranks(monkeypatch):
+    """TIKTOKEN_CACHE_DIR set to GPT-2's cached BPE ranks (as test_train.py finds them), or the test skipped."""
+    shared = os.path.join(HERE, "..", "shared", "tiktoken")
+    if not os.environ.get("TIKTOKEN_CACHE_DIR") and not os.path.isdir(shared):
+        pytest.skip("GPT-2's BPE ranks are not available offline (set TIKTOKEN_CACHE_DIR)")
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", os.environ.get("TIKTOKEN_CACHE_DIR") or shared)
+
+
+def trained_run(corpus, folder, *flags):
+    """A tiny run's out_dir, trained by train.main in this process."""
+    code = train.main([f"--dataset={corpus}", f"--data_dir={folder / 'data'}", f"--out_dir={folder / 'out'}", *TINY,
+                       *flags])
+    assert code == 0
+    return folder / "out"
+
+
+@pytest.fixture(scope="module")
+def out_dir(corpus, tmp_path_factory):  # noqa: F811 (corpus is test_train's fixture)
+    return trained_run(corpus, tmp_path_factory.mktemp("run"))
+
+
+def samples(capsys, out, *flags):
+    """sample.main's samples (the text between the separators); asserts it exits 0 and prints no errors."""
+    capsys.readouterr()
+    assert sample.main([f"--out_dir={out}", "--device=cpu", *flags]) == 0
+    printed = capsys.readouterr()
+    assert printed.err == "" and printed.out.endswith("\n---------------\n")
+    return printed.out.split("\n---------------\n")[:-1]
+
+
+def greedy_by_hand(model, idx, steps):
+    """Greedy decoding written out: the argmax of the last position's logits, on at most block_size tokens."""
+    model.eval()
+    with torch.no_grad():
+        for _ in range(steps):
+            logits, _ = model(idx[:, -model.config.block_size:])
+            idx = torch.cat((idx, logits[:, -1].argmax(-1, keepdim=True)), dim=1)
+    return idx
+
+
+def test_samples_continue_start_and_the_seed_fixes_them(out_dir, capsys):
+    first = samples(capsys, out_dir, "--start=norm layer", "--num_samples=3", "--max_new_tokens=30", "--seed=1")
+    assert len(first) == 3 and len(set(first)) == 3
+    for text in first:
+        # byte tokens: 30 new bytes decode to 1-30 characters (a byte that is not UTF-8 is one U+FFFD)
+        assert text.startswith("norm layer") and 10 < len(text) <= 40
+    assert samples(capsys, out_dir, "--start=norm layer", "--num_samples=3", "--max_new_tokens=30", "--seed=1") == first
+    other = samples(capsys, out_dir, "--start=norm layer", "--num_samples=3", "--max_new_tokens=30", "--seed=2")
+    assert other != first
+
+
+def test_start_from_a_file(out_dir, capsys, tmp_path):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("gamma beta\nscale ", encoding="utf-8")
+    (text,) = samples(capsys, out_dir, f"--start=FILE:{prompt}", "--num_samples=1", "--max_new_tokens=5")
+    assert text.startswith("gamma beta\nscale ")
+
+
+def test_top_k_1_is_greedy_decoding_past_block_size(out_dir, capsys):
+    """40 new tokens after 10 with block_size 32: the context is cropped from the 23rd new token on."""
+    model, tokenizer = sample.load_model(str(out_dir))
+    enc = data.get_tokenizer(tokenizer)
+    idx = torch.tensor(data.encode(enc, "norm layer").astype("int64"))[None]
+    expected = greedy_by_hand(model, idx, 40)
+    torch.manual_seed(0)
+    assert torch.equal(model.generate(idx, 40, top_k=1), expected)
+    (text,) = samples(capsys, out_dir, "--start=norm layer", "--num_samples=1", "--max_new_tokens=40", "--top_k=1")
+    assert text == data.decode(enc, expected[0].tolist())
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's own import
+def test_a_compiled_models_checkpoint_loads(out_dir, capsys, tmp_path):
+    """torch.compile wraps the model: its state_dict names every weight _orig_mod.<name> (nanoGPT issue #325)."""
+    checkpoint = torch.load(out_dir / "ckpt.pt", weights_only=True)
+    model, _ = sample.load_model(str(out_dir))
+    compiled = torch.compile(model).state_dict()  # names only: nothing is compiled until it is called
+    assert all(k.startswith("_orig_mod.") for k in compiled)
+    (tmp_path / "compiled").mkdir()
+    torch.save({**checkpoint, "model": compiled}, tmp_path / "compiled" / "ckpt.pt")
+    flags = ["--start=head", "--num_samples=2", "--max_new_tokens=20", "--seed=5"]
+    assert samples(capsys, tmp_path / "compiled", *flags) == samples(capsys, out_dir, *flags)
+
+
+def test_batch_statistic_norms_and_gpt2_tokens_sample_with_the_runs_tokenizer(corpus, tmp_path, capsys,  # noqa: F811
+                                                                              monkeypatch):
+    """A PowerNorm run with sinusoidal positions and the GPT-2 tokenizer (vocab padded to 50304): greedy samples
+    are the argmax loop's tokens decoded with GPT-2's BPE, which the byte tokenizer would not give."""
+    gpt2_ranks(monkeypatch)
+    out = trained_run(corpus, tmp_path, "--norm=powernorm", "--pn_warmup=5", "--pos=sinusoidal", "--tokenizer=gpt2",
+                      "--max_iters=10", "--eval_interval=10")
+    model, tokenizer = sample.load_model(str(out))
+    assert tokenizer == "gpt2" and model.config.vocab_size == 50304
+    enc = data.get_tokenizer("gpt2")
+    idx = torch.tensor(data.encode(enc, "norm layer").astype("int64"))[None]
+    expected = data.decode(enc, greedy_by_hand(model, idx, 12)[0].tolist())
+    (text,) = samples(capsys, out, "--start=norm layer", "--num_samples=1", "--max_new_tokens=12", "--top_k=1")
+    assert text == expected and text.startswith("norm layer")
+
+
+def test_ids_past_the_tokenizer_decode_to_replacement_characters(monkeypatch):
+    """train.py pads GPT-2's 50257 tokens to a vocab of 50304; the 47 extra ids are no text."""
+    gpt2_ranks(monkeypatch)
+    enc = data.get_tokenizer("gpt2")
+    ids = data.encode(enc, "norm layer").tolist()
+    assert data.decode(enc, ids + [50256, 50303, 50257] + ids) == "norm layer<|endoftext|>\ufffd\ufffdnorm layer"
+    assert data.decode(data.get_tokenizer("byte"), [110, 0xE2, 0x98, 0x83, 0xE2, 110]) == "n\u2603\ufffdn"
+
+
+def write(folder, content):
+    folder.mkdir(exist_ok=True)
+    if isinstance(content, bytes):
+        (folder / "ckpt.pt").write_bytes(content)
+    else:
+        torch.save(content, folder / "ckpt.pt")
+
+
+BAD_FLAGS = [
+    (["--temperature=0"], "--temperature=0.0 must be > 0"),
+    (["--top_k=0"], "--top_k=0 must be >= 1"),
+    (["--num_samples=0"], "--num_samples=0"),
+    (["--max_new_tokens=-1"], "--max_new_tokens=-1"),
+    (["--max_new_tokens=many"], "--max_new_tokens=many"),
+    (["--device=tpu"], "--device=tpu"),
+    (["--start="], "--start is empty"),
+    (["--start=norm\udcff"], "--start is not valid UTF-8"),
+    (["--start=FILE:/no/such/prompt.txt"], "cannot read it"),
+    (["--temprature=0.5"], "--temprature"),
+]
+
+
+@pytest.mark.parametrize("flags, expected", BAD_FLAGS, ids=lambda v: v[0] if isinstance(v, list) else "")
+def test_bad_flags_are_one_line_and_exit_code_2(out_dir, capsys, flags, expected):
+    assert sample.main([f"--out_dir={out_dir}", *flags]) == 2
+    printed = capsys.readouterr()
+    assert printed.out == "" and printed.err.count("\n") == 1
+    assert printed.err.startswith("sample.py: ") and expected in printed.err
+
+
+def test_a_start_file_that_is_not_utf8(out_dir, capsys, tmp_path):
+    (tmp_path / "latin1.txt").write_bytes("café".encode("latin-1"))
+    assert sample.main([f"--out_dir={out_dir}", f"--start=FILE:{tmp_path / 'latin1.txt'}"]) == 2
+    assert capsys.readouterr().err.startswith(f"sample.py: --start=FILE:{tmp_path / 'latin1.txt'} is not UTF-8")
+
+
+def edited(**changes):
+    """A change to a real checkpoint: {key: new value}, or {key: function of the old value}."""
+    return lambda checkpoint: {**checkpoint, **{k: v(checkpoint[k]) if callable(v) else v for k, v in changes.items()}}
+
+
+@pytest.mark.parametrize("content, expected", [
+    (None, "no checkpoint at"),
+    (b"PK\x03\x04 half a zip file", "it is damaged or not a checkpoint"),
+    ({"model": {}}, "is not a nanonorm checkpoint"),
+    (torch.zeros(3), "is not a nanonorm checkpoint"),
+    (edited(model={}), "can build (Error(s) in loading state_dict"),
+    (edited(model_config=lambda c: {**c, "n_layers": 1}), "can build (GPTConfig.__init__() got an unexpected"),
+    (edited(model_config=lambda c: {**c, "n_layer": 0}), "can build (--n_layer=0 must be a positive integer)"),
+    (edited(train_config={}), "can build ('tokenizer')"),
+], ids=["missing", "damaged", "no config", "a tensor", "no weights", "unknown field", "bad field", "no tokenizer"])
+def test_bad_checkpoints_are_one_line_and_exit_code_2(out_dir, capsys, tmp_path, content, expected):
+    if content is None:
+        (tmp_path / "out").mkdir()
+    elif callable(content):
+        write(tmp_path / "out", content(torch.load(out_dir / "ckpt.pt", weights_only=True)))
+    else:
+        write(tmp_path / "out", content)
+    assert sample.main([f"--out_dir={tmp_path / 'out'}"]) == 2
+    printed = capsys.readouterr()
+    assert printed.out == "" and printed.err.count("\n") == 1
+    assert printed.err.startswith("sample.py: ") and expected in printed.err
+
+
+def test_a_model_smaller_than_its_tokenizer_is_refused(out_dir, capsys, tmp_path, monkeypatch):
+    """A byte-level model said to be GPT-2's: GPT-2's token ids would run past its embedding table."""
+    gpt2_ranks(monkeypatch)
+    write(tmp_path / "out", edited(train_config=lambda c: {**c, "tokenizer": "gpt2"})(
+        torch.load(out_dir / "ckpt.pt", weights_only=True)))
+    assert sample.main([f"--out_dir={tmp_path / 'out'}"]) == 2
+    printed = capsys.readouterr()
+    assert printed.out == "" and printed.err.count("\n") == 1
+    assert "vocab_size=256 is smaller than its tokenizer's (gpt2, 50257)" in printed.err
+
+
+def test_a_truncated_checkpoint_from_the_shell_prints_no_traceback(out_dir, tmp_path):
+    """Half of a real checkpoint, and a --start of bytes that are not UTF-8, as a shell passes them."""
+    write(tmp_path / "out", (out_dir / "ckpt.pt").read_bytes()[:5000])
+    for flags, expected in [([f"--out_dir={tmp_path / 'out'}"], "it is damaged or not a checkpoint"),
+                            ([f"--out_dir={out_dir}", b"--start=\xff\xfe"], "--start is not valid UTF-8")]:
+        result = subprocess.run([sys.executable, os.path.join(HERE, "sample.py"), *flags], capture_output=True,
+                                cwd=HERE)
+        assert result.returncode == 2 and result.stdout == b""
+        (line,) = result.stderr.decode().splitlines()
+        assert line.startswith("sample.py: ") and expected in line
