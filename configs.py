@@ -162,5 +162,7 @@ def fit_to_data(model_cfg, tc, meta, given, resumed):
         model_cfg = dataclasses.replace(model_cfg, vocab_size=padded_vocab)
     if model_cfg.pn_warmup is None:
         # PowerNorm App. A.1 warms psi up; its warmup defaults to the LR warmup, counted in training forward calls
-        model_cfg = dataclasses.replace(model_cfg, pn_warmup=tc.warmup_iters * tc.grad_accum)
+        # a ramp has no LR warmup (--warmup_iters has no effect there), so PowerNorm's psi warmup is 0 too
+        warmup = 0 if tc.lr_schedule == "ramp" else tc.warmup_iters
+        model_cfg = dataclasses.replace(model_cfg, pn_warmup=warmup * tc.grad_accum)
     return model_cfg

@@ -77,8 +77,12 @@ def test_context_preset_is_its_context_plus_its_variant(preset):
     assert PRESETS[preset] == {**context, **VARIANTS[preset]}
 
 
+# the methods beyond the four papers (DyT, Peri-LN, Mix-LN, LayerNorm Scaling, OLMo 2, Magneto, Gemma 2): test_beyond.py
+BEYOND_PRESETS = {"peri_ln", "mix_ln", "lns", "olmo2", "magneto", "dyt", "gemma2"}
+
+
 def test_presets_are_the_gpt2_context_and_the_paper_contexts():
-    assert set(PRESETS) == set(GPT2_PRESETS) | set(VARIANTS)
+    assert set(PRESETS) == set(GPT2_PRESETS) | set(VARIANTS) | BEYOND_PRESETS
 
 
 def test_gpt2_context_presets_are_unchanged():
@@ -294,3 +298,15 @@ def test_powernorm_context_puts_the_compared_norm_in_every_slot(preset, statisti
     assert len({type(slot) for slot in slots}) == 1
     for slot in (model.blocks[0].attn_norm, model.blocks[-1].ffn_norm, model.final_norm):
         assert normalized_statistics(slot, cfg.n_embd, cfg.n_head) == {statistic}
+
+
+# 6. PowerNorm's psi warmup follows the run's flags: a ramp has no LR warmup, so no PN-V warmup either
+
+@pytest.mark.parametrize("schedule, expected", [("ramp", 0), ("cosine", 2 * 50)])
+def test_powernorm_warmup_follows_the_lr_schedule(schedule, expected):
+    import configs
+    from train import TrainConfig
+    tc = TrainConfig(lr_schedule=schedule, warmup_iters=50, grad_accum=2)
+    meta = {"vocab_size": 256, "train_tokens": 10 ** 6, "val_tokens": 10 ** 5}
+    cfg = configs.fit_to_data(GPTConfig(norm="powernorm"), tc, meta, given={}, resumed=False)
+    assert cfg.pn_warmup == expected

@@ -546,7 +546,8 @@ def test_spike_no_more_gradients_explode_toward_shallow_layers_only_in_vanilla()
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_preset_overfits_a_fixed_batch(preset):
-    model = build(dtype=torch.float32, **PRESETS[preset])
+    # at the tiny size: a context preset's own depth (dn_postln: 6 Post-LN layers) is what its recipe tests
+    model = build(dtype=torch.float32, **{**PRESETS[preset], **TINY})
     idx, targets = tokens(B=4, T=8), tokens(B=4, T=8, seed=2)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
@@ -844,7 +845,8 @@ EVERY_FLAG = [
     ({"layout": "mix"}, "mix_ln_ratio", 1.0, "run"), ({}, "layer_norm_scaling", True, "run"),
     ({}, "subln", True, "params"), ({"norm": "dyt"}, "dyt_alpha", 0.3, "init"),
     ({"norm": "dyt"}, "dyt_alpha_attn", 0.9, "init"), ({}, "attn_softcap", 0.5, "run"),
-    ({}, "logit_softcap", 0.5, "run"),
+    ({}, "logit_softcap", 0.5, "run"), ({"scale_heads": True}, "head_scale_at", "after_proj", "run"),
+    ({}, "embed_init", "inv_sqrt_d", "init"),
 ]
 
 

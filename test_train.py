@@ -222,8 +222,8 @@ def test_bad_flag_from_the_shell_prints_no_traceback():
                             capture_output=True, text=True, cwd=HERE)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "train.py: --norm=groupnorm is not allowed; choose one of layernorm, rmsnorm, cogview, batchnorm, pnv, "
-        "powernorm, none"]
+        "train.py: --norm=groupnorm is not allowed; choose one of layernorm, rmsnorm, cogview, dyt, batchnorm, "
+        "pnv, powernorm, none"]
 
 
 @pytest.mark.parametrize("norm", NORMS)
