@@ -13,18 +13,10 @@ import torch.nn.functional as F
 import coord_check
 import norms
 from model import GPT, GPTConfig, PRESETS, softcap, subln_gain
+from test_model import one_thread  # noqa: F401 (an autouse fixture: tiny models run on one thread)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TINY = dict(n_layer=2, n_embd=32, n_head=4, block_size=16, vocab_size=64)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny models on a busy 2-core machine: a second intra-op thread only adds synchronization
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def build(seed=0, **kw):

@@ -8,15 +8,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig, PRESETS
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # small models on a shared 2-core machine: a second intra-op thread only adds synchronization
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from test_model import one_thread  # noqa: F401 (an autouse fixture: tiny models run on one thread)
 
 
 def build(preset, seed=0, **overrides):

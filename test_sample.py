@@ -12,15 +12,7 @@ import data
 import sample
 import train
 from test_train import HERE, corpus  # noqa: F401 (a fixture)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # a model this small runs faster on one thread than on two contending ones (test_model.py measured it)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from test_model import one_thread  # noqa: F401 (an autouse fixture: tiny models run on one thread)
 
 
 TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--block_size=32", "--batch_size=4", "--max_iters=20",
