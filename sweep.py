@@ -11,7 +11,9 @@ Re-running the same command skips finished runs (a "done" or "diverged" event in
 exit code 0 or 3 in <seed>.exit beside the run's folder), resumes interrupted ones that have a checkpoint
 (--resume) and starts the others afresh (--overwrite where a previous attempt left files). The console
 output of a run goes to <seed>.out beside its folder. --dry_run prints the train.py commands still to run,
-one per line, for a Slurm array, xargs or GNU parallel, and runs nothing.
+one per line, for a Slurm array, xargs or GNU parallel, and runs nothing. A run whose folder another process
+holds (the same sweep started twice) is left to that process, never started a second time. A Ctrl-C, SIGTERM or
+SIGHUP to sweep.py is passed on to its runs, which stop with a checkpoint, and sweep.py waits for them.
 
 --mode=ramp: the LR stability test (NormFormer §4, Table 3, Fig. 5, Table 8): --lr_schedule=ramp, the LR
 rises linearly from 0 to --lr at --max_iters; per variant and LR: steps survived and the LR reached (median,
@@ -38,32 +40,35 @@ Its summary.json also holds the recipe and the claims' verdicts, from which `pyt
 """
 
 import csv
+import functools
 import io
 import json
 import math
 import os
 import platform
-import queue
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
+import files
 import flags
 import recipes
 import train
+from files import WriteError
 from flags import UsageError, help_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SET_BY_SWEEP = ("lr", "seed", "out_dir", "resume", "overwrite")  # per run; the user gives --lrs, --seeds instead
 FINISHED_CODES = (0, 3)  # train.py: 0 finished, 3 diverged
+MAX_COUNT = 10_000  # --seeds and --jobs: larger is a typo, and 1e11 threads would hang the machine
 METRICS = {"ramp": ("steps_survived", "peak_lr"), "lr": ("final_loss", "spikes", "attn_logit_max", "log_z")}
 
 
@@ -105,21 +110,65 @@ def parse_args(argv):
     if not variants or not lrs:
         raise UsageError("--variants and --lrs are required; e.g. --variants=baseline,norm=powernorm --lrs=3e-3,1e-2")
     for name in ("seeds", "jobs"):
-        if getattr(opts, name) < 1:
-            raise UsageError(f"--{name}={getattr(opts, name)} must be a positive integer")
-    for lr in lrs:
-        try:
-            if not float(lr) > 0:
-                raise ValueError
-        except ValueError:
-            raise UsageError(f"--lrs: {lr} is not a positive number; give LRs separated by commas") from None
+        if not 1 <= getattr(opts, name) <= MAX_COUNT:
+            raise UsageError(f"--{name}={getattr(opts, name)} must be an integer from 1 to {MAX_COUNT}")
+    check_lrs(lrs)
+    check_variants(variants, args["mode"])
+    check_out_dir(args["out_dir"])
     given = train.parse_flags(args["train_argv"])
-    owned = [name for name in given if name in SET_BY_SWEEP or (name == "lr_schedule" and args["mode"] == "ramp")]
+    owned = [name for name in given if set_per_run(name, args["mode"])]
     if owned:
         raise UsageError(f"{', '.join('--' + n for n in owned)} is set per run by sweep.py; use --lrs, --seeds, "
                          "--out_dir and --mode instead")
     check_reference(args)
     return args
+
+
+def set_per_run(name, mode):
+    return name in SET_BY_SWEEP or (name == "lr_schedule" and mode == "ramp")
+
+
+def check_lrs(lrs):
+    """Positive numbers, each once: an LR given twice would run twice into one folder at once, and 1e-2 beside 0.01
+    would count the same LR twice."""
+    seen = {}
+    for lr in lrs:
+        try:
+            value = float(lr)
+        except ValueError:
+            value = math.nan
+        if not value > 0 or not math.isfinite(value):
+            raise UsageError(f"--lrs: {lr} is not a positive number; give LRs separated by commas")
+        if value in seen:
+            raise UsageError(f"--lrs: {seen[value]} and {lr} are the same LR; give each LR once")
+        seen[value] = lr
+
+
+def check_variants(variants, mode):
+    """Each variant once (baseline and preset=baseline are the same runs), and none setting what the sweep sets per
+    run: baseline+lr=1 would be overridden by --lrs without a word."""
+    seen = {}
+    for variant in variants:
+        for part in variant.split("+"):
+            name = part.partition("=")[0] if "=" in part else "preset"
+            if set_per_run(name, mode):
+                raise UsageError(f"variant {variant}: {name} is set per run by sweep.py; use --lrs, --seeds, "
+                                 "--out_dir and --mode instead")
+        same = seen.setdefault(tuple(variant_flags(variant)), variant)
+        if same != variant or variants.count(variant) > 1:
+            raise UsageError(f"--variants: {same} and {variant} are the same runs; give each variant once")
+
+
+def check_out_dir(out_dir):
+    """A folder, or a path where one can be made: not empty, not a file, not inside one."""
+    if not out_dir:
+        raise UsageError("--out_dir is empty; give the sweep's folder")
+    path = os.path.abspath(out_dir)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        where = "is" if path == os.path.abspath(out_dir) else f"is inside {path}, which is"
+        raise UsageError(f"--out_dir={out_dir} {where} a file, not a folder; give the sweep's folder")
 
 
 def variant_flags(variant):
@@ -157,22 +206,36 @@ def grid(args):
 
 
 def read_events(path):
-    """The events of a log.jsonl ([] if none); a last line cut short by a killed run (no newline yet) is left out."""
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.endswith("\n")]
+    """The events of a log.jsonl ([] if none) through files.read_log: a last line cut short by a killed run is left
+    out with a note on stderr; any other damage is a UsageError naming the file and line."""
+    events, note = files.read_log(path)
+    if note:
+        print(f"sweep.py: {note}", file=sys.stderr)
+    return events
 
 
 def exit_code(run):
-    """The exit code sweep.py recorded for the run's last attempt, or None."""
-    if not os.path.exists(run.dir + ".exit"):
+    """The exit code sweep.py recorded for the run's last attempt, or None: none recorded, or an empty file (sweep.py
+    was killed while writing it). Anything else that is not a number is a UsageError naming the file."""
+    path = run.dir + ".exit"
+    problem = files.not_a_file(path)
+    if problem:
+        raise UsageError(f"{path} is {problem}; sweep.py writes a run's exit code there")
+    if not os.path.exists(path):
         return None
-    with open(run.dir + ".exit") as f:
-        return int(f.read())
+    with open(path, "rb") as f:
+        text = f.read().strip()
+    if not text:
+        return None
+    if not text.isdigit():
+        raise UsageError(f"{path}: {text[:20]!r} is not an exit code; sweep.py writes a number there (remove the file "
+                         "to let the run's log decide)")
+    return int(text)
 
 
 def is_finished(run):
+    """A "done" or "diverged" event in the run's log (a run started by --dry_run's commands has no .exit), or the
+    exit code 0 or 3 recorded beside it."""
     ended = any(e["event"] in ("done", "diverged") for e in read_events(os.path.join(run.dir, "log.jsonl")))
     return ended or exit_code(run) in FINISHED_CODES
 
@@ -213,36 +276,100 @@ def job_env(slot, jobs):
     return env, mine
 
 
-def run_one(run, args, slots):
-    """One train.py process; train.py takes its thread count from the cores it is pinned to."""
-    slot = slots.get()
+@dataclass
+class Job:
+    """A train.py process the sweep started: its run, the slot (CPU cores or GPU) it holds and its console file."""
+    run: Run
+    slot: int
+    process: subprocess.Popen
+    out: io.TextIOWrapper
+
+
+class Stop(Exception):
+    """SIGTERM or SIGHUP to sweep.py: its runs are stopped the way train.py stops on them, then the sweep."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def raise_stop(signum, frame):
+    raise Stop(signum)
+
+
+def why_not_start(run):
+    """Why a run must not start now (None if it may): another process holds its folder (a sweep started twice, or a
+    run from --dry_run's commands) or it finished meanwhile (another sweep ran it)."""
+    holder = files.held_by(run.dir)
+    if holder:
+        return f"running in another process ({holder}); left to it"
+    return "finished meanwhile" if is_finished(run) else None
+
+
+def start(run, args, slot):
+    """One train.py process in a session of its own, so that a Ctrl-C in the terminal reaches sweep.py alone, which
+    passes it on once (train.py stops at once on a second one). train.py takes its thread count from the cores it is
+    pinned to."""
+    flags = train_flags(run, args)
+    env, cores = job_env(slot, args["jobs"])
     try:
-        flags = train_flags(run, args)
-        env, cores = job_env(slot, args["jobs"])
         os.makedirs(os.path.dirname(run.dir), exist_ok=True)
-        print(f"start {run.dir}{' (resume)' if '--resume' in flags else ''}", flush=True)
-        with open(run.dir + ".out", "a") as out:
-            code = subprocess.run([sys.executable, os.path.join(HERE, "train.py"), *flags], stdout=out,
-                                  stderr=subprocess.STDOUT, env=env,
-                                  preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None).returncode
-        with open(run.dir + ".exit", "w") as f:
-            f.write(f"{code}\n")
-        print(f"exit {code} {run.dir}", flush=True)
-        return code
-    finally:
-        slots.put(slot)
+        out = open(run.dir + ".out", "a")
+    except OSError as e:
+        raise files.cannot_write(run.dir + ".out", e) from None
+    print(f"start {run.dir}{' (resume)' if '--resume' in flags else ''}", flush=True)
+    process = subprocess.Popen([sys.executable, os.path.join(HERE, "train.py"), *flags], stdout=out,
+                               stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                               preexec_fn=functools.partial(os.sched_setaffinity, 0, cores) if cores else None)
+    return Job(run, slot, process, out)
+
+
+def finish(job):
+    """Record the exit code of an ended job beside its folder (<seed>.exit)."""
+    job.out.close()
+    code = job.process.returncode
+    files.write_atomic(job.run.dir + ".exit", f"{code}\n".encode())
+    print(f"exit {code} {job.run.dir}", flush=True)
 
 
 def run_all(runs, args):
-    slots = queue.Queue()
-    for slot in range(args["jobs"]):
-        slots.put(slot)
-    pool = ThreadPoolExecutor(args["jobs"])
+    """Every run, --jobs at a time. A Ctrl-C, SIGTERM or SIGHUP to sweep.py is passed on to the running train.py
+    processes, which write a checkpoint and stop; sweep.py waits for them, records their exit codes and re-raises,
+    and starts nothing more. Returns the runs left to other processes."""
+    pending, jobs, free, skipped = list(runs), [], list(range(args["jobs"])), []
     try:
-        return list(pool.map(lambda run: run_one(run, args, slots), runs))
-    finally:
-        # on Ctrl-C the running train.py processes write a checkpoint and stop; no new run starts
-        pool.shutdown(cancel_futures=True)
+        while pending or jobs:
+            while pending and free:
+                run = pending.pop(0)
+                why = why_not_start(run)
+                if why:
+                    print(f"skip {run.dir}: {why}", flush=True)
+                    skipped.append(run)
+                    continue
+                jobs.append(start(run, args, free.pop(0)))
+            for job in [job for job in jobs if job.process.poll() is not None]:
+                jobs.remove(job)
+                free.append(job.slot)
+                finish(job)
+            time.sleep(0.1)
+    except (KeyboardInterrupt, Stop) as e:
+        stop_jobs(jobs, e.signum if isinstance(e, Stop) else signal.SIGINT)
+        raise
+    return skipped
+
+
+def stop_jobs(jobs, signum):
+    """Pass the signal on to every running job and wait for them all; a second Ctrl-C (or signal) meanwhile is
+    passed on as a Ctrl-C, which train.py takes as "stop at once"."""
+    for job in jobs:
+        job.process.send_signal(signum)
+    while jobs:
+        try:
+            jobs[0].process.wait()
+            finish(jobs.pop(0))
+        except (KeyboardInterrupt, Stop):
+            for job in jobs:
+                job.process.send_signal(signal.SIGINT)
 
 
 def median_summary(values):
@@ -294,12 +421,19 @@ def run_record(run):
             "steps_survived": diverged["steps_survived"] if diverged else (evals[-1]["step"] if evals else None),
             "peak_lr": diverged["lr"] if diverged else (evals[-1]["lr"] if evals else None),
             "failed_op": f"{failed['op']} layer {failed['layer']}" if failed else None,
+            "grew_most": grew_most_text((diverged or {}).get("grew_most")),
             "criterion": criterion(diverged) if diverged else None,
             "spikes": sum(e["event"] == "spike" for e in events),
             "attn_logit_max": logits[-1][1] if logits else None, "log_z": logits[-1][2] if logits else None,
             # for the results page's figures: [step, lr, train loss] and [step, attention logit, |log Z|]
             "curve": [[e["step"], e["lr"], e["loss"]] for e in events if e["event"] == "train"],
             "logit_curve": logits}
+
+
+def grew_most_text(grew):
+    """Where no op crossed 65504 (train.py --fp16_overflow_fails): the op whose max |x| grew the most over the last
+    steps, "q@k layer 0 (x75)", or None."""
+    return f"{grew['op']} layer {grew['layer']} (x{grew['ratio']:.3g})" if grew else None
 
 
 def criterion(event):
@@ -322,11 +456,13 @@ def ramp_rows(records):
         ran = [r for r in group if r["status"] != "unfinished"]
         op, count = most_frequent([r["failed_op"] for r in ran if r["failed_op"]])
         rule, ended = most_frequent([r["criterion"] for r in ran if r["criterion"]])
+        # the op alone, without its ratio, so that the seeds' ops can be counted
+        grew, grew_count = most_frequent([r["grew_most"].rsplit(" (", 1)[0] for r in ran if r.get("grew_most")])
         row = {"variant": variant, "lr": lr, "runs": len(ran), "diverged": sum(r["status"] == "diverged" for r in ran)}
         for name in ("steps_survived", "peak_lr"):
             row.update({f"{name}_{k}": v for k, v in median_summary([r[name] for r in ran]).items()})
         rows.append({**row, "criterion": rule, "criterion_count": ended, "failed_op": op, "failed_op_count": count,
-                     "spikes": sum(r["spikes"] for r in ran)})
+                     "grew_most": grew, "grew_most_count": grew_count, "spikes": sum(r["spikes"] for r in ran)})
     return rows
 
 
@@ -459,11 +595,24 @@ def cpu_model():
         return platform.processor() or "CPU"
 
 
-def write_text(path, text):
-    """Write to path.tmp, then rename it over path: a reader sees the old file or the new one, never half."""
-    with open(path + ".tmp", "w", newline="") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
+def previous_summary(out_dir):
+    """The sweep's summary.json as a previous invocation wrote it ({} if none): its wall time and machine carry
+    over. A damaged one is a UsageError: it is left as it is, not overwritten."""
+    path = os.path.join(out_dir, "summary.json")
+    problem = files.not_a_file(path)
+    if problem:
+        raise UsageError(f"{path} is {problem}; sweep.py writes its summary there")
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, "rb") as f:
+            summary = json.loads(f.read().decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        summary = None
+    if not isinstance(summary, dict) or not isinstance(summary.get("wall_s", 0.0), (int, float)):
+        raise UsageError(f"{path} is not a summary sweep.py wrote (not a JSON object with its fields); move it away "
+                         "and run again to rebuild it from the runs' logs")
+    return summary
 
 
 def recipe_record(args):
@@ -482,25 +631,23 @@ def write_summary(args, runs, wall_s=0.0):
     rows = ramp_rows(records) if args["mode"] == "ramp" else lr_rows(records, args["lrs"])
     compared = (comparisons(records, args["mode"], args["lrs"], args["variants"], args["reference"],
                             args.get("claims", ())) if args.get("reference") else [])
-    path = os.path.join(args["out_dir"], "summary.json")
-    previous = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            previous = json.load(f)
+    previous = previous_summary(args["out_dir"])
     where = previous["machine"] if wall_s == 0 and "machine" in previous else machine()
     summary = {"mode": args["mode"], "reference": args.get("reference"), "variants": rows, "comparisons": compared,
                "recipe": recipe_record(args) if args.get("recipe") else None, "machine": where,
                "wall_s": wall_s + previous.get("wall_s", 0.0), "runs": records}
     # inf (a diverged run's loss) is written as Infinity, which Python's json reads back
-    write_text(path, json.dumps(summary, indent=1))
+    files.write_atomic(os.path.join(args["out_dir"], "summary.json"), json.dumps(summary, indent=1).encode())
     table = io.StringIO()
     writer = csv.DictWriter(table, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
     writer.writeheader()
     writer.writerows({k: cell(v) for k, v in row.items()} for row in rows)
-    write_text(os.path.join(args["out_dir"], "summary.csv"), table.getvalue())
+    files.write_atomic(os.path.join(args["out_dir"], "summary.csv"), table.getvalue().encode())
     unfinished = sum(r["status"] == "unfinished" for r in records)
+    elsewhere = sum(files.held_by(run.dir) is not None for run in runs)
     if unfinished:
-        print(f"{unfinished} of {len(records)} runs did not finish (see their .out files); the summary leaves them out")
+        print(f"{unfinished} of {len(records)} runs did not finish ({elsewhere} of them still running in another "
+              "process; see the others' .out files); the summary leaves them out")
     print(markdown(rows))
     if compared:
         print()
@@ -515,20 +662,41 @@ def main(argv):
         args = parse_args(argv)
         runs = grid(args)
         check_runs(runs, args)
+        previous_summary(args["out_dir"])  # a damaged one is refused now, not after hours of runs
+        todo = [run for run in runs if not is_finished(run)]
+        return run_sweep(args, runs, todo)
     except UsageError as e:
         return flags.fail("sweep.py", e)
-    todo = [run for run in runs if not is_finished(run)]
+    except WriteError as e:
+        print(f"sweep.py: {e}", file=sys.stderr)
+        return 1
+
+
+def run_sweep(args, runs, todo):
+    """Print --dry_run's commands, or run what is left and write the summaries. Exit code 0, or 128 + the signal
+    that stopped the sweep (its runs stopped with a checkpoint)."""
+    elsewhere = [run for run in todo if files.held_by(run.dir)]
+    for run in elsewhere:
+        print(f"sweep.py: {run.dir} is running in another process ({files.held_by(run.dir)}); left to it",
+              file=sys.stderr)
     if args["dry_run"]:
         for run in todo:
-            print(shlex.join(["python", "train.py", *train_flags(run, args)]))
+            if run not in elsewhere:
+                print(shlex.join(["python", "train.py", *train_flags(run, args)]))
         return 0
     print(f"{len(runs)} runs, {len(runs) - len(todo)} finished already, {len(todo)} to run, {args['jobs']} at a time")
     started = time.time()
+    handlers = {signum: signal.signal(signum, raise_stop) for signum in (signal.SIGTERM, signal.SIGHUP)}
     try:
         run_all(todo, args)
-    except KeyboardInterrupt:
-        print("sweep.py: interrupted; run the same command again to resume", file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, Stop) as e:
+        name = str(e) if isinstance(e, Stop) else "Ctrl-C"
+        print(f"sweep.py: stopped by {name}; its runs stopped with a checkpoint; run the same command again to resume",
+              file=sys.stderr)
+        return 128 + (e.signum if isinstance(e, Stop) else signal.SIGINT)
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
     write_summary(args, runs, wall_s=time.time() - started if todo else 0.0)
     return 0
 

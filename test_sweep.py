@@ -5,11 +5,16 @@ import math
 import os
 import random
 import shlex
+import signal
+import subprocess
+import sys
+import time
 import typing
 
 import pytest
 
 import checkpoints
+import files
 import sweep
 import train
 
@@ -119,6 +124,19 @@ def test_dry_run_commands_parse_with_train_parser(tmp_path, capsys, mode):
     (["--variants=baseline", "--lrs=1e-2", "--lr=3"], "--lr is set per run"),
     (["--variants=baseline", "--lrs=fast"], "fast"),
     (["--variants=baseline"], "--lrs"),
+    (["--variants=baseline", "--lrs=1e-2,3e-3,0.01"], "1e-2 and 0.01 are the same LR"),
+    (["--variants=baseline", "--lrs=1e-2,1e-2"], "1e-2 and 1e-2 are the same LR"),
+    (["--variants=baseline,postln,preset=baseline", "--lrs=1e-2"], "baseline and preset=baseline are the same runs"),
+    (["--variants=baseline,baseline", "--lrs=1e-2"], "baseline and baseline are the same runs"),
+    (["--variants=baseline+lr=1", "--lrs=1e-2"], "variant baseline+lr=1: lr is set per run"),
+    (["--variants=postln,baseline+seed=3", "--lrs=1e-2"], "variant baseline+seed=3: seed is set per run"),
+    (["--variants=baseline+out_dir=x", "--lrs=1e-2"], "out_dir is set per run"),
+    (["--variants=baseline+lr_schedule=cosine", "--lrs=1e-2", "--mode=ramp"], "lr_schedule is set per run"),
+    (["--variants=baseline", "--lrs=1e-2", "--jobs=100000000000"], "--jobs=100000000000 must be an integer from 1"),
+    (["--variants=baseline", "--lrs=1e-2", "--seeds=\u0663"], "--seeds"),
+    (["--variants=baseline", "--lrs=1e-2", "--jobs=1e11"], "--jobs"),
+    (["--variants=baseline", "--lrs=1e-2", "--dry_run=on"], "--dry_run"),
+    (["--variants=baseline", "--lrs=inf"], "inf is not a positive number"),
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, flags, expected):
     assert sweep.main([*flags, f"--out_dir={tmp_path / 'sweep'}"]) == 2
@@ -255,3 +273,159 @@ def test_a_recipe_takes_more_seeds_and_extra_flags_after_its_own():
 ])
 def test_the_rule_that_ended_a_run(event, expected):
     assert sweep.criterion(event) == expected
+
+
+@pytest.mark.parametrize("make, out_dir, expected", [
+    (lambda tmp: None, "", "--out_dir is empty"),
+    (lambda tmp: (tmp / "file").write_text("mine"), "file", "is a file, not a folder"),
+    (lambda tmp: (tmp / "file").write_text("mine"), "file/sweep", "is inside"),
+])
+def test_an_out_dir_that_cannot_be_a_folder_is_one_line(tmp_path, capsys, make, out_dir, expected):
+    make(tmp_path)
+    path = str(tmp_path / out_dir) if out_dir else ""
+    assert sweep.main(["--variants=baseline", "--lrs=1e-2", f"--out_dir={path}", "--dry_run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sweep.py: ") and expected in err and err.count("\n") == 1
+    if out_dir:
+        assert (tmp_path / "file").read_text() == "mine"
+
+
+def two_runs(tmp_path):
+    """A two-seed sweep's args and runs (nothing run yet)."""
+    argv = ["--variants=baseline", "--lrs=1e-2", "--seeds=2", f"--out_dir={tmp_path / 'sweep'}", *TINY]
+    args = sweep.parse_args(argv)
+    return argv, sweep.grid(args)
+
+
+def test_a_run_that_diverged_without_an_exit_file_counts_as_finished_from_its_log(tmp_path, capsys):
+    """A run started from --dry_run's commands (on a cluster) leaves no <seed>.exit: its log alone says it ended."""
+    argv, (ended, fresh) = two_runs(tmp_path)
+    start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
+    write_log(ended.dir, [start, diverged(3, 0.01, "fc2", 0)])
+    assert sweep.is_finished(ended) and not os.path.exists(ended.dir + ".exit")
+    assert sweep.main([*argv, "--dry_run"]) == 0
+    commands = capsys.readouterr().out.splitlines()
+    assert len(commands) == 1 and f"--out_dir={fresh.dir}" in commands[0]
+    assert sweep.run_record(ended)["status"] == "diverged" and sweep.run_record(ended)["final_loss"] == math.inf
+
+
+def test_torn_and_foreign_logs_exit_files_and_summaries(tmp_path, capsys):
+    """A torn last line is left out with a note; a foreign line, a folder in the log's place, a damaged .exit or
+    summary.json is one line and exit code 2, and nothing is written."""
+    argv, (first, second) = two_runs(tmp_path)
+    start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
+    write_log(first.dir, [start, diverged(3, 0.01, "fc2", 0)])
+    with open(os.path.join(first.dir, "log.jsonl"), "a") as f:
+        f.write('{"event": "tra')  # a SIGKILL mid-write
+    assert sweep.is_finished(first)
+    assert "the last line was cut short" in capsys.readouterr().err
+    os.remove(os.path.join(first.dir, "log.jsonl"))  # whole again, so that each line below is the one error
+    os.rmdir(first.dir)
+    write_log(first.dir, [start, diverged(3, 0.01, "fc2", 0)])
+
+    def refused(expected):
+        before = sorted(os.listdir(tmp_path / "sweep"))
+        assert sweep.main([*argv, "--dry_run"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("sweep.py: ") and expected in err and err.count("\n") == 1, err
+        assert sorted(os.listdir(tmp_path / "sweep")) == before
+
+    os.makedirs(os.path.join(second.dir, "log.jsonl"))
+    refused("log.jsonl is a folder, not a file")
+    os.rmdir(os.path.join(second.dir, "log.jsonl"))
+    with open(os.path.join(second.dir, "log.jsonl"), "w") as f:
+        f.write('{"event": "eval", "step": 0}\n[1, 2]\n{"event": "eval", "step": 1}\n')
+    refused("log.jsonl:2: not an event")
+    os.remove(os.path.join(second.dir, "log.jsonl"))
+
+    with open(second.dir + ".exit", "w") as f:
+        f.write("")  # sweep.py killed while writing it: no exit code recorded
+    assert sweep.exit_code(second) is None
+    with open(second.dir + ".exit", "w") as f:
+        f.write("garbage\n")
+    refused(".exit: b'garbage' is not an exit code")
+    os.remove(second.dir + ".exit")
+
+    summary = tmp_path / "sweep" / "summary.json"
+    summary.write_text('{"mode": "lr", "wall_s": 12')
+    refused("summary.json is not a summary sweep.py wrote")
+    assert summary.read_text() == '{"mode": "lr", "wall_s": 12'
+    summary.write_text("[]")
+    refused("summary.json is not a summary sweep.py wrote")
+
+
+HOLD = """
+import sys, time
+sys.path.insert(0, {here!r})
+import files
+lock = files.claim({folder!r})
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_held_run_folder_is_left_to_its_holder_and_reported_as_running(corpus, tmp_path, capsys):
+    """Another process holds one run's folder (a sweep started twice): this sweep neither starts that run nor
+    counts it as failed; it runs the other one and says the first is still running."""
+    argv, (held, free) = two_runs(tmp_path)
+    argv += [f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}"]
+    holder = subprocess.Popen([sys.executable, "-c", HOLD.format(here=sweep.HERE, folder=held.dir)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert sweep.main([*argv, "--dry_run"]) == 0
+        captured = capsys.readouterr()
+        assert f"--out_dir={held.dir} " not in captured.out + " " and f"--out_dir={free.dir}" in captured.out
+        assert f"{held.dir} is running in another process (PID {holder.pid} on" in captured.err
+        assert sweep.main(argv) == 0
+        captured = capsys.readouterr()
+        assert f"{held.dir} is running in another process (PID {holder.pid}" in captured.err
+        assert "1 of 2 runs did not finish (1 of them still running in another process" in captured.out
+        assert sorted(os.listdir(held.dir)) == ["run.lock"] and not os.path.exists(held.dir + ".exit")
+        assert sweep.exit_code(free) == 0
+    finally:
+        holder.kill()
+        holder.wait()
+    assert sweep.main(argv) == 0  # the holder is gone: now it runs
+    assert sweep.exit_code(held) == 0 and "0 of 2" not in capsys.readouterr().out
+
+
+def events_of(run_dir):
+    path = os.path.join(run_dir, "log.jsonl")
+    return sweep.read_events(path) if os.path.isfile(path) else []
+
+
+def test_sigterm_to_a_sweep_stops_its_runs_with_a_checkpoint_and_a_rerun_resumes(corpus, tmp_path):
+    """A real SIGTERM to a real sweep.py: both train.py processes get it, write a checkpoint and exit 130, and
+    sweep.py waits for them before it exits; no train.py is left running (no folder is still held)."""
+    argv = ["--variants=baseline", "--lrs=1e-2,3e-3", "--jobs=2", f"--out_dir={tmp_path / 'sweep'}",
+            f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}", *TINY[:4], "--max_iters=100000",
+            "--eval_interval=20", "--eval_iters=1", "--log_interval=1", "--warmup_iters=0"]
+    runs = sweep.grid(sweep.parse_args(argv))
+    process = subprocess.Popen([sys.executable, os.path.join(sweep.HERE, "sweep.py"), *argv],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids, left_behind = [], []
+    try:
+        deadline = time.time() + 120
+        while not all(any(e["event"] == "train" for e in events_of(run.dir)) for run in runs):
+            assert time.time() < deadline and process.poll() is None, "the runs did not start"
+            time.sleep(0.2)
+        pids = [int(open(os.path.join(run.dir, "run.lock")).read().split()[0]) for run in runs]
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        for pid in pids:  # a train.py still running after sweep.py exited: end it, and fail below
+            try:
+                os.kill(pid, signal.SIGKILL)
+                left_behind.append(pid)
+            except ProcessLookupError:
+                pass
+    assert not left_behind, f"train.py {left_behind} still running after sweep.py exited"
+    assert process.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by SIGTERM" in err and err.count("\n") == 1
+    for run in runs:
+        assert sweep.exit_code(run) == 130 and os.path.exists(os.path.join(run.dir, "ckpt.pt"))
+        assert files.held_by(run.dir) is None
+        assert "--resume" in sweep.train_flags(run, sweep.parse_args(argv))
