@@ -20,7 +20,7 @@ import re
 
 import data
 from flags import UsageError
-from model import GPTConfig, PRESETS
+from model import GPTConfig, PRESETS, block_layout
 
 # Flags of the machine, not of the run: a resume takes them from its own command line, not the checkpoint.
 SYSTEM_FLAGS = ("out_dir", "device", "dtype", "compile", "overwrite", "resume")
@@ -39,14 +39,18 @@ def check_train_config(tc, given):
     for name in positive:
         if getattr(tc, name) < 1:
             raise UsageError(f"--{name}={getattr(tc, name)} must be a positive integer")
+    # a flag the schedule does not read is held to its sign only (no_effect_warnings says it is unused): the
+    # default --min_lr above a small --lr is no error in a ramp, which never decays
+    decays, warms = tc.lr_schedule in ("cosine", "linear"), tc.lr_schedule != "ramp"
     ranges = (
         ("lr", tc.lr > 0, "> 0"),
-        ("min_lr", 0 <= tc.min_lr <= tc.lr, f"in [0, --lr={tc.lr}]"),
+        ("min_lr", 0 <= tc.min_lr and (tc.min_lr <= tc.lr or not decays), f"in [0, --lr={tc.lr}]"),
         # a short test run may leave the default warmup unfinished; an explicit one must fit in the run
-        ("warmup_iters", 0 <= tc.warmup_iters and (tc.warmup_iters <= tc.max_iters or "warmup_iters" not in given),
+        ("warmup_iters", 0 <= tc.warmup_iters and (
+            tc.warmup_iters <= tc.max_iters or "warmup_iters" not in given or not warms),
          f"in [0, --max_iters={tc.max_iters}]"),
         ("lr_decay_iters", tc.lr_decay_iters is None or tc.lr_decay_iters >= 1 and (
-            tc.lr_decay_iters >= tc.warmup_iters or "lr_decay_iters" not in given),
+            tc.lr_decay_iters >= tc.warmup_iters or "lr_decay_iters" not in given or not decays),
          f">= --warmup_iters={tc.warmup_iters} and >= 1, or None"),
         ("weight_decay", tc.weight_decay >= 0, ">= 0"),
         ("beta1", 0 <= tc.beta1 < 1, "in [0, 1)"),
@@ -86,14 +90,31 @@ def absolute_paths(tc):
 def no_effect_warnings(given, m, tc):
     """Flags given on the command line that change nothing in this configuration (a warning, not an error)."""
     by_norm = {"pn_alpha_fwd": ("batchnorm", "pnv", "powernorm"), "pn_alpha_bwd": ("powernorm",),
-               "pn_warmup": ("powernorm",), "pn_group_scaling": ("powernorm",)}
+               "pn_warmup": ("powernorm",), "pn_group_scaling": ("powernorm",), "dyt_alpha": ("dyt",),
+               "dyt_alpha_attn": ("dyt",)}
     unused = {name: f"--norm={m.norm}" for name, norms in by_norm.items() if m.norm not in norms}
+    if m.norm in ("none", "dyt"):
+        unused["norm_eps"] = f"--norm={m.norm}"  # DyT has no statistic, so no eps (Zhu et al. 2025, eq. (1))
     if m.norm == "none":
-        unused.update(norm_eps="--norm=none", norm_affine="--norm=none")
+        unused["norm_affine"] = "--norm=none"
     if not m.scale_resids:
         unused["scale_resids_init"] = "--scale_resids=False"
     if not m.layer_scale:
         unused["layer_scale_init"] = "--layer_scale=False"
+    if not m.scale_heads:
+        unused["head_scale_at"] = "--scale_heads=False"
+    if m.layout != "mix":
+        unused["mix_ln_ratio"] = f"--layout={m.layout}"
+    # LayerNorm Scaling multiplies layer l's pre-LN norms by 1/sqrt(l): only a Pre-LN layer after the first changes
+    # anything, and Mix-LN's Post-LN layers come first
+    if m.layout == "mix" and block_layout(m, m.n_layer - 1) == "post":
+        unused["layer_norm_scaling"] = f"--layout=mix --mix_ln_ratio={m.mix_ln_ratio} (every layer is Post-LN)"
+    elif m.n_layer == 1 and m.layout in ("pre", "mix"):
+        unused["layer_norm_scaling"] = "--n_layer=1 (its one layer is scaled by 1/sqrt(1) = 1)"
+    if m.subln:
+        unused["scale_fc"] = "--subln=True (SubLN puts the same norm before W_2)"
+    if m.attn_softcap > 0:
+        unused["attn_impl"] = f"--attn_softcap={m.attn_softcap} (a soft-cap forces the manual attention path)"
     if tc.lr_schedule in ("constant", "ramp"):
         unused.update(min_lr=f"--lr_schedule={tc.lr_schedule}", lr_decay_iters=f"--lr_schedule={tc.lr_schedule}")
     if tc.lr_schedule == "ramp":
@@ -161,8 +182,8 @@ def fit_to_data(model_cfg, tc, meta, given, resumed):
     else:
         model_cfg = dataclasses.replace(model_cfg, vocab_size=padded_vocab)
     if model_cfg.pn_warmup is None:
-        # PowerNorm App. A.1 warms psi up; its warmup defaults to the LR warmup, counted in training forward calls
-        # a ramp has no LR warmup (--warmup_iters has no effect there), so PowerNorm's psi warmup is 0 too
+        # PowerNorm App. A.1 sets its psi warmup to the LR warmup (here counted in training forward calls); a
+        # ramp has no LR warmup (--warmup_iters has no effect there), so PowerNorm's psi warmup is 0 too
         warmup = 0 if tc.lr_schedule == "ramp" else tc.warmup_iters
         model_cfg = dataclasses.replace(model_cfg, pn_warmup=warmup * tc.grad_accum)
     return model_cfg

@@ -9,7 +9,7 @@ process, each on its own: no process group yet), `start(tc, machine)` joins the 
 threads. In the loop, `host_read(...)` is a step's one read of the device, through which the processes
 agree on the loss, gradient norm and a stop request (StopRequest, Ctrl-C); `agree` makes a failure on one
 process (a checkpoint write) a failure on all, and `rank_spread` checks that DDP kept their weights identical.
-`Progress` times the progress lines and `gpu_peak_flops` gives MFU its denominator.
+`Progress` times the progress lines and `mfu` divides their FLOP/s by the GPUs' peak (`gpu_peak_flops`).
 """
 
 import ctypes
@@ -30,6 +30,8 @@ import torch.distributed.nn  # noqa: F401
 
 from flags import UsageError
 
+# what a gloo collective says when the process at the other end has exited
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
 clock = time.perf_counter  # the progress lines' clock (test_train.py replaces it with one that it advances)
 
 
@@ -103,7 +105,10 @@ def memory_estimate(m, tc):
     term is the attention matrix, which SDPA's fused kernels do not keep), twice that in float32, plus the logits
     and their gradient in float32."""
     tokens = tc.batch_size * m.block_size
-    per_value = 34 + (5 * m.n_head * m.block_size / m.n_embd if m.attn_impl == "manual" else 0)
+    # model.Attention writes attention out, keeping the (B, H, T, T) scores, with --attn_impl=manual and with
+    # --attn_softcap, which SDPA cannot apply
+    manual = m.attn_impl == "manual" or m.attn_softcap > 0
+    per_value = 34 + (5 * m.n_head * m.block_size / m.n_embd if manual else 0)
     activations = m.n_layer * tokens * m.n_embd * per_value * (2 if tc.dtype == "float32" else 1)
     return 16 * parameter_estimate(m) + activations + 2 * 4 * tokens * m.vocab_size
 
@@ -158,9 +163,15 @@ def start(tc, machine):
         dist.init_process_group(backend=backend)
     if machine.device_type == "cpu":
         # torchrun sets OMP_NUM_THREADS=1 per process: give each process its share of the cores instead
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // machine.local_world_size))
+        torch.set_num_threads(max(1, cpu_cores() // machine.local_world_size))
         keep_freed_memory()
     return tc
+
+
+def cpu_cores():
+    """The cores this process may run on: its affinity mask where the OS has one (Linux), else all of them (macOS
+    has no os.sched_getaffinity)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def keep_freed_memory():
@@ -206,6 +217,14 @@ def leave_together(code, machine):
         return
     signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(code))
     time.sleep(60)
+
+
+def lost_a_peer(error, machine):
+    """Whether a RuntimeError is this process's collective meeting another process that has stopped (process 0
+    after a failed write, which it says in its own line): gloo's "Connection closed by peer", nccl's DistError."""
+    if not machine.ddp:
+        return False
+    return isinstance(error, dist.DistError) or any(words in str(error) for words in PEER_GONE)
 
 
 def host_read(sums, grad_norm, stop, machine):

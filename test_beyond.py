@@ -1,6 +1,7 @@
 """Tests of the methods beyond the four papers against their equations, written out here in float64: DyT (Zhu et al.
 2025), Gemma 2's soft-caps, LayerNorm Scaling (Sun et al. 2025), Mix-LN (Li, Yin, Liu 2025), Peri-LN (Kim et al.
-2025), OLMo 2's reordered norm, Magneto's SubLN (Wang et al. 2023), and the coord check (Tensor Programs V)."""
+2025), OLMo 2's reordered norm, Magneto's SubLN (Wang et al. 2023), and the coord check (Tensor Programs V); and
+the memory estimate of a soft-capped model, whose attention keeps its scores."""
 
 import copy
 import math
@@ -12,6 +13,8 @@ import torch.nn.functional as F
 
 import coord_check
 import norms
+import runtime
+import train
 from model import GPT, GPTConfig, PRESETS, softcap, subln_gain
 from test_model import one_thread  # noqa: F401 (an autouse fixture: tiny models run on one thread)
 
@@ -132,6 +135,18 @@ def test_logit_softcap_caps_the_output_logits_and_the_loss_sees_them():
     expected = 0.5 * torch.tanh(plain(idx)[0] / 0.5)
     torch.testing.assert_close(logits, expected, rtol=0, atol=1e-13)
     torch.testing.assert_close(loss, F.cross_entropy(expected.view(-1, 64), targets.view(-1)), rtol=0, atol=1e-13)
+
+
+def test_the_memory_estimate_counts_the_scores_a_soft_cap_keeps():
+    """--attn_softcap takes the manual path, which keeps the (B, H, T, T) scores: train.py's memory check counts
+    them as for --attn_impl=manual, Korthikanti et al.'s 5 H T / d bytes per activation value (x2 in float32)."""
+    tc = train.TrainConfig(dtype="float32")
+    T, L, H, d = 4096, 4, 4, 128
+    sizes = dict(block_size=T, n_layer=L, n_head=H, n_embd=d)
+    sdpa = runtime.memory_estimate(GPTConfig(**sizes), tc)
+    capped = runtime.memory_estimate(GPTConfig(**sizes, attn_softcap=50.0), tc)
+    assert capped == runtime.memory_estimate(GPTConfig(**sizes, attn_impl="manual"), tc)
+    assert capped - sdpa == pytest.approx(L * tc.batch_size * T * d * 5 * H * T / d * 2, rel=1e-12)
 
 
 # 3. placements, each block against its equation on a hand-built input

@@ -9,9 +9,11 @@ import sys
 import pytest
 import torch
 
+import configs
 import flags
+import runtime
 import train
-from model import GPTConfig
+from model import GPT, GPTConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
@@ -187,22 +189,129 @@ def test_a_run_that_wrote_only_empty_files_holds_nothing(corpus, tmp_path):
     assert train.main(command_line(corpus, tmp_path, ["--max_iters=2", "--eval_interval=2"])) == 0
 
 
-@pytest.mark.parametrize("flags, warning", [
+# (flags after TINY, the one warning they give): the last flag named changes nothing in that configuration
+NO_EFFECT = [
     (["--pn_alpha_fwd=0.5"], "--pn_alpha_fwd has no effect with --norm=layernorm"),
     (["--norm=batchnorm", "--pn_alpha_bwd=0.5"], "--pn_alpha_bwd has no effect with --norm=batchnorm"),
     (["--norm=none", "--norm_eps=1e-3"], "--norm_eps has no effect with --norm=none"),
     (["--layer_scale_init=0.1"], "--layer_scale_init has no effect with --layer_scale=False"),
     (["--lr_schedule=constant", "--min_lr=0"], "--min_lr has no effect with --lr_schedule=constant"),
-])
+    (["--dyt_alpha=0.3"], "--dyt_alpha has no effect with --norm=layernorm"),
+    (["--norm=rmsnorm", "--dyt_alpha_attn=0.8"], "--dyt_alpha_attn has no effect with --norm=rmsnorm"),
+    (["--norm=dyt", "--norm_eps=1e-3"], "--norm_eps has no effect with --norm=dyt"),
+    (["--head_scale_at=after_proj"], "--head_scale_at has no effect with --scale_heads=False"),
+    (["--mix_ln_ratio=0.5"], "--mix_ln_ratio has no effect with --layout=pre"),
+    (["--layout=mix", "--mix_ln_ratio=1.0", "--layer_norm_scaling=True"],
+     "--layer_norm_scaling has no effect with --layout=mix --mix_ln_ratio=1.0 (every layer is Post-LN)"),
+    (["--n_layer=1", "--layer_norm_scaling=True"],
+     "--layer_norm_scaling has no effect with --n_layer=1 (its one layer is scaled by 1/sqrt(1) = 1)"),
+    (["--subln=True", "--scale_fc=True"],
+     "--scale_fc has no effect with --subln=True (SubLN puts the same norm before W_2)"),
+    (["--preset=gemma2", "--attn_impl=sdpa"],
+     "--attn_impl has no effect with --attn_softcap=50.0 (a soft-cap forces the manual attention path)"),
+]
+
+
+@pytest.mark.parametrize("flags, warning", NO_EFFECT, ids=[" ".join(f) for f, _ in NO_EFFECT])
 def test_a_flag_without_effect_warns_and_runs(corpus, tmp_path, capsys, flags, warning):
     assert train.main(command_line(corpus, tmp_path, ["--max_iters=2", "--eval_interval=2", *flags])) == 0
     assert capsys.readouterr().err.splitlines() == [f"train.py: warning: {warning}"]
+
+
+# another value of each model flag that NO_EFFECT says changes nothing
+OTHER_VALUE = {"pn_alpha_fwd": "0.8", "pn_alpha_bwd": "0.8", "norm_eps": "0.1", "layer_scale_init": "0.5",
+               "dyt_alpha": "2.0", "dyt_alpha_attn": "2.0", "head_scale_at": "before_proj", "mix_ln_ratio": "0.0",
+               "layer_norm_scaling": "False", "scale_fc": "False", "attn_impl": "manual"}
+MODEL_ROWS = [(f, w) for f, w in NO_EFFECT if w.split()[0][2:] in GPTConfig.field_names()]
+
+
+@pytest.mark.parametrize("flags, warning", MODEL_ROWS, ids=[" ".join(f) for f, _ in MODEL_ROWS])
+def test_a_flag_said_to_have_no_effect_builds_the_same_model_at_another_value(flags, warning):
+    """A warning is a claim: the flag at any other value gives the same weights and the same logits."""
+    name = warning.split()[0][2:]
+    models = []
+    for argv in (flags, [*flags, f"--{name}={OTHER_VALUE[name]}"]):
+        model_cfg, _ = train.build_configs(train.parse_flags([*TINY, *argv]))
+        torch.manual_seed(0)
+        models.append(GPT(model_cfg))
+    ours, other = models
+    assert getattr(ours.config, name) != getattr(other.config, name)
+    x = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1))
+    ours_state, other_state = ours.state_dict(), other.state_dict()
+    assert ours_state.keys() == other_state.keys()
+    assert all(torch.equal(ours_state[k], other_state[k]) for k in ours_state)
+    assert torch.equal(ours(x)[0], other(x)[0])
 
 
 def test_a_flag_with_effect_does_not_warn(corpus, tmp_path, capsys):
     assert train.main(command_line(corpus, tmp_path, ["--max_iters=2", "--eval_interval=2", "--norm=powernorm",
                                                        "--pn_alpha_fwd=0.5", "--pn_alpha_bwd=0.5"])) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_the_newer_flags_with_their_enabling_flags_do_not_warn(corpus, tmp_path, capsys):
+    assert train.main(command_line(corpus, tmp_path, [
+        "--max_iters=2", "--eval_interval=2", "--norm=dyt", "--dyt_alpha=0.3", "--dyt_alpha_attn=0.6",
+        "--scale_heads=True", "--head_scale_at=after_proj", "--layout=mix", "--mix_ln_ratio=0.5",
+        "--layer_norm_scaling=True", "--scale_fc=True", "--attn_impl=manual", "--logit_softcap=30",
+        "--embed_init=inv_sqrt_d"])) == 0
+    assert capsys.readouterr().err == ""
+
+
+# each newer flag beside the flag that gives it its effect (TINY has 2 layers)
+WITH_EFFECT = [
+    ["--norm=dyt", "--dyt_alpha=0.3"],
+    ["--norm=dyt", "--dyt_alpha_attn=0.8"],
+    ["--preset=dyt", "--dyt_alpha=0.2", "--dyt_alpha_attn=0.8"],
+    ["--norm=rmsnorm", "--norm_eps=1e-3"],
+    ["--scale_heads=True", "--head_scale_at=after_proj"],
+    ["--preset=nf_normformer", "--head_scale_at=after_proj"],
+    ["--layout=mix", "--mix_ln_ratio=0.5"],
+    ["--layer_norm_scaling=True"],
+    ["--layout=mix", "--mix_ln_ratio=0.5", "--layer_norm_scaling=True"],
+    ["--preset=lns", "--n_layer=3"],
+    ["--scale_fc=True"],
+    ["--subln=True"],
+    ["--attn_impl=manual"],
+    ["--preset=gemma2", "--attn_softcap=0", "--attn_impl=manual"],
+    ["--preset=gemma2", "--logit_softcap=20"],
+    ["--attn_softcap=30"],
+    ["--embed_init=inv_sqrt_d"],
+]
+
+
+@pytest.mark.parametrize("flags", WITH_EFFECT, ids=[" ".join(f) for f in WITH_EFFECT])
+def test_a_newer_flag_with_its_enabling_flag_does_not_warn(flags):
+    given = train.parse_flags([*TINY, *flags])
+    model_cfg, tc = train.build_configs(given)
+    assert configs.no_effect_warnings(given, model_cfg, tc) == []
+
+
+# a flag the LR schedule does not read is not refused for its relation to the others (it is warned about instead)
+UNREAD = [
+    ["--lr_schedule=ramp", "--lr=1e-4"],
+    ["--lr_schedule=constant", "--lr=1e-4"],
+    ["--lr_schedule=ramp", "--warmup_iters=10", "--max_iters=5"],
+    ["--lr_schedule=constant", "--warmup_iters=2", "--lr_decay_iters=1"],
+]
+
+
+@pytest.mark.parametrize("flags", UNREAD, ids=[" ".join(f) for f in UNREAD])
+def test_a_flag_the_schedule_does_not_read_is_not_refused(flags):
+    given = train.parse_flags([*TINY, *flags])
+    model_cfg, tc = train.build_configs(given)
+    configs.check_train_config(tc, given)
+
+
+def test_cpu_threads_on_a_machine_without_an_affinity_mask(monkeypatch):
+    """macOS has no os.sched_getaffinity: a CPU run there takes every core, not a traceback."""
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+    threads = torch.get_num_threads()
+    try:
+        runtime.start(train.TrainConfig(device="cpu"), runtime.Machine())
+        assert torch.get_num_threads() == os.cpu_count()
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_help_lists_every_flag_with_its_default_from_configurable_txt():

@@ -503,3 +503,39 @@ def test_bad_input_under_torchrun_is_one_line_from_process_0_and_exit_code_2_on_
     assert result.stderr.count("exitcode  : 2") == 2 and "(SIGTERM)" not in result.stderr, result.stderr
     assert 'File "' + os.path.join(HERE, "train.py") not in result.stderr  # no traceback of a worker
     assert not out.exists()
+
+
+FAILING_LOG = """
+import errno, os, sys
+sys.path.insert(0, {here!r})
+import files, train
+real, calls = files.append_line, [0]
+
+
+def append_line(path, line):  # process 0's fifth log line meets a full disk
+    calls[0] += 1
+    if os.environ["RANK"] == "0" and calls[0] > 4 and path.endswith("log.jsonl"):
+        raise files.cannot_write(path, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+    return real(path, line)
+
+
+files.append_line = append_line
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+def test_a_log_write_that_fails_mid_run_under_torchrun_is_one_line_per_process_and_no_traceback(corpus, tmp_path):
+    """Process 0 cannot append a log line mid-run: it prints its one line and stops; process 1, left in the step's
+    all-reduce, says in one line that another process stopped, instead of gloo's traceback."""
+    script = tmp_path / "failing_log.py"
+    script.write_text(FAILING_LOG.format(here=HERE))
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             str(script), *flags_of(corpus, out, "--max_iters=20", "--eval_interval=10")],
+                            capture_output=True, text=True, cwd=HERE, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    ours = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("train.py: ")]
+    assert len(ours) == 2, result.stderr
+    assert f"cannot write {out / 'log.jsonl'} (No space left on device)" in ours[0]
+    assert "process 1: another process of the run stopped" in ours[1]
+    assert "[rank1]: Traceback" not in result.stderr and "Connection closed by peer" not in result.stderr, result.stderr
+    assert files.read_log(str(out / "log.jsonl"))[1] == ""  # whole lines only

@@ -375,6 +375,12 @@ def main(argv):
         return fail(2, e, machine)
     except files.WriteError as e:
         return fail(1, e, machine)
+    except RuntimeError as e:
+        if not runtime.lost_a_peer(e, machine):
+            raise
+        print(f"train.py: process {machine.rank}: another process of the run stopped (its own line says why)",
+              file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         # a second Ctrl-C, or one before training: every write is whole or absent (files.py), so no traceback
         if machine.master:
