@@ -12,8 +12,8 @@ Normalization"), DeepNet (Wang et al. 2022, "DeepNet: Scaling Transformers to 1,
 Dehghani et al. 2023 ("Scaling Vision Transformers to 22 Billion Parameters") and Wortsman et al. 2023
 ("Small-scale proxies for large-scale Transformer training instabilities"). Beyond those four: DyT (Zhu et al.
 2025, "Transformers without Normalization"), LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth in Large
-Language Models"), Mix-LN (Li, Yin, Liu 2025), Peri-LN (Kim et al. 2025), the reordered norm of OLMo 2 (2025),
-SubLN (Magneto: Wang et al. 2023, "Foundation Transformers") and Gemma 2's logit soft-capping (2024). Comments
+Language Models"), Mix-LN (Li, Yin, Liu 2025), Peri-LN (Kim et al. 2025), the reordered norm of OLMo 2 (2024),
+SubLN (Magneto: Wang et al. 2022, "Foundation Transformers") and Gemma 2's logit soft-capping (2024). Comments
 cite them by section, equation or table.
 """
 
@@ -184,7 +184,7 @@ PRESETS = {
     "peri_ln": {"scale_attn": True, "ffn_out_norm": True, "embed_norm": True},
     "mix_ln": {"layout": "mix"},                                             # Mix-LN, alpha = 0.25
     "lns": {"layer_norm_scaling": True},                                     # Curse of Depth, pre-LN
-    # OLMo 2 (2025): x + RMSNorm(F(x)), QK-norm, a final norm (OLMo 2 normalizes q and k over all d, here per head)
+    # OLMo 2 (2024): x + RMSNorm(F(x)), QK-norm, a final norm (OLMo 2 normalizes q and k over all d, here per head)
     "olmo2": {"layout": "reordered", "norm": "rmsnorm", "qk_norm": True},
     "magneto": {"subln": True},                                              # Foundation Transformers §2: Pre-LN + SubLN
     # DyT in every norm slot. Without a norm, the 0.02-scale GPT-2 embeddings reach the first DyT as |x| ~ 0.02 and
@@ -214,7 +214,7 @@ def block_layout(cfg, layer):
 
 
 def subln_gain(cfg):
-    """Magneto (Wang et al. 2023, "Foundation Transformers" §2.2): with SubLN, W_v, W_O, W_1 and W_2 are initialized
+    """Magneto (Wang et al. 2022, "Foundation Transformers" §2.2): with SubLN, W_v, W_O, W_1 and W_2 are initialized
     with gain gamma = sqrt(log(2N)) for a decoder-only model of N layers (torchscale: decoder_layers * 2)."""
     return math.sqrt(math.log(2 * cfg.n_layer))
 

@@ -532,7 +532,8 @@ def test_a_log_write_that_fails_mid_run_under_torchrun_is_one_line_per_process_a
     out = tmp_path / "out"
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                              str(script), *flags_of(corpus, out, "--max_iters=20", "--eval_interval=10")],
-                            capture_output=True, text=True, cwd=HERE, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            capture_output=True, text=True, cwd=HERE, timeout=300,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
     ours = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("train.py: ")]
     assert len(ours) == 2, result.stderr
     assert f"cannot write {out / 'log.jsonl'} (No space left on device)" in ours[0]
