@@ -39,6 +39,7 @@ Its summary.json also holds the recipe and the claims' verdicts, from which `pyt
 --out=docs` writes docs/experiments.md.
 """
 
+import contextlib
 import csv
 import functools
 import io
@@ -352,8 +353,9 @@ def run_all(runs, args):
                 free.append(job.slot)
                 finish(job)
             time.sleep(0.1)
-    except (KeyboardInterrupt, Stop) as e:
-        stop_jobs(jobs, e.signum if isinstance(e, Stop) else signal.SIGINT)
+    except BaseException as e:  # a signal, or a file sweep.py could not write: no run is left running
+        stop_jobs(jobs, e.signum if isinstance(e, Stop) else signal.SIGINT if isinstance(e, KeyboardInterrupt)
+                  else signal.SIGTERM)
         raise
     return skipped
 
@@ -366,7 +368,9 @@ def stop_jobs(jobs, signum):
     while jobs:
         try:
             jobs[0].process.wait()
-            finish(jobs.pop(0))
+            job = jobs.pop(0)
+            with contextlib.suppress(WriteError):  # the error that stopped the sweep is the one to report
+                finish(job)
         except (KeyboardInterrupt, Stop):
             for job in jobs:
                 job.process.send_signal(signal.SIGINT)

@@ -1,5 +1,6 @@
 """sweep.py: the summaries' arithmetic by hand, --dry_run through train.py's parser, skip and resume for real."""
 
+import errno
 import json
 import math
 import os
@@ -15,6 +16,7 @@ import pytest
 
 import checkpoints
 import files
+from test_reliability import FailingWrites
 import sweep
 import train
 
@@ -429,3 +431,24 @@ def test_sigterm_to_a_sweep_stops_its_runs_with_a_checkpoint_and_a_rerun_resumes
         assert sweep.exit_code(run) == 130 and os.path.exists(os.path.join(run.dir, "ckpt.pt"))
         assert files.held_by(run.dir) is None
         assert "--resume" in sweep.train_flags(run, sweep.parse_args(argv))
+
+
+def test_a_summary_that_cannot_be_written_is_one_line_and_keeps_the_old_one(tmp_path, monkeypatch, capsys):
+    """Disk full at summary.json (then at summary.csv): one line naming the file, exit code 1, the previous summary
+    as it was and no temporary file left."""
+    argv, runs = two_runs(tmp_path)
+    start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
+    for run in runs:
+        write_log(run.dir, [start, {"event": "done", "step": 4, "val_loss": 2.0}])
+    assert sweep.main(argv) == 0
+    folder = tmp_path / "sweep"
+    before = {name: (folder / name).read_bytes() for name in ("summary.json", "summary.csv")}
+    for name in before:
+        capsys.readouterr()
+        with monkeypatch.context() as patch:
+            FailingWrites(patch, errno.ENOSPC, name)
+            assert sweep.main(argv) == 1
+        err = capsys.readouterr().err
+        assert err == f"sweep.py: cannot write {folder / name} (No space left on device)\n"
+        assert {n: (folder / n).read_bytes() for n in before} == before
+        assert not [p for p in folder.iterdir() if ".tmp" in p.name]
