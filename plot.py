@@ -18,10 +18,16 @@ The results page: `python plot.py --experiments=sweeps --out=docs` reads the sum
 sweep under sweeps/ (python sweep.py --recipe=NAME) and writes docs/experiments.md, a headline table and a
 section per claim (the paper's words and number, ours, p, verdict, deviations, command), and a figure per recipe
 in docs/experiments/. It reads nothing else, so the page cannot drift from the data.
+
+A log.jsonl or summary.json that is not what train.py or sweep.py write (not JSON, lacking a key a plot reads, a
+folder in the file's place), or an --out that cannot be a folder, is bad input: one line naming the file (and line),
+exit code 2, before anything is drawn. A log's last line cut short by a killed run is left out with a note. Every
+file is written whole or not at all; a write that fails (disk full, read-only) is one line naming it, exit code 1.
 """
 
 import dataclasses
 import glob
+import io
 import json
 import math
 import os
@@ -35,21 +41,135 @@ matplotlib.use("Agg")  # files only, no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
+import files  # noqa: E402
 import flags  # noqa: E402
 from flags import UsageError, help_of  # noqa: E402
 
 FP16_MAX = 65504.0
 LINE_STYLES = ("-", "--", ":", "-.")
+NUMBER = (int, float)
+MAYBE_NUMBER = (int, float, type(None))
+JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", type(None): "null",
+              list: "a list", dict: "an object"}
+
+# What plot.py reads of the files train.py and sweep.py write, so that a foreign file is refused before anything is
+# drawn: a dict is a JSON object with at least these keys, [x] a list whose items are each x, a type (or a tuple
+# of types) the value's type, a set the values allowed, None any value.
+EVENTS = {
+    "train": {"step": int, "loss": NUMBER, "lr": NUMBER, "grad_norm": MAYBE_NUMBER},  # None: an fp16 overflow step
+    "eval": {"step": int, "val_loss": NUMBER},
+    "spike": {"step": int, "loss": NUMBER},
+    "telemetry": {"step": int,
+                  "weights": [{"layer": None, "op": None, "name": str, "grad_mean_abs": NUMBER, "grad_l2": NUMBER}],
+                  "gains": [{"layer": None, "op": None, "name": str, "mean": NUMBER, "std": NUMBER, "min": NUMBER,
+                             "max": NUMBER}],
+                  "attn_logit_max": [{"layer": int, "value": NUMBER}],
+                  "norm_stats": [{"layer": None, "op": None, **{f"{stat}_{k}": NUMBER for stat in ("psi2", "nu")
+                                                                for k in ("mean", "min", "max")}}]},
+    "headroom": {"step": int, "ops": [{"layer": None, "op": None, "pass": None, "max_abs": NUMBER}]},
+}
+SWEEP = {"mode": str}
+LR_SWEEP = {"variants": [{"variant": str, "init_loss": NUMBER}],
+            "runs": [{"variant": str, "lr": str, "status": str, "final_loss": MAYBE_NUMBER}]}
+SIDE = {"median": None, "min": None, "max": None, "n": None}
+RECIPE_SUMMARY = {
+    "recipe": {"name": str, "title": str, "order": int, "scale": str, "paper": None, "quote": None, "reference": None,
+               "figure": {"ramp", "loss_vs_lr", "logits", "metric"}, "variants": [str], "lrs": [str], "seeds": int,
+               "claims": [{"variant": str, "metric": str, "expect": None, "paper_number": None}],
+               "deviations": None, "command": None, "train_argv": [str]},
+    "machine": {"hardware": None, "load": NUMBER, "torch": None, "date": None},
+    "wall_s": NUMBER,
+    "comparisons": [{"variant": str, "metric": str, "reference": None, "lr": None, "reference_lr": None,
+                     "variant_values": SIDE, "reference_values": SIDE, "p": NUMBER, "p_exact": None, "verdict": None}],
+    "variants": [{"variant": str}],
+    "runs": [{"variant": str, "lr": str, "status": str, "final_loss": MAYBE_NUMBER, "peak_lr": MAYBE_NUMBER,
+              "steps_survived": MAYBE_NUMBER, "spikes": int, "attn_logit_max": MAYBE_NUMBER, "log_z": MAYBE_NUMBER,
+              "curve": [[NUMBER]], "logit_curve": [[MAYBE_NUMBER]]}],
+}
+# a variant row that names how its runs ended (recipe_section) also needs the counts: named key -> what it needs
+ENDED_ROW = {"criterion": {"criterion_count": int, "runs": int}, "failed_op": {"failed_op_count": int},
+             "grew_most": {"grew_most_count": int}}
+SUMMARY_ALLOWED = "plot.py reads the summary.json that sweep.py writes (the sweep's command again rewrites it)"
+
+
+def mismatch(value, shape, where):
+    """Where value is not of the shape (as EVENTS describes shapes), such as "runs[2].lr is missing"; None where it
+    is."""
+    if isinstance(shape, dict):
+        if not isinstance(value, dict):
+            return f"{where or 'it'} is {JSON_NAMES[type(value)]}, not an object"
+        for key, inner in shape.items():
+            name = f"{where}.{key}" if where else key
+            found = f"{name} is missing" if key not in value else mismatch(value[key], inner, name)
+            if found:
+                return found
+    elif isinstance(shape, list):
+        if not isinstance(value, list):
+            return f"{where} is {JSON_NAMES[type(value)]}, not a list"
+        for i, item in enumerate(value):
+            found = mismatch(item, shape[0], f"{where}[{i}]")
+            if found:
+                return found
+    elif isinstance(shape, set):
+        if value not in shape:
+            return f"{where} is {json.dumps(value)[:40]}, not one of {', '.join(sorted(shape))}"
+    elif shape is not None and not isinstance(value, shape):
+        kinds = shape if isinstance(shape, tuple) else (shape,)
+        expected = " or ".join(JSON_NAMES[kind] for kind in kinds if not (kind is int and float in kinds))
+        return f"{where} is {JSON_NAMES[type(value)]}, not {expected}"
+    return None
 
 
 def read_events(path):
-    """The events of a log.jsonl; a last line cut short by a killed run (no newline yet) is left out."""
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.endswith("\n")]
+    """The events of a log.jsonl (files.read_log), each with the keys the plots read; a last line cut short by a
+    killed run is left out with a note on stderr. Anything else foreign is a UsageError naming the file and line."""
+    events, note = files.read_log(path)
+    if note:
+        print(f"plot.py: {note}", file=sys.stderr)
+    for line, event in enumerate(events, 1):  # read_log gives one event a line, or refuses the log
+        found = mismatch(event, EVENTS.get(event["event"]), "")
+        if found:
+            raise UsageError(f"{path}:{line}: {event['event']} event: {found}; it is not a log nanonorm wrote")
+    return events
+
+
+def read_summary(path):
+    """A summary.json as a dict; a UsageError naming the file where it is not a file, not JSON or not an object."""
+    problem = files.not_a_file(path)
+    if problem:
+        raise UsageError(f"{path} is {problem}; {SUMMARY_ALLOWED}")
+    try:
+        with open(path, "rb") as f:
+            summary = json.loads(f.read().decode("utf-8"))
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read it ({e.strerror}); {SUMMARY_ALLOWED}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not UTF-8 text; {SUMMARY_ALLOWED}") from None
+    except ValueError:
+        raise UsageError(f"{path}: not JSON; {SUMMARY_ALLOWED}") from None
+    if not isinstance(summary, dict):
+        raise UsageError(f"{path}: {JSON_NAMES[type(summary)]}, not an object; {SUMMARY_ALLOWED}")
+    return summary
+
+
+def check_summary(path, summary, shape):
+    found = mismatch(summary, shape, "")
+    if found:
+        raise UsageError(f"{path}: {found}; {SUMMARY_ALLOWED}")
+
+
+def sweep_summary(path):
+    """A sweep folder's summary.json with what plot_loss_vs_lr reads (all of it for an --mode=lr sweep)."""
+    summary = read_summary(path)
+    check_summary(path, summary, SWEEP)
+    if summary["mode"] == "lr":
+        check_summary(path, summary, LR_SWEEP)
+    return summary
 
 
 def find_runs(paths):
-    """(label, events) of every run: a folder holding log.jsonl, or each run folder under a sweep folder."""
+    """(label, events) of every run (a folder holding log.jsonl, or each run folder under a sweep folder) and
+    (folder, summary) of every sweep folder; all read and checked before anything is drawn."""
     runs, sweeps = [], []
     # sweep runs end in .../<variant>/<lr>/<seed>: several given run folders differ only higher up
     common = os.path.dirname(os.path.commonpath([os.path.abspath(p) for p in paths]))
@@ -66,8 +186,9 @@ def find_runs(paths):
             if label == ".":  # a run folder given itself: its path below what all the given folders share
                 label = os.path.relpath(os.path.abspath(path), common)
             runs.append((label, read_events(log)))
-        if os.path.exists(os.path.join(path, "summary.json")):
-            sweeps.append(path)
+        summary = os.path.join(path, "summary.json")
+        if os.path.lexists(summary):  # lexists: a broken symlink in its place is refused, not passed over
+            sweeps.append((path, sweep_summary(summary)))
     return runs, sweeps
 
 
@@ -79,10 +200,17 @@ def slug(label):
     return "".join(c if c.isalnum() or c in "-.=" else "_" for c in label)
 
 
+def save_png(fig, path, **options):
+    """fig as a PNG at path, whole or not at all (files.write_atomic); a failed write is a files.WriteError."""
+    picture = io.BytesIO()
+    fig.savefig(picture, format="png", **options)
+    plt.close(fig)
+    files.write_atomic(path, picture.getvalue())
+
+
 def save(fig, out, name):
     path = os.path.join(out, name)
-    fig.savefig(path, dpi=90, bbox_inches="tight")  # "tight" keeps a legend outside the axes in the picture
-    plt.close(fig)
+    save_png(fig, path, dpi=90, bbox_inches="tight")  # "tight" keeps a legend outside the axes in the picture
     print(f"wrote {path}")
 
 
@@ -109,11 +237,9 @@ def plot_loss(runs, out):
     save(fig, out, "loss.png")
 
 
-def plot_loss_vs_lr(sweep, out):
+def plot_loss_vs_lr(sweep, summary, out):
     """Final val loss vs LR per variant, log-x (Wortsman et al. 2023 §3, Fig. 1); diverged runs drawn as x at
     L_0, the loss at initialization, which is what they count as in the LR sensitivity."""
-    with open(os.path.join(sweep, "summary.json")) as f:
-        summary = json.load(f)
     name = f"loss_vs_lr_{slug(os.path.basename(os.path.abspath(sweep)))}.png"
     if summary["mode"] != "lr":
         print(f"{name} skipped: {sweep} is a --mode={summary['mode']} sweep")
@@ -249,10 +375,10 @@ def read_recipe_summaries(root):
     order recipes.py lists the recipes, CPU before GPU scale."""
     found = {}
     for path in sorted(glob.glob(os.path.join(glob.escape(root), "**", "summary.json"), recursive=True)):
-        with open(path) as f:
-            summary = json.load(f)
+        summary = read_summary(path)
         if not summary.get("recipe"):
             continue
+        check_recipe_summary(path, summary)
         key = (summary["recipe"]["order"], summary["recipe"]["scale"])
         if key in found:
             raise UsageError(f"{found[key][0]} and {path} are both sweeps of recipe {summary['recipe']['name']} "
@@ -261,6 +387,16 @@ def read_recipe_summaries(root):
     if not found:
         raise UsageError(f"{root} holds no recipe's summary.json; run python sweep.py --recipe=NAME first")
     return [summary for _, (_, summary) in sorted(found.items())]
+
+
+def check_recipe_summary(path, summary):
+    """A UsageError naming path where the summary lacks what the results page reads."""
+    check_summary(path, summary, RECIPE_SUMMARY)
+    for i, row in enumerate(summary["variants"]):
+        for key, needs in ENDED_ROW.items():
+            found = mismatch(row, needs, f"variants[{i}]") if row.get(key) else None
+            if found:
+                raise UsageError(f"{path}: {found} beside {key}; {SUMMARY_ALLOWED}")
 
 
 def family_styles(variants):
@@ -288,10 +424,8 @@ def log_lr_axis(ax, label):
 
 
 def save_small(fig, path):
-    """A small PNG for the results page, written to a tmp file and renamed over path (atomic)."""
-    fig.savefig(path + ".tmp", dpi=80, bbox_inches="tight", format="png")
-    plt.close(fig)
-    os.replace(path + ".tmp", path)
+    """A small PNG for the results page."""
+    save_png(fig, path, dpi=80, bbox_inches="tight")
 
 
 def figure_ramp(summary, ax):
@@ -302,7 +436,7 @@ def figure_ramp(summary, ax):
         for i, run in enumerate(r for r in summary["runs"] if r["variant"] == variant and r["curve"]):
             points = [(lr, loss) for _, lr, loss in run["curve"] if lr > 0 and math.isfinite(loss)]
             ax.plot(*zip(*points), style, color=color, lw=1, alpha=0.8, label=None if i else variant)
-            if run["status"] == "diverged":  # at the LR it diverged at, beside its last logged loss
+            if run["status"] == "diverged" and points:  # at the LR it diverged at, beside its last logged loss
                 ax.plot(run["peak_lr"], points[-1][1], "x", color=color, ms=8, mew=2)
     log_lr_axis(ax, "learning rate (rising each step)")
     ax.set(ylabel="train loss (x: diverged)")
@@ -453,11 +587,21 @@ def without_paths(argv):
     return [f"{arg.partition('=')[0]}=<path>" if os.path.isabs(arg.partition("=")[2]) else arg for arg in argv]
 
 
+def ended_text(row):
+    """How a variant's diverged runs ended: the most frequent rule, and the op that went over float16's range first
+    (NormFormer §4) or, where none did, the op whose forward max |x| grew the most before the end (train.py's
+    diverged event, "grew_most"; older summaries have no such field)."""
+    text = f"{row['variant']}: {row['criterion']} in {row['criterion_count']} of {row['runs']}"
+    if row.get("failed_op"):
+        return f"{text}, first op over the float16 range {row['failed_op']} in {row['failed_op_count']}"
+    if row.get("grew_most"):
+        return f"{text}, none over {FP16_MAX:.0f}; grew most: {row['grew_most']} in {row['grew_most_count']}"
+    return text
+
+
 def recipe_section(summary, figure):
     recipe, machine = summary["recipe"], summary["machine"]
-    ended = [f"{row['variant']}: {row['criterion']} in {row['criterion_count']} of {row['runs']}"
-             + (f", first op over the float16 range {row['failed_op']} in {row['failed_op_count']}"
-                if row.get("failed_op") else "") for row in summary["variants"] if row.get("criterion")]
+    ended = [ended_text(row) for row in summary["variants"] if row.get("criterion")]
     lines = [f'<a id="{recipe["name"]}"></a>', f"## {recipe['title']}", "",
              f"Recipe `{recipe['name']}` ({recipe['scale']} scale). Paper: {recipe['paper']}.", "",
              f"> {recipe['quote']}", "",
@@ -485,7 +629,7 @@ def recipe_section(summary, figure):
 def experiments_page(root, out):
     """docs/experiments.md and a figure per recipe, from the recipes' summary.json files alone."""
     summaries = read_recipe_summaries(root)
-    os.makedirs(os.path.join(out, "experiments"), exist_ok=True)
+    make_folder(os.path.join(out, "experiments"))
     sections = []
     for summary in summaries:
         name = summary["recipe"]["name"] + ("_gpu" if summary["recipe"]["scale"] == "gpu" else "")
@@ -504,9 +648,7 @@ def experiments_page(root, out):
         "one); see [papers.md](papers.md).", "",
         "## Headline", "", headline(summaries), "", *sections])
     path = os.path.join(out, "experiments.md")
-    with open(path + ".tmp", "w") as f:
-        f.write(page)
-    os.replace(path + ".tmp", path)
+    files.write_atomic(path, page.encode())
     print(f"wrote {path} and {len(summaries)} figures in {os.path.join(out, 'experiments')}")
 
 
@@ -544,9 +686,7 @@ def plot_coord_check(rows, title, path):
     fig.suptitle(f"coord check (mean |x| vs width, one line per step): {title}", fontsize=9)
     fig.tight_layout()
     # 15 panels at the results page's 80 dpi make a 130 KB PNG; 56 dpi keeps it under 100 KB for docs/
-    fig.savefig(path + ".tmp", dpi=56, format="png")
-    plt.close(fig)
-    os.replace(path + ".tmp", path)
+    save_png(fig, path, dpi=56)
 
 
 @dataclass
@@ -557,10 +697,25 @@ class PlotOptions:
                                "figures from their summary.json files", default="")
 
 
+def check_out(out):
+    """--out is a folder, or a path that can become one: not empty, not a file, not under a file."""
+    if not out:
+        raise UsageError("--out is empty; give the folder the pictures go to (it is made if absent), such as "
+                         "--out=plots")
+    existing = os.path.normpath(out)
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing) or "."
+    if not os.path.isdir(existing):
+        what = files.not_a_file(existing) or "a file"
+        where = "" if existing == os.path.normpath(out) else f" is under {existing}, which"
+        raise UsageError(f"--out={out}{where} is {what}; give the folder the pictures go to (it is made if absent)")
+
+
 def parse_args(argv):
     """The folders (positional) and {option: value}."""
     given = flags.parse(argv, PlotOptions, positional="folders")
     paths, opts = given.pop("folders"), dataclasses.asdict(flags.build(PlotOptions, given))
+    check_out(opts["out"])
     if opts["experiments"]:
         if paths:
             raise UsageError(f"--experiments reads recipe sweeps only; drop the folders {' '.join(paths)}, or "
@@ -574,26 +729,20 @@ def parse_args(argv):
     return paths, opts
 
 
-def main(argv):
-    if flags.wants_help(argv):
-        flags.print_help(__doc__, PlotOptions)
-        return 0
+def make_folder(path):
     try:
-        paths, opts = parse_args(argv)
-        if opts["experiments"]:
-            experiments_page(opts["experiments"], opts["out"])
-            return 0
-        runs, sweeps = find_runs(paths)
-    except UsageError as e:
-        return flags.fail("plot.py", e)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        print(f"plot.py: a log.jsonl or summary.json is not JSON ({e}); pass folders written by train.py or "
-              "sweep.py", file=sys.stderr)
-        return 2
-    os.makedirs(opts["out"], exist_ok=True)
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise files.cannot_write(path, e) from None
+
+
+def plot_runs(paths, opts):
+    """Every picture of the given run and sweep folders, each read and checked before the first is drawn."""
+    runs, sweeps = find_runs(paths)
+    make_folder(opts["out"])
     plot_loss(runs, opts["out"])
-    for sweep in sweeps:
-        plot_loss_vs_lr(sweep, opts["out"])
+    for sweep, summary in sweeps:
+        plot_loss_vs_lr(sweep, summary, opts["out"])
     for label, events in runs:
         telemetry, headroom = of_kind(events, "telemetry"), of_kind(events, "headroom")
         if not telemetry and not headroom:
@@ -605,6 +754,23 @@ def main(argv):
         plot_attn_logits(label, telemetry, opts["out"])
         plot_powernorm(label, telemetry, opts["out"])
         plot_headroom(label, headroom, opts["out"])
+
+
+def main(argv):
+    if flags.wants_help(argv):
+        flags.print_help(__doc__, PlotOptions)
+        return 0
+    try:
+        paths, opts = parse_args(argv)
+        if opts["experiments"]:
+            experiments_page(opts["experiments"], opts["out"])
+        else:
+            plot_runs(paths, opts)
+    except UsageError as e:
+        return flags.fail("plot.py", e)
+    except files.WriteError as e:  # what was written before is whole; the file it names is as it was
+        print(f"plot.py: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,6 +1,9 @@
-"""plot.py on real tiny runs and a tiny sweep: every picture is a valid PNG with content; bad input is one line."""
+"""plot.py on real tiny runs and a tiny sweep: every picture is a valid PNG with content; bad input (flags, torn or
+foreign logs and summaries, an --out that cannot be a folder) is one line; a failed write is one line and no file."""
 
+import errno
 import json
+import math
 import os
 import random
 
@@ -118,3 +121,147 @@ def test_bad_input_is_one_line(tmp_path, capsys, make, expected):
     err = capsys.readouterr().err
     assert err.startswith("plot.py: ") and expected in err and err.count("\n") == 1
     assert not os.path.exists(tmp_path / "png")
+
+
+def hand_run(folder, *lines):
+    """A run folder with a hand-written log.jsonl: an eval and three train events, then lines (bytes) as given."""
+    os.makedirs(folder)
+    events = [{"event": "eval", "step": 0, "val_loss": 5.5}] + [
+        {"event": "train", "step": step, "loss": 5.0 - step / 10, "lr": 1e-3, "grad_norm": 1.0} for step in (1, 2, 3)]
+    with open(folder / "log.jsonl", "wb") as f:
+        f.write(b"".join(json.dumps(e).encode() + b"\n" for e in events) + b"".join(lines))
+    return folder
+
+
+def recipe_summary():
+    """A ramp recipe's summary.json as sweep.py writes it, holding what the results page reads: 2 variants x 2 seeds,
+    every run diverged."""
+    variants, side = ["baseline", "norm=rmsnorm"], {"median": 35.0, "min": 30, "max": 40, "n": 2}
+    runs = [{"variant": variant, "lr": "0.5", "seed": seed, "status": "diverged", "final_loss": math.inf,
+             "peak_lr": 0.2, "steps_survived": 30 + 10 * seed, "spikes": 0, "attn_logit_max": None, "log_z": None,
+             "curve": [[step, step / 100, 5.0 - step / 50] for step in range(10, 50, 10)], "logit_curve": []}
+            for variant in variants for seed in (0, 1)]
+    return {"mode": "ramp", "reference": "baseline", "wall_s": 60.0, "runs": runs,
+            "recipe": {"name": "tiny", "title": "a tiny ramp", "order": 1, "scale": "cpu", "paper": "A Paper §1",
+                       "quote": "It is better.", "reference": "baseline", "figure": "ramp", "variants": variants,
+                       "lrs": ["0.5"], "seeds": 2, "deviations": "tiny", "command": "python sweep.py --recipe=tiny",
+                       "train_argv": ["--max_iters=50"],
+                       "claims": [{"variant": "norm=rmsnorm", "metric": "steps_survived@0.5", "expect": "better",
+                                   "paper_number": "94 vs 200 steps"}]},
+            "machine": {"hardware": "2-core CPU", "load": 1.0, "torch": "2.13.0+cpu", "date": "2026-11-24"},
+            "comparisons": [{"variant": "norm=rmsnorm", "reference": "baseline", "metric": "steps_survived@0.5",
+                             "lr": "0.5", "reference_lr": "0.5", "variant_values": side, "reference_values": side,
+                             "p": 1.0, "p_exact": "1/1", "verdict": "inconclusive at this scale"}],
+            "variants": [{"variant": variant, "lr": "0.5", "runs": 2, "diverged": 2, "criterion": "loss gap",
+                          "criterion_count": 2, "failed_op": None, "failed_op_count": 0} for variant in variants]}
+
+
+def write_json(path, value):
+    os.makedirs(path.parent, exist_ok=True)
+    path.write_text(json.dumps(value))
+
+
+def assert_one_line(capsys, *expected):
+    err = capsys.readouterr().err
+    assert err.startswith("plot.py: ") and err.count("\n") == 1, err
+    for text in expected:
+        assert text in err, err
+
+
+def test_a_torn_last_line_is_left_out_with_a_note(tmp_path, capsys):
+    run = hand_run(tmp_path / "run", b'{"event": "train", "step": 4, "lo')
+    assert plot.main([str(run), f"--out={tmp_path / 'png'}"]) == 0
+    assert capsys.readouterr().err == (f"plot.py: {run / 'log.jsonl'}:5: the last line was cut short (a killed run); "
+                                       "left out\n")
+    check_png(tmp_path / "png" / "loss.png")
+
+
+@pytest.mark.parametrize("make, expected", [
+    (lambda run: hand_run(run, b"not json\n", b'{"event": "train"}\n'), "log.jsonl:5: not JSON"),
+    (lambda run: hand_run(run, b'{"event": "train", "step": 4, "loss": 4.0}\n'),
+     "log.jsonl:5: train event: lr is missing"),
+    (lambda run: hand_run(run, b'{"event": "eval", "step": "4", "val_loss": 4.0}\n'),
+     "log.jsonl:5: eval event: step is a string, not an integer"),
+    (lambda run: hand_run(run, json.dumps({**telemetry(4, random.Random(0)), "gains": [{"layer": 0}]}).encode()
+                          + b"\n"), "log.jsonl:5: telemetry event: gains[0].op is missing"),
+    (lambda run: os.makedirs(run / "log.jsonl"), "log.jsonl is a folder"),
+    (lambda run: os.makedirs(run) or os.symlink(run / "gone", run / "log.jsonl"), "which does not exist"),
+])
+def test_a_foreign_log_is_one_line_naming_the_file_and_line(tmp_path, capsys, make, expected):
+    make(tmp_path / "run")
+    assert plot.main([str(tmp_path / "run"), f"--out={tmp_path / 'png'}"]) == 2
+    assert_one_line(capsys, str(tmp_path / "run"), expected)
+    assert not os.path.exists(tmp_path / "png")
+
+
+DAMAGES = {
+    "not JSON": (lambda path, _: path.write_bytes(b'{"mode": "lr", "varia'), ": not JSON"),
+    "not an object": (lambda path, _: path.write_text("[1, 2]"), ": a list, not an object"),
+    "a key missing": (lambda path, summary: path.write_text(json.dumps(summary)), ": runs[1].status is missing"),
+    "a folder": (lambda path, _: path.mkdir(), " is a folder"),
+    "a FIFO": (lambda path, _: os.mkfifo(path), " is not a regular file"),
+    "a broken symlink": (lambda path, _: path.symlink_to(path.parent / "gone.json"), " is a symlink to /"),
+}
+
+
+@pytest.mark.parametrize("place", ["sweep folder", "--experiments"])
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_damaged_summary_is_one_line_naming_it(tmp_path, capsys, place, damage):
+    summary = {**recipe_summary(), "mode": "lr", "variants": [{"variant": "baseline", "init_loss": 5.5}]}
+    del summary["runs"][1]["status"]  # read by plot_loss_vs_lr (an --mode=lr sweep) and by the results page
+    make, expected = DAMAGES[damage]
+    if place == "sweep folder":
+        hand_run(tmp_path / "sweep" / "baseline" / "0.5" / "0")
+        args = [str(tmp_path / "sweep")]
+    else:
+        os.makedirs(tmp_path / "sweep" / "tiny")
+        args = [f"--experiments={tmp_path / 'sweep'}"]
+    path = tmp_path / "sweep" / ("summary.json" if place == "sweep folder" else "tiny/summary.json")
+    make(path, summary)
+    assert plot.main([*args, f"--out={tmp_path / 'png'}"]) == 2
+    assert_one_line(capsys, f"plot.py: {path}{expected}", "the summary.json that sweep.py writes")
+    assert not os.path.exists(tmp_path / "png")
+
+
+@pytest.mark.parametrize("out, expected", [
+    (lambda tmp: "", "--out is empty"),
+    (lambda tmp: str(tmp / "mine.txt"), "mine.txt is a file"),
+    (lambda tmp: str(tmp / "mine.txt" / "png"), "png is under /"),
+])
+def test_an_out_that_cannot_be_a_folder_is_one_line(tmp_path, capsys, out, expected):
+    run = hand_run(tmp_path / "run")
+    (tmp_path / "mine.txt").write_text("kept\n")
+    assert plot.main([str(run), f"--out={out(tmp_path)}"]) == 2
+    assert_one_line(capsys, expected, "is made if absent")
+    assert sorted(os.listdir(tmp_path)) == ["mine.txt", "run"] and (tmp_path / "mine.txt").read_text() == "kept\n"
+
+
+@pytest.mark.parametrize("place, code", [("runs", errno.ENOSPC), ("runs", errno.EROFS),
+                                         ("--experiments", errno.ENOSPC)])
+def test_a_failed_write_is_one_line_and_leaves_no_file(tmp_path, capsys, monkeypatch, place, code):
+    if place == "runs":
+        args, first = [str(hand_run(tmp_path / "run"))], tmp_path / "out" / "loss.png"
+    else:
+        write_json(tmp_path / "sweeps" / "tiny" / "summary.json", recipe_summary())
+        args, first = [f"--experiments={tmp_path / 'sweeps'}"], tmp_path / "out" / "experiments" / "tiny.png"
+
+    def fail(fd):  # by now the picture's bytes are in the temporary file beside it
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "fsync", fail)
+    assert plot.main([*args, f"--out={tmp_path / 'out'}"]) == 1
+    assert capsys.readouterr().err == f"plot.py: cannot write {first} ({os.strerror(code)})\n"
+    assert os.listdir(first.parent) == []
+    assert sorted(os.listdir(tmp_path / "out")) == (["experiments"] if place == "--experiments" else [])
+
+
+def test_the_op_that_grew_most_is_named_where_none_went_over_float16(tmp_path):
+    summary = recipe_summary()
+    summary["variants"][0].update(grew_most="q@k layer 0 (x12.3)", grew_most_count=2)  # train.py's newer event
+    summary["variants"][1].update(failed_op="fc2 layer 1", failed_op_count=1)  # an older summary: no grew_most
+    write_json(tmp_path / "sweeps" / "tiny" / "summary.json", summary)
+    assert plot.main([f"--experiments={tmp_path / 'sweeps'}", f"--out={tmp_path / 'docs'}"]) == 0
+    page = (tmp_path / "docs" / "experiments.md").read_text()
+    assert ("baseline: loss gap in 2 of 2, none over 65504; grew most: q@k layer 0 (x12.3) in 2; "
+            "norm=rmsnorm: loss gap in 2 of 2, first op over the float16 range fc2 layer 1 in 1.") in page
+    check_png(tmp_path / "docs" / "experiments" / "tiny.png")
