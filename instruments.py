@@ -17,6 +17,7 @@ exit code 3), skipped (a spike under --skip_spikes), or taken. Around the optimi
 import functools
 import math
 import os
+from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 
@@ -37,8 +38,17 @@ CRITERIA = (("non-finite validation", "non-finite val loss"), ("non-finite", "no
             ("float16", "float16 loss scale"), ("above the bound", "loss bound"), ("above its best", "loss gap"))
 
 
+# --fp16_overflow_fails: a run that another rule ends names the op whose forward max |x| grew the most across
+# this many training steps' forward passes (the newest 10, so the growth of the last 9 updates)
+GROWTH_WINDOW = 10
+
+
 def criterion_of(reason):
     return next((name for text, name in CRITERIA if text in reason), reason)
+
+
+def at_layer(layer):
+    return f" at layer {layer}" if layer is not None else ""
 
 
 @dataclass
@@ -70,6 +80,7 @@ class Instruments:
             raise UsageError("--fp16_overflow_fails needs --compile=False: its forward hooks see nothing inside "
                              "torch.compile")
         self.step_probe = None  # --fp16_overflow_fails: the hooks on the training step's own forward passes
+        self.peaks = deque(maxlen=GROWTH_WINDOW)  # --fp16_overflow_fails: (step, {(layer, op, module): max |x|})
         self.ended = None  # the verdict that ended the run, for report()
 
     def state_dict(self):
@@ -96,11 +107,12 @@ class Instruments:
             self.step_probe.__enter__()
         return stability.snapshot(self.model, parameters=False) if self.stateful else None
 
-    def fp16_overflow(self):
+    def fp16_overflow(self, step):
         """--fp16_overflow_fails, NormFormer arXiv v1 §4 (final: §6): its runs fail when an op's output is "too
         large to be represented in 16 bits". Emulated in any dtype: the first forward output of this step's
         micro-batches, in forward order, that is non-finite or above 65504, or None. The hooks only took one amax
-        per output; the maxima are agreed across processes so that every one reaches the same verdict."""
+        per output; the maxima are agreed across processes so that every one reaches the same verdict, and read
+        from the device once; each op's largest goes into the window that grew_most() reads."""
         probe, self.step_probe = self.step_probe, None
         probe.__exit__()
         if not probe.pending:
@@ -109,11 +121,35 @@ class Instruments:
         peaks = torch.where(torch.isfinite(peaks), peaks, math.inf)  # NaN as inf: MAX of a NaN is undefined
         if dist.is_initialized():
             dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
-        over = (peaks > stability.FP16_MAX).nonzero()
-        if len(over) == 0:
+        peaks = peaks.tolist()
+        step_peaks = {}
+        for (point, _, _), peak in zip(probe.pending, peaks):  # an op runs once per micro-batch
+            step_peaks[point[:3]] = max(peak, step_peaks.get(point[:3], 0.0))
+        self.peaks.append((step, step_peaks))
+        over = next((i for i, peak in enumerate(peaks) if peak > stability.FP16_MAX), None)
+        if over is None:
             return None
-        layer, op, module = probe.pending[int(over[0])][0][:3]
-        return {"layer": layer, "op": op, "pass": "forward", "module": module, "max_abs": peaks[over[0]].item()}
+        layer, op, module = probe.pending[over][0][:3]
+        return {"layer": layer, "op": op, "pass": "forward", "module": module, "max_abs": peaks[over]}
+
+    def grew_most(self):
+        """--fp16_overflow_fails, for a run that ended with no op over 65504: the op and layer whose forward max |x|
+        grew by the largest factor from the oldest to the newest training step in the window, labelled as such in
+        the diverged event. The window holds the forward passes of the last GROWTH_WINDOW
+        training steps t0..t1 (each step's largest over its micro-batches): after a training step s diverged,
+        t1 = s, whose forward ran on the weights after the last healthy update, and t0 = s - 9, so the growth is
+        that of the updates of steps s - 9 to s - 1; after a non-finite validation loss before step s, t1 = s - 1.
+        Fewer steps early in a run or after a resume (the window is not in the checkpoint); None with fewer than
+        two, and ops whose max |x| was 0 at t0 are left out."""
+        if len(self.peaks) < 2:
+            return None
+        (first, old), (last, new) = self.peaks[0], self.peaks[-1]
+        ratios = [(new[key] / old[key], key) for key in new if old.get(key, 0.0) > 0]
+        if not ratios:
+            return None
+        ratio, (layer, op, module) = max(ratios, key=lambda pair: pair[0])  # the first in forward order on a tie
+        return {"layer": layer, "op": op, "module": module, "from": old[(layer, op, module)],
+                "to": new[(layer, op, module)], "ratio": ratio, "steps": last - first}
 
     def judge(self, step, loss, grad_norm, scaler):
         """The step's verdict from its loss and gradient norm (the same on every process)."""
@@ -121,9 +157,9 @@ class Instruments:
         # GradScaler skips this update and halves the scale (Micikevicius et al. 2018 §3.2); only the loss is
         # checked, and the spike monitor does not see the step
         overflow = scaler.is_enabled() and math.isfinite(loss) and not math.isfinite(grad_norm)
-        record = self.fp16_overflow() if self.step_probe else None
+        record = self.fp16_overflow(step) if self.step_probe else None
         if record:
-            layer = f" at layer {record['layer']}" if record["layer"] is not None else ""
+            layer = at_layer(record["layer"])
             reason = f"{record['op']}{layer} output max |x| {record['max_abs']:.3g} is above the float16 range (65504)"
             verdict = Verdict(loss, grad_norm, reason, overflow, criterion="fp16 overflow", failed_op=record)
         else:
@@ -222,21 +258,27 @@ class Instruments:
         criterion = ended.criterion if ended else criterion_of(reason)
         # --fp16_overflow_fails names the op of the step itself; the other criteria re-run the step to find one
         record = ended.failed_op if ended and ended.failed_op else self.failed_op(pre_step, batches)
+        grew = self.grew_most() if record is None else None
         notes = []
         if record is None:
             notes.append("no op's output or gradient was above the float16 range (65504) or non-finite")
+            if not self.tc.fp16_overflow_fails:
+                notes.append("--fp16_overflow_fails names the op whose max |x| grew the most")
         if not any(op == "q@k" for _, op, *_ in self.points):
             notes.append("q@k needs --attn_impl=manual")
         self.log({"event": "diverged", "step": step, "steps_survived": step, "lr": lr, "reason": reason,
                   "criterion": criterion, "loss_tail": list(self.divergence.tail), "failed_op": record,
-                  "note": "; ".join(notes)})
+                  "grew_most": grew, "note": "; ".join(notes)})
         where = "none"
         if record:
-            layer = f" at layer {record['layer']}" if record["layer"] is not None else ""
-            where = f"{record['op']}{layer} ({record['pass']}, max |x| {record['max_abs']:.3g})"
+            where = f"{record['op']}{at_layer(record['layer'])} ({record['pass']}, max |x| {record['max_abs']:.3g})"
+        grown = ""
+        if grew:
+            grown = (f"; grew the most over the last {grew['steps']} steps: {grew['op']}{at_layer(grew['layer'])} "
+                     f"(max |x| {grew['from']:.3g} -> {grew['to']:.3g}, x{grew['ratio']:.3g})")
         # a run that diverges before its first checkpoint has none to keep (--overwrite removed any older one)
         kept = "the last good checkpoint is kept" if os.path.exists(os.path.join(self.tc.out_dir, "ckpt.pt")) else \
             "there is no checkpoint: it diverged before the first"
         print(f"diverged at step {step} (survived {step} steps, lr {lr:.3e}) by {criterion}: {reason}; first op "
-              f"over the float16 range: {where}{' (' + '; '.join(notes) + ')' if notes else ''}; {kept}.")
+              f"over the float16 range: {where}{' (' + '; '.join(notes) + ')' if notes else ''}{grown}; {kept}.")
         return 3
