@@ -595,7 +595,8 @@ def ended_text(row):
     if row.get("failed_op"):
         return f"{text}, first op over the float16 range {row['failed_op']} in {row['failed_op_count']}"
     if row.get("grew_most"):
-        return f"{text}, none over {FP16_MAX:.0f}; grew most: {row['grew_most']} in {row['grew_most_count']}"
+        return (f"{text}, none over {FP16_MAX:.0f}; the op that grew the most: {row['grew_most']} in "
+                f"{row['grew_most_count']}")
     return text
 
 
@@ -618,8 +619,8 @@ def recipe_section(summary, figure):
     lines += [f"Deviations from the paper's protocol: {recipe['deviations']}.", "",
               f"Command: `{recipe['command']}` ({len(recipe['variants'])} variants x {len(recipe['lrs'])} LR(s) x "
               f"{recipe['seeds']} seeds), then `python plot.py --experiments=sweeps --out=docs`. It took "
-              f"{summary['wall_s'] / 60:.1f} min on {machine['hardware']} (load average {machine['load']:.1f} from "
-              f"other jobs sharing the cores), torch {machine['torch']}, {machine['date']}. Every run's flags: "
+              f"{summary['wall_s'] / 60:.1f} min on {machine['hardware']} (5-minute load average {machine['load']:.1f} "
+              f"as it ended, its own runs included), torch {machine['torch']}, {machine['date']}. Every run's flags: "
               f"`{' '.join(without_paths(recipe['train_argv']))}`; LRs {', '.join(recipe['lrs'])}; seeds "
               f"0-{recipe['seeds'] - 1}.",
               "", f"![{recipe['name']}]({figure})", ""]

@@ -424,7 +424,7 @@ def run_record(run):
             "final_loss": math.inf if status == "diverged" else final,
             "steps_survived": diverged["steps_survived"] if diverged else (evals[-1]["step"] if evals else None),
             "peak_lr": diverged["lr"] if diverged else (evals[-1]["lr"] if evals else None),
-            "failed_op": f"{failed['op']} layer {failed['layer']}" if failed else None,
+            "failed_op": op_text(failed) if failed else None,
             "grew_most": grew_most_text((diverged or {}).get("grew_most")),
             "criterion": criterion(diverged) if diverged else None,
             "spikes": sum(e["event"] == "spike" for e in events),
@@ -437,7 +437,12 @@ def run_record(run):
 def grew_most_text(grew):
     """Where no op crossed 65504 (train.py --fp16_overflow_fails): the op whose max |x| grew the most over the last
     steps, "q@k layer 0 (x75)", or None."""
-    return f"{grew['op']} layer {grew['layer']} (x{grew['ratio']:.3g})" if grew else None
+    return f"{op_text(grew)} (x{grew['ratio']:.3g})" if grew else None
+
+
+def op_text(record):
+    """"q@k layer 0"; "logits" for an op outside the blocks (its layer is None)."""
+    return record["op"] if record["layer"] is None else f"{record['op']} layer {record['layer']}"
 
 
 def criterion(event):

@@ -262,6 +262,6 @@ def test_the_op_that_grew_most_is_named_where_none_went_over_float16(tmp_path):
     write_json(tmp_path / "sweeps" / "tiny" / "summary.json", summary)
     assert plot.main([f"--experiments={tmp_path / 'sweeps'}", f"--out={tmp_path / 'docs'}"]) == 0
     page = (tmp_path / "docs" / "experiments.md").read_text()
-    assert ("baseline: loss gap in 2 of 2, none over 65504; grew most: q@k layer 0 (x12.3) in 2; "
+    assert ("baseline: loss gap in 2 of 2, none over 65504; the op that grew the most: q@k layer 0 (x12.3) in 2; "
             "norm=rmsnorm: loss gap in 2 of 2, first op over the float16 range fc2 layer 1 in 1.") in page
     check_png(tmp_path / "docs" / "experiments" / "tiny.png")

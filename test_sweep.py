@@ -80,6 +80,27 @@ def test_ramp_summary_from_logs(tmp_path):
     assert (row["failed_op"], row["failed_op_count"]) == ("fc2 layer 1", 2)
 
 
+def test_ramp_rows_name_the_op_that_grew_the_most_where_none_crossed(tmp_path):
+    """Runs that another rule ended name the op that grew the most (train.py --fp16_overflow_fails): counted per
+    op across seeds, whatever its ratio; an op outside the blocks has no layer."""
+    start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
+
+    def grew(op, layer, ratio):
+        event = diverged(100, 0.5, "fc2", 0)
+        return {**event, "failed_op": None, "grew_most": {"layer": layer, "op": op, "module": "m", "from": 1.0,
+                                                          "to": ratio, "ratio": ratio, "steps": 9}}
+
+    logs = {0: grew("logits", None, 3.0), 1: grew("fc2", 16, 40.0), 2: grew("logits", None, 7.5)}
+    runs = [sweep.Run("dn", "1.5", seed, str(tmp_path / "dn" / "1.5" / str(seed))) for seed in logs]
+    for run in runs:
+        write_log(run.dir, [start, logs[run.seed]])
+    records = [sweep.run_record(run) for run in runs]
+    assert [r["grew_most"] for r in records] == ["logits (x3)", "fc2 layer 16 (x40)", "logits (x7.5)"]
+    assert all(r["failed_op"] is None for r in records)
+    [row] = sweep.ramp_rows(records)
+    assert (row["grew_most"], row["grew_most_count"], row["failed_op"]) == ("logits", 2, None)
+
+
 def test_lr_summary_from_logs(tmp_path):
     """Two LRs x two seeds; one run diverges and counts as inf, i.e. as L_0 in the sensitivity."""
     finals = {("1e-2", 0): 2.0, ("1e-2", 1): 2.4, ("1e-1", 0): 3.0, ("1e-1", 1): None}
