@@ -319,9 +319,13 @@ def start(run, args, slot):
     except OSError as e:
         raise files.cannot_write(run.dir + ".out", e) from None
     print(f"start {run.dir}{' (resume)' if '--resume' in flags else ''}", flush=True)
-    process = subprocess.Popen([sys.executable, os.path.join(HERE, "train.py"), *flags], stdout=out,
-                               stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                               preexec_fn=functools.partial(os.sched_setaffinity, 0, cores) if cores else None)
+    try:
+        process = subprocess.Popen([sys.executable, os.path.join(HERE, "train.py"), *flags], stdout=out,
+                                   stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                   preexec_fn=functools.partial(os.sched_setaffinity, 0, cores) if cores else None)
+    except BaseException:
+        out.close()
+        raise
     return Job(run, slot, process, out)
 
 
@@ -336,8 +340,8 @@ def finish(job):
 def run_all(runs, args):
     """Every run, --jobs at a time. A Ctrl-C, SIGTERM or SIGHUP to sweep.py is passed on to the running train.py
     processes, which write a checkpoint and stop; sweep.py waits for them, records their exit codes and re-raises,
-    and starts nothing more. Returns the runs left to other processes."""
-    pending, jobs, free, skipped = list(runs), [], list(range(args["jobs"])), []
+    and starts nothing more."""
+    pending, jobs, free = list(runs), [], list(range(args["jobs"]))
     try:
         while pending or jobs:
             while pending and free:
@@ -345,7 +349,6 @@ def run_all(runs, args):
                 why = why_not_start(run)
                 if why:
                     print(f"skip {run.dir}: {why}", flush=True)
-                    skipped.append(run)
                     continue
                 jobs.append(start(run, args, free.pop(0)))
             for job in [job for job in jobs if job.process.poll() is not None]:
@@ -357,7 +360,6 @@ def run_all(runs, args):
         stop_jobs(jobs, e.signum if isinstance(e, Stop) else signal.SIGINT if isinstance(e, KeyboardInterrupt)
                   else signal.SIGTERM)
         raise
-    return skipped
 
 
 def stop_jobs(jobs, signum):
@@ -688,12 +690,13 @@ def run_sweep(args, runs, todo):
     for run in elsewhere:
         print(f"sweep.py: {run.dir} is running in another process ({files.held_by(run.dir)}); left to it",
               file=sys.stderr)
+    todo = [run for run in todo if run not in elsewhere]
     if args["dry_run"]:
         for run in todo:
-            if run not in elsewhere:
-                print(shlex.join(["python", "train.py", *train_flags(run, args)]))
+            print(shlex.join(["python", "train.py", *train_flags(run, args)]))
         return 0
-    print(f"{len(runs)} runs, {len(runs) - len(todo)} finished already, {len(todo)} to run, {args['jobs']} at a time")
+    print(f"{len(runs)} runs, {len(runs) - len(todo) - len(elsewhere)} finished already, {len(elsewhere)} running "
+          f"elsewhere, {len(todo)} to run, {args['jobs']} at a time")
     started = time.time()
     handlers = {signum: signal.signal(signum, raise_stop) for signum in (signal.SIGTERM, signal.SIGHUP)}
     try:

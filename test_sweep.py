@@ -208,7 +208,7 @@ def test_skip_and_resume_a_half_finished_sweep(corpus, tmp_path, capsys):
     assert "--resume" in sweep.train_flags(interrupted, args)
 
     assert sweep.main(["--variants=baseline,norm=rmsnorm,postln", *common]) == 0
-    assert "3 runs, 1 finished already, 2 to run" in capsys.readouterr().out
+    assert "3 runs, 1 finished already, 0 running elsewhere, 2 to run" in capsys.readouterr().out
     assert snapshot(done.dir) == finished_before
     assert snapshot(interrupted.dir)[1].startswith(interrupted_before)  # continued, not started again
     for run in (done, interrupted, fresh):
@@ -403,6 +403,7 @@ def test_a_held_run_folder_is_left_to_its_holder_and_reported_as_running(corpus,
         assert sweep.main(argv) == 0
         captured = capsys.readouterr()
         assert f"{held.dir} is running in another process (PID {holder.pid}" in captured.err
+        assert "2 runs, 0 finished already, 1 running elsewhere, 1 to run" in captured.out
         assert "1 of 2 runs did not finish (1 of them still running in another process" in captured.out
         assert sorted(os.listdir(held.dir)) == ["run.lock"] and not os.path.exists(held.dir + ".exit")
         assert sweep.exit_code(free) == 0
