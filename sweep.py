@@ -62,6 +62,7 @@ import torch
 import files
 import flags
 import recipes
+import runtime
 import train
 from files import WriteError
 from flags import UsageError, help_of
@@ -270,11 +271,12 @@ def job_env(slot, jobs):
     if torch.cuda.is_available():
         env["CUDA_VISIBLE_DEVICES"] = str(slot % torch.cuda.device_count())
         return env, None
-    cores = sorted(os.sched_getaffinity(0))
-    share = max(1, len(cores) // jobs)
-    mine = {cores[(slot * share + i) % len(cores)] for i in range(share)}
+    share = max(1, runtime.cpu_cores() // jobs)
     env["OMP_NUM_THREADS"] = str(share)
-    return env, mine
+    if not hasattr(os, "sched_getaffinity"):  # macOS: no pinning
+        return env, None
+    cores = sorted(os.sched_getaffinity(0))
+    return env, {cores[(slot * share + i) % len(cores)] for i in range(share)}
 
 
 @dataclass
@@ -591,7 +593,7 @@ def machine():
     if torch.cuda.is_available():
         hardware = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
     else:
-        hardware = f"{len(os.sched_getaffinity(0))}-core {cpu_model()}"
+        hardware = f"{runtime.cpu_cores()}-core {cpu_model()}"
     # the 5-minute load average when the sweep ended: a shared machine's timings are slower than an idle one's
     return {"hardware": hardware, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
             "load": os.getloadavg()[1]}
