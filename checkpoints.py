@@ -259,7 +259,10 @@ def restore(checkpoint, model, optimizer, scaler, tc, machine):
 def past_events(out_dir, master):
     """The events of the log of the run being resumed (files.read_log: a log that is not one is a UsageError, and
     nothing is written); process 0 says when its torn last line was left out."""
-    events, note = files.read_log(os.path.join(out_dir, "log.jsonl"))
+    path = os.path.join(out_dir, "log.jsonl")
+    events, note = files.read_log(path)
+    if not os.path.lexists(path):
+        note = f"{path} is missing; the resumed run's log starts at its checkpoint's step"
     if note and master:
         print(f"train.py: note: {note}", file=sys.stderr)
     return events

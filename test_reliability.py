@@ -310,6 +310,16 @@ def test_resume_drops_a_torn_last_line_with_a_note(corpus, checkpointed, capsys)
     assert steps(checkpointed) == [1, 2, 3, 4, 5, 6]
 
 
+def test_resume_with_a_deleted_log_says_so_and_logs_from_the_checkpoint(corpus, checkpointed, capsys):
+    log = checkpointed / "log.jsonl"
+    log.unlink()
+    capsys.readouterr()
+    assert train.main(flags_of(corpus, checkpointed, "--resume", "--max_iters=6")) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        f"train.py: note: {log} is missing; the resumed run's log starts at its checkpoint's step"]
+    assert steps(checkpointed) == [5, 6]
+
+
 # Models that cannot fit
 
 @pytest.mark.parametrize("overrides", [{}, dict(n_embd=96, n_head=4, activation="geglu"),
