@@ -42,12 +42,9 @@ def pause_for_tests(point):
 def check_out_dir(out_dir, fresh):
     """out_dir is a folder, or can become one, and can be written; no run is using it; for a fresh run (not
     --resume or --overwrite) it holds no other run. Checked before anything is written."""
-    existing = os.path.abspath(out_dir)
-    while not os.path.exists(existing):
-        if os.path.lexists(existing):  # a symlink that leads nowhere: makedirs would fail on it
-            raise UsageError(f"--out_dir={out_dir}: {existing} is {files.not_a_file(existing)}; choose another "
-                             "--out_dir")
-        existing = os.path.dirname(existing)
+    existing = files.nearest_existing(os.path.abspath(out_dir))
+    if not os.path.exists(existing):  # a symlink that leads nowhere (or into a loop): makedirs would fail on it
+        raise UsageError(f"--out_dir={out_dir}: {existing} is {files.not_a_file(existing)}; choose another --out_dir")
     if not os.path.isdir(existing):
         raise UsageError(f"--out_dir={out_dir}: {existing} is a file, not a folder; choose another --out_dir")
     if not os.access(existing, os.W_OK | os.X_OK):

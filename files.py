@@ -87,6 +87,16 @@ def not_a_file(path):
     return None
 
 
+def nearest_existing(path):
+    """path itself where anything is there (a symlink that leads nowhere counts), else the nearest path above it
+    that exists: what decides whether path is, or can become, a folder (train.py's --out_dir, sweep.py's, plot.py's
+    --out)."""
+    path = os.path.normpath(path)
+    while not os.path.lexists(path):
+        path = os.path.dirname(path) or "."
+    return path
+
+
 def read_log(path):
     """(events, note) of a log.jsonl: one JSON object with an "event" per line. A last line without its newline
     was cut short by a killed run: it is left out, and note says so ("" otherwise). No file is no events.

@@ -703,9 +703,7 @@ def check_out(out):
     if not out:
         raise UsageError("--out is empty; give the folder the pictures go to (it is made if absent), such as "
                          "--out=plots")
-    existing = os.path.normpath(out)
-    while not os.path.lexists(existing):
-        existing = os.path.dirname(existing) or "."
+    existing = files.nearest_existing(out)
     if not os.path.isdir(existing):
         what = files.not_a_file(existing) or "a file"
         where = "" if existing == os.path.normpath(out) else f" is under {existing}, which"

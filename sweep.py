@@ -165,12 +165,11 @@ def check_out_dir(out_dir):
     """A folder, or a path where one can be made: not empty, not a file, not inside one."""
     if not out_dir:
         raise UsageError("--out_dir is empty; give the sweep's folder")
-    path = os.path.abspath(out_dir)
-    while not os.path.exists(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)
+    path = files.nearest_existing(os.path.abspath(out_dir))
     if not os.path.isdir(path):
         where = "is" if path == os.path.abspath(out_dir) else f"is inside {path}, which is"
-        raise UsageError(f"--out_dir={out_dir} {where} a file, not a folder; give the sweep's folder")
+        what = files.not_a_file(path) or "a file, not a folder"
+        raise UsageError(f"--out_dir={out_dir} {where} {what}; give the sweep's folder")
 
 
 def variant_flags(variant):

@@ -302,6 +302,8 @@ def test_the_rule_that_ended_a_run(event, expected):
     (lambda tmp: None, "", "--out_dir is empty"),
     (lambda tmp: (tmp / "file").write_text("mine"), "file", "is a file, not a folder"),
     (lambda tmp: (tmp / "file").write_text("mine"), "file/sweep", "is inside"),
+    (lambda tmp: (tmp / "file").write_text("mine") and (tmp / "link").symlink_to(tmp / "nowhere"), "link",
+     "is a symlink to"),
 ])
 def test_an_out_dir_that_cannot_be_a_folder_is_one_line(tmp_path, capsys, make, out_dir, expected):
     make(tmp_path)
