@@ -22,17 +22,11 @@ import flags
 import model
 import runtime
 import train
+from test_resume import corpus  # noqa: F401 (a fixture: the same tiny corpus)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
         "--log_interval=1", "--warmup_iters=2", "--lr=3e-3"]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    path = tmp_path_factory.mktemp("corpus") / "tiny.txt"
-    path.write_text("".join(f"the norm {i % 7} of layer {i % 5} scales residual {i % 3}\n" for i in range(400)))
-    return str(path)
 
 
 def flags_of(corpus, out, *more):
