@@ -28,8 +28,8 @@ import numpy as np
 import tiktoken
 from tiktoken_ext.openai_public import r50k_pat_str
 
-from files import WriteError, cannot_write, write_atomic
-from flags import UsageError, build, fail, help_of, parse, print_help, wants_help
+from engine.files import WriteError, cannot_write, write_atomic
+from engine.flags import UsageError, build, fail, help_of, parse, print_help, wants_help
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TOKENIZERS = ("byte", "gpt2")

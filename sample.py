@@ -14,9 +14,9 @@ from typing import Optional
 import torch
 
 import data
-import flags
-from checkpoints import read_checkpoint
-from flags import UsageError, help_of
+from engine import flags
+from engine.run_folder import read_checkpoint
+from engine.flags import UsageError, help_of
 from model import GPT, GPTConfig
 
 

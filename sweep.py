@@ -59,13 +59,13 @@ from typing import Literal
 
 import torch
 
-import files
-import flags
-import recipes
-import runtime
+from engine import files
+from engine import flags
+from lab import recipes
+from engine import runtime
 import train
-from files import WriteError
-from flags import UsageError, help_of
+from engine.files import WriteError
+from engine.flags import UsageError, help_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SET_BY_SWEEP = ("lr", "seed", "out_dir", "resume", "overwrite")  # per run; the user gives --lrs, --seeds instead
@@ -450,7 +450,7 @@ def op_text(record):
 
 def criterion(event):
     """The rule that ended a diverged run, in a word or two: the event's own "criterion" where train.py names it,
-    else read from its reason (stability.DivergenceCheck: nanonorm's rules, not NormFormer's)."""
+    else read from its reason (probes.DivergenceCheck: nanonorm's rules, not NormFormer's)."""
     if event.get("criterion"):
         return event["criterion"]
     reason = event["reason"]

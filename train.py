@@ -8,7 +8,7 @@ Flags are --key=value (or --key value); a bare --flag sets a boolean. python tra
 per event) and out_dir/ckpt.pt (atomically, at each eval); --resume continues from it exactly. One run at a time
 uses an out_dir (it holds out_dir/run.lock).
 Read on for TrainConfig, the LR schedule and train(), the loop; beside this file are flags.py (the command line),
-configs.py (its checks), checkpoints.py (the run folder), runtime.py (device, DDP) and instruments.py (spikes).
+config_checks.py (its checks), run_folder.py (the run folder), runtime.py (device, DDP) and instruments.py (spikes).
 """
 
 import contextlib
@@ -25,13 +25,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import checkpoints
-import configs
+from engine import run_folder
+from engine import config_checks
 import data
-import files
-import flags
-import runtime
-from instruments import Instruments
+from engine import files
+from engine import flags
+from engine import runtime
+from diagnostics.instruments import Instruments
 from model import GPT, GPTConfig, PRESETS, flops_per_token
 
 
@@ -65,7 +65,7 @@ class TrainConfig:
     seed: int = 1337
     overwrite: bool = False  # start afresh in an out_dir that holds a run
     keep_checkpoints: int = 1  # ckpt-<step>.pt of the last K checkpoints, and of the best
-    # loss-spike instruments (stability.py) and mitigations
+    # loss-spike instruments (probes.py) and mitigations
     diverge_loss: Optional[float] = None  # diverged above this loss 3 steps in a row; None: first loss + 1
     diverge_gap: float = 1.5  # diverged when the 10-step mean loss is this far above its best; 0: off
     spike_window: int = 100  # steps in the spike monitor's running mean and std
@@ -107,7 +107,7 @@ def train(model_cfg, tc, machine, checkpoint, events, folder, meta, stop):
     autocast = torch.autocast(machine.device_type, dtype=getattr(torch, tc.dtype), enabled=tc.dtype != "float32")
     raw_model, optimizer, scaler, instruments, (step, best_val, best_step) = build(model_cfg, tc, machine,
                                                                                    checkpoint, autocast)
-    log_path = checkpoints.start_run(model_cfg, tc, machine, raw_model, step if checkpoint else None, events, folder,
+    log_path = run_folder.start_run(model_cfg, tc, machine, raw_model, step if checkpoint else None, events, folder,
                                      meta)
     model = torch.compile(raw_model) if tc.compile else raw_model
     if machine.ddp:
@@ -129,7 +129,7 @@ def train(model_cfg, tc, machine, checkpoint, events, folder, meta, stop):
             spread = runtime.rank_spread(raw_model) if machine.ddp else 0.0
             if machine.master:
                 print(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-                checkpoints.log_event(log_path, {"event": "eval", "step": step, "train_loss": losses["train"],
+                run_folder.log_event(log_path, {"event": "eval", "step": step, "train_loss": losses["train"],
                                                  "val_loss": losses["val"], "lr": lr, "rank_spread": spread})
             if not math.isfinite(losses["val"]):
                 return instruments.report(step, lr, f"non-finite validation loss ({losses['val']})")
@@ -140,7 +140,7 @@ def train(model_cfg, tc, machine, checkpoint, events, folder, meta, stop):
         stopping = evaluated and losses is None or step < tc.max_iters and (
             stop_everywhere if machine.ddp else stop.requested)
         if losses and step > 0 and (improved or tc.always_save_checkpoint) or stopping and saved_at != step:
-            checkpoints.save(tc.out_dir, {
+            run_folder.save(tc.out_dir, {
                 "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
                 "step": step, "best_val": best_val, "best_step": best_step, **instruments.state_dict(),
                 "evaluated": losses is not None, "data_sha256": meta["source"]["sha256"],
@@ -148,10 +148,10 @@ def train(model_cfg, tc, machine, checkpoint, events, folder, meta, stop):
                 tc.keep_checkpoints, machine)
             saved_at = step
         if stopping:
-            return checkpoints.interrupted(step, tc, machine, log_path)
+            return run_folder.interrupted(step, tc, machine, log_path)
         if step >= tc.max_iters:
             if machine.master:
-                checkpoints.log_event(log_path, {"event": "done", "step": step, "val_loss": losses["val"]})
+                run_folder.log_event(log_path, {"event": "done", "step": step, "val_loss": losses["val"]})
             return 0
         # TRAINING SECTION BEGIN: one optimizer step over grad_accum micro-batches on each process
         shape = sequence_shape(step, tc, model_cfg.block_size)
@@ -197,7 +197,7 @@ def train(model_cfg, tc, machine, checkpoint, events, folder, meta, stop):
                 event["z_loss"] = z_value
             if tc.seq_warmup_iters:
                 event["seq_len"] = shape[0]
-            checkpoints.log_event(log_path, event)
+            run_folder.log_event(log_path, event)
 
 
 def sequence_shape(step, tc, block_size):
@@ -285,7 +285,7 @@ def build(model_cfg, tc, machine, checkpoint, autocast):
     torch.manual_seed(tc.seed + machine.rank)  # dropout differs between processes
     if not checkpoint:
         return model, optimizer, scaler, instruments, (0, float("inf"), 0)
-    progress = checkpoints.restore(checkpoint, model, optimizer, scaler, tc, machine)
+    progress = run_folder.restore(checkpoint, model, optimizer, scaler, tc, machine)
     instruments.load_state_dict(checkpoint)  # a resumed run flags, skips and diverges where the whole one would
     return model, optimizer, scaler, instruments, progress
 
@@ -301,7 +301,7 @@ def parse_flags(argv):
 def build_configs(given):
     """The preset first, then the explicit flags; a meaningless combination is one line (GPTConfig's checks)."""
     try:
-        return GPTConfig(**configs.model_flags(given)), flags.build(TrainConfig, given)
+        return GPTConfig(**config_checks.model_flags(given)), flags.build(TrainConfig, given)
     except ValueError as e:
         raise flags.UsageError(str(e)) from None
 
@@ -309,34 +309,34 @@ def build_configs(given):
 def setup(argv, machine):
     """Everything that can fail on bad input, checked by each process on its own before any work (no process group
     yet: bad input stops every process the same way, and only process 0 prints it): flags, configs, run folder,
-    checkpoint and log, device, data, memory. Then the process group, and the run folder's lock (checkpoints.claim),
+    checkpoint and log, device, data, memory. Then the process group, and the run folder's lock (run_folder.claim),
     which the caller keeps open for the life of the run. Returns train()'s arguments and the lock."""
     given = parse_flags(argv)
     model_cfg, tc = build_configs(given)
-    configs.check_train_config(tc, given)
-    tc = configs.absolute_paths(tc)
+    config_checks.check_train_config(tc, given)
+    tc = config_checks.absolute_paths(tc)
     fresh = not tc.resume and not tc.overwrite
-    checkpoints.check_out_dir(tc.out_dir, fresh)
+    run_folder.check_out_dir(tc.out_dir, fresh)
     checkpoint, events = None, []
     if tc.resume:
-        checkpoint = checkpoints.newest_checkpoint(tc.out_dir, machine.master)
-        model_cfg, tc = configs.resume_configs(given, checkpoint, machine.world_size, tc)
-        configs.check_train_config(tc, given)
-        tc = configs.absolute_paths(tc)  # a checkpoint of an older nanonorm may hold relative paths
-        events = checkpoints.past_events(tc.out_dir, machine.master)
+        checkpoint = run_folder.newest_checkpoint(tc.out_dir, machine.master)
+        model_cfg, tc = config_checks.resume_configs(given, checkpoint, machine.world_size, tc)
+        config_checks.check_train_config(tc, given)
+        tc = config_checks.absolute_paths(tc)  # a checkpoint of an older nanonorm may hold relative paths
+        events = run_folder.past_events(tc.out_dir, machine.master)
     device, tc = runtime.resolve_device(tc)
     # every process asks: data.prepare's file lock lets one process per disk tokenize while the others wait
     folder = data.prepare(tc.dataset, tc.tokenizer, tc.data_dir)
     meta = data.load_meta(folder)
     if checkpoint:
-        configs.check_resumed_data(checkpoint, meta)
-    model_cfg = configs.fit_to_data(model_cfg, tc, meta, given, resumed=checkpoint is not None)
+        config_checks.check_resumed_data(checkpoint, meta)
+    model_cfg = config_checks.fit_to_data(model_cfg, tc, meta, given, resumed=checkpoint is not None)
     runtime.check_memory(model_cfg, tc, device, machine)
     if machine.master:
-        for warning in configs.no_effect_warnings(given, model_cfg, tc):
+        for warning in config_checks.no_effect_warnings(given, model_cfg, tc):
             print(warning, file=sys.stderr)
     tc = runtime.start(tc, machine)
-    lock = checkpoints.claim(tc.out_dir, fresh, machine)
+    lock = run_folder.claim(tc.out_dir, fresh, machine)
     return dict(model_cfg=model_cfg, tc=tc, machine=machine, checkpoint=checkpoint, events=events, folder=folder,
                 meta=meta), lock
 

@@ -13,9 +13,10 @@ import torch
 
 import data
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent.parent  # the repository root
 # an embedding no machine can allocate: a bench case that gets past the checks fails at once with a traceback
 HUGE = ["--vocab_size=10000000000000"]
+MODULES = {"bench.py": "lab.bench"}  # the lab's commands run as modules from the root
 
 
 def snapshot(root):
@@ -24,8 +25,9 @@ def snapshot(root):
 
 def run(tmp_path, script, args):
     before = snapshot(tmp_path)
-    r = subprocess.run([sys.executable, str(HERE / script), *args], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=120)
+    command = [sys.executable, "-m", MODULES[script]] if script in MODULES else [sys.executable, str(HERE / script)]
+    r = subprocess.run([*command, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(HERE)})
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     assert r.stderr.startswith(f"{script}: ") and r.stderr.count("\n") == 1, r.stderr
     assert "Traceback" not in r.stderr and r.stdout == ""

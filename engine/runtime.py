@@ -28,7 +28,7 @@ import torch.distributed as dist
 # ("terminate called without an active exception": once in a 2-process CPU run). Imported first, it binds None.
 import torch.distributed.nn  # noqa: F401
 
-from flags import UsageError
+from engine.flags import UsageError
 
 # what a gloo collective says when the process at the other end has exited
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer")

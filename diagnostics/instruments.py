@@ -1,5 +1,5 @@
 """
-stability.py's instruments applied to train.py's steps: the spike monitor (and --skip_spikes), divergence, the
+probes.py's instruments applied to train.py's steps: the spike monitor (and --skip_spikes), divergence, the
 float16 loss-scale criterion, first-overflow forensics and the "diverged" report, and the telemetry and
 headroom events. One object, a few verbs; every event it writes goes to log.jsonl (process 0 only).
 
@@ -24,15 +24,16 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-import stability
-from checkpoints import log_event, pause_for_tests
-from flags import UsageError
+from diagnostics import probes
+from diagnostics.probe_points import op_label, probe_points, weight_splits
+from engine.run_folder import log_event, pause_for_tests
+from engine.flags import UsageError
 
 # float16: a run whose gradients overflow even with the loss scaled below this has diverged (fairseq's
 # --min-loss-scale default, the code NormFormer trained with)
 MIN_LOSS_SCALE = 1e-4
 
-# the criterion a diverged event names, from stability.DivergenceCheck's reasons (nanonorm's own rules, not a
+# the criterion a diverged event names, from probes.DivergenceCheck's reasons (nanonorm's own rules, not a
 # paper's) and train.py's; sweep.py's criterion() reads the same names from older logs
 CRITERIA = (("non-finite validation", "non-finite val loss"), ("non-finite", "non-finite loss"),
             ("float16", "float16 loss scale"), ("above the bound", "loss bound"), ("above its best", "loss gap"))
@@ -70,9 +71,9 @@ class Instruments:
     def __init__(self, model, tc, log_path, master, autocast, device):
         self.model, self.tc, self.log_path, self.master = model, tc, log_path, master
         self.autocast, self.device = autocast, device
-        self.monitor = stability.SpikeMonitor(tc.spike_window, tc.spike_z)
-        self.divergence = stability.DivergenceCheck(tc.diverge_loss, gap=tc.diverge_gap)
-        self.points = model.probe_points()  # the papers' op names for the hooks of stability.py
+        self.monitor = probes.SpikeMonitor(tc.spike_window, tc.spike_z)
+        self.divergence = probes.DivergenceCheck(tc.diverge_loss, gap=tc.diverge_gap)
+        self.points = probe_points(model)  # the papers' op names for the hooks of probes.py
         persistent = model.state_dict().keys()
         # running statistics change in a step's forward/backward; they are put back before forensics re-runs it
         self.stateful = any(name in persistent for name, _ in model.named_buffers())
@@ -103,9 +104,9 @@ class Instruments:
     def before_step(self):
         """The buffers that the step's forward passes will update, for forensics to re-run it from."""
         if self.tc.fp16_overflow_fails:
-            self.step_probe = stability.Probe(self.model, self.points)
+            self.step_probe = probes.Probe(self.model, self.points)
             self.step_probe.__enter__()
-        return stability.snapshot(self.model, parameters=False) if self.stateful else None
+        return probes.snapshot(self.model, parameters=False) if self.stateful else None
 
     def fp16_overflow(self, step):
         """--fp16_overflow_fails, NormFormer arXiv v1 §4 (final: §6): its runs fail when an op's output is "too
@@ -126,7 +127,7 @@ class Instruments:
         for (point, _, _), peak in zip(probe.pending, peaks):  # an op runs once per micro-batch
             step_peaks[point[:3]] = max(peak, step_peaks.get(point[:3], 0.0))
         self.peaks.append((step, step_peaks))
-        over = next((i for i, peak in enumerate(peaks) if peak > stability.FP16_MAX), None)
+        over = next((i for i, peak in enumerate(peaks) if peak > probes.FP16_MAX), None)
         if over is None:
             return None
         layer, op, module = probe.pending[over][0][:3]
@@ -187,7 +188,7 @@ class Instruments:
 
     def weights_before(self, step):
         """The weights before the update, for the update/weight ratio of the telemetry event (None if not due)."""
-        return stability.snapshot(self.model) if self.due(step) else None
+        return probes.snapshot(self.model) if self.due(step) else None
 
     def after_update(self, step, verdict, scaler, before, x, y):
         """The events of a step after its update (step: its number in the log, gradients still in .grad): the
@@ -199,35 +200,35 @@ class Instruments:
         tc = self.tc
         weights = None
         if tc.telemetry_interval and step % tc.telemetry_interval == 0:
-            weights = stability.weight_stats(self.model, before, splits=self.model.weight_splits(),
-                                             label=self.model.op_label)
+            weights = probes.weight_stats(self.model, before, splits=weight_splits(self.model),
+                                             label=op_label)
         headroom = bool(tc.fp16_headroom_interval) and step % tc.fp16_headroom_interval == 0
         records, logits = self.probe_pass(x, y, backward=headroom)
         if headroom:
-            self.log({"event": "headroom", "step": step, "ops": stability.headroom(records),
-                      "fp16_max": stability.FP16_MAX})
+            self.log({"event": "headroom", "step": step, "ops": probes.headroom(records),
+                      "fp16_max": probes.FP16_MAX})
         if weights is not None:
             forward = [r for r in records if r["pass"] == "forward"]
             self.log({"event": "telemetry", "step": step, "weights": weights,
                       "acts": [{k: r[k] for k in ("layer", "op", "std", "max_abs")} for r in forward],
                       "attn_logit_max": [{"layer": r["layer"], "value": r["max_abs"]} for r in forward
                                          if r["op"] == "q@k"],
-                      "logits": stability.logit_stats(logits),
-                      "gains": stability.gain_stats(self.model, label=self.model.op_label),
-                      "norm_stats": stability.buffer_stats(self.model, label=self.model.op_label)})
+                      "logits": probes.logit_stats(logits),
+                      "gains": probes.gain_stats(self.model, label=op_label),
+                      "norm_stats": probes.buffer_stats(self.model, label=op_label)})
 
     def probe_pass(self, x, y, backward):
         """The probes' own forward (and backward) of a batch on the plain model (hooks see nothing inside
         torch.compile), leaving the weights, buffers, gradients and RNG as they were."""
-        saved = stability.snapshot(self.model, parameters=False)
+        saved = probes.snapshot(self.model, parameters=False)
         with torch.random.fork_rng(devices=[self.device] if self.device.startswith("cuda") else []):
-            with stability.Probe(self.model, self.points, backward=backward, stats=True) as probe:
+            with probes.Probe(self.model, self.points, backward=backward, stats=True) as probe:
                 with self.autocast:
                     logits, loss = self.model(x, y)
                 if backward:
                     loss.backward()
         self.model.zero_grad(set_to_none=True)
-        stability.restore(self.model, saved)
+        probes.restore(self.model, saved)
         return probe.records, logits.detach()
 
     def failed_op(self, pre_step, batches):
@@ -236,8 +237,8 @@ class Instruments:
         self.model.zero_grad(set_to_none=True)
         for x, y in batches:
             if pre_step:
-                stability.restore(self.model, pre_step)
-            record, _ = stability.find_first_overflow(self.model, self.points, functools.partial(self.backward, x, y))
+                probes.restore(self.model, pre_step)
+            record, _ = probes.find_first_overflow(self.model, self.points, functools.partial(self.backward, x, y))
             self.model.zero_grad(set_to_none=True)
             if record:
                 return record

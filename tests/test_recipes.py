@@ -10,7 +10,7 @@ from fractions import Fraction
 import pytest
 
 import plot
-import recipes
+from lab import recipes
 import sweep
 import train
 from model import PRESETS

@@ -24,10 +24,10 @@ import time
 import torch
 import torch.distributed as dist
 
-import files
-import runtime
-from files import WriteError
-from flags import UsageError
+from engine import files
+from engine import runtime
+from engine.files import WriteError
+from engine.flags import UsageError
 
 CHECKPOINT_KEYS = ("model", "optimizer", "scaler", "step", "best_val", "rng", "model_config", "train_config")
 

@@ -23,6 +23,8 @@ import sys
 import typing
 from typing import Literal
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root, where configurable.txt is
+
 BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
@@ -152,7 +154,7 @@ def print_help(doc, *classes, catalog=None):
     lines say how it is checked), or a line per field with its name, default and meaning (help_of)."""
     print(doc.strip())
     if catalog:
-        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), catalog)) as f:
+        with open(os.path.join(ROOT, catalog)) as f:
             print("\n".join(f.read().splitlines()[2:]))
         return
     print("\nflag           default   meaning")

@@ -5,14 +5,14 @@ order runs forward in even rounds and backward in odd ones, so no variant always
 or after the same neighbour. Each round gives every variant a ratio to the first variant (the baseline)
 timed in that same round; the table shows the median time, the median of those paired ratios, and a 95%
 interval for that median (a ratio whose interval holds 1.00 is no difference this run could see).
-    python bench.py                                    # every --norm (and powernorm without group
+    python -m lab.bench                                    # every --norm (and powernorm without group
                                                        # scaling), the quickstart model, on CPU here
-    python bench.py --compile=True                     # the same compiled, with the guard's verdict: every
+    python -m lab.bench --compile=True                     # the same compiled, with the guard's verdict: every
                                                        # norm's step within 1.05x of layernorm's
-    python bench.py --variants=headline --n_layer=12 --n_head=12 --n_embd=768 --block_size=1024 \
+    python -m lab.bench --variants=headline --n_layer=12 --n_head=12 --n_embd=768 --block_size=1024 \
         --vocab_size=50304 --batch_size=16             # baseline, normformer, powernorm at GPT-2 small on a GPU
-    python bench.py --part=norm                        # each norm module alone, forward and backward
-    python bench.py --variants=function                # LayerNorm's kernels through a Python autograd.Function
+    python -m lab.bench --part=norm                        # each norm module alone, forward and backward
+    python -m lab.bench --variants=function                # LayerNorm's kernels through a Python autograd.Function
 Model and system flags are train.py's (configurable.txt); bench.py adds --variants, --rounds, --steps and --part.
 On CUDA it also reports the memory a step allocates on top of the resident weights and optimizer states
 (activations and workspaces), the achieved TFLOP/s (model.flops_per_token, nanoGPT's estimate) and MFU
@@ -32,11 +32,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils._python_dispatch
 
-import flags
-import runtime
+from engine import flags
+from engine import runtime
 import train
-from configs import check_train_config
-from flags import UsageError, help_of
+from engine.config_checks import check_train_config
+from engine.flags import UsageError, help_of
 from model import GPT, PRESETS, flops_per_token, norm
 from norms import NORMS, LayerNorm, upcast
 

@@ -11,14 +11,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import coord_check
+from lab import coord_check
 import norms
-import runtime
+from engine import runtime
 import train
+from diagnostics.probe_points import probe_points
 from model import GPT, GPTConfig, PRESETS, softcap, subln_gain
 from test_model import one_thread  # noqa: F401 (an autouse fixture: tiny models run on one thread)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 TINY = dict(n_layer=2, n_embd=32, n_head=4, block_size=16, vocab_size=64)
 
 
@@ -246,7 +247,7 @@ def test_coord_check_gives_the_mean_abs_a_direct_computation_gives():
     twin = copy.deepcopy(model)
     batches = [(tokens(seed=s), tokens(seed=s + 10)) for s in range(3)]
     rows = coord_check.coord_check(model, batches, lr=0.01)
-    assert len(rows) == 3 * len(twin.probe_points())
+    assert len(rows) == 3 * len(probe_points(twin))
     got = {(r["step"], r["layer"], r["op"]): r["mean_abs"] for r in rows}
     optimizer = torch.optim.AdamW(twin.parameters(), lr=0.01, weight_decay=0.0)
     for step, (idx, targets) in enumerate(batches):

@@ -20,7 +20,7 @@ import torch
 
 import data
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent.parent  # the repository root
 SHARED_TIKTOKEN = HERE.parent / "shared" / "tiktoken"
 TEXT = "Héllo, wörld — 日本語 🙂\n\tdef f(x):\n    return x ** 2  # <|endoftext|> stays plain text\r\n"
 

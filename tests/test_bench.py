@@ -8,7 +8,7 @@ import shlex
 import pytest
 import torch
 
-import bench
+from lab import bench
 import train
 from model import GPT, GPTConfig
 import norms
@@ -98,16 +98,16 @@ def test_bench_headline_times_the_baseline_normformer_and_powernorm(capsys):
 def test_every_bench_command_in_the_docs_is_accepted():
     """The bench.py commands of README.md and docs/*.md (docs/benchmarks.md holds them, the GPU ones too, with that
     page's $S) parse; none is run here."""
-    root = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     commands = []
     for page in [os.path.join(root, "README.md"), *sorted(glob.glob(os.path.join(root, "docs", "*.md")))]:
         with open(page, encoding="utf-8") as f:
             lines = [line.split("#")[0] for line in f.read().splitlines()]
         shape = next((line.strip().removeprefix("S=").strip('"') for line in lines if line.startswith("S=")), None)
         for line in lines:
-            if line.startswith("python bench.py"):
+            if line.startswith("python -m lab.bench"):
                 assert shape is not None or "$S" not in line, (page, line)
-                commands.append(shlex.split(line.replace("$S", shape or ""))[2:])
+                commands.append(shlex.split(line.replace("$S", shape or ""))[3:])
     assert len(commands) >= 10 and any("--variants=headline" in argv for argv in commands)
     for argv in commands:
         bench.parse(argv)

@@ -1,5 +1,5 @@
 """
-stability.py on a small hand-built model: every expected value is computed directly (statistics.pstdev,
+probes.py on a small hand-built model: every expected value is computed directly (statistics.pstdev,
 an explicit forward through the submodules, autograd.grad of the intermediates, float64 formulas).
 """
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from stability import (FP16_MAX, DivergenceCheck, Probe, SpikeMonitor, buffer_stats, find_first_overflow, first_overflow,
+from diagnostics.probes import (FP16_MAX, DivergenceCheck, Probe, SpikeMonitor, buffer_stats, find_first_overflow, first_overflow,
                        gain_stats, headroom, logit_stats, restore, snapshot, weight_stats)
 
 D, V, N_LAYER = 6, 11, 3

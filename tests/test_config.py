@@ -7,11 +7,11 @@ import typing
 
 import pytest
 
-import flags
+from engine import flags
 import train
 from model import GPTConfig, PRESETS
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 
 
 def read_catalog():

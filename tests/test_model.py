@@ -10,8 +10,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import bench
+from lab import bench
 import norms
+from diagnostics.probe_points import op_label, probe_points, weight_splits
 from model import GPT, GPTConfig, PER_TOKEN_NORMS, PRESETS, flops_per_token, norm
 
 
@@ -660,7 +661,7 @@ def record_probes(model, points, idx):
 def test_probe_points_exist_in_forward_order_with_the_papers_names(flags):
     model = build(**flags)
     N, d, H = model.config.n_layer, model.config.n_embd, model.config.n_head  # a preset may set its own sizes
-    points = model.probe_points()
+    points = probe_points(model)
     found = record_probes(model, points, tokens())
     order = [number for number, _ in found]
     assert order == sorted(order), "probe points are not in forward order"
@@ -696,7 +697,7 @@ def test_probe_tensors_are_the_operations_they_name():
     """q, k, v, q@k, probs@v and act seen by the hooks against the formulas, in a pre-LN block."""
     model = build(attn_impl="manual", scale_heads=True)
     perturb_(model)
-    points = model.probe_points()
+    points = probe_points(model)
     idx = tokens()
     seen = {(layer, op): t for (layer, op, *_), (_, t) in zip(points, record_probes(model, points, idx))}
     attn = model.blocks[1].attn
@@ -735,20 +736,20 @@ def test_op_labels_and_weight_splits():
     names = dict(model.named_parameters())
     assert set(expected) <= set(names)
     for name, label in expected.items():
-        assert GPT.op_label(name) == label, name
+        assert op_label(name) == label, name
     for name in names:
-        GPT.op_label(name)  # every parameter has a label
+        op_label(name)  # every parameter has a label
     powernorm = build(norm="powernorm", **ALL_SLOTS)
     owners = [name for name, m in powernorm.named_modules() if list(m.buffers(recurse=False))]
     assert len(owners) == 8 * N + 2
     for name in owners:
-        GPT.op_label(name)  # and every module that owns buffers (PowerNorm's psi^2 and nu)
-    assert GPT.op_label("blocks.1.mlp.fc_norm") == "ffn_hidden_ln" and GPT.op_label("final_norm") == "final_ln"
-    splits = model.weight_splits()
+        op_label(name)  # and every module that owns buffers (PowerNorm's psi^2 and nu)
+    assert op_label("blocks.1.mlp.fc_norm") == "ffn_hidden_ln" and op_label("final_norm") == "final_ln"
+    splits = weight_splits(model)
     assert splits["blocks.0.attn.qkv.weight"] == ("q", "k", "v") == splits["blocks.1.attn.qkv.bias"]
     assert splits["blocks.1.mlp.fc.weight"] == ("fc1_gate", "fc1_value")
     assert len(splits) == 4 * N
-    assert "blocks.0.mlp.fc.weight" not in build().weight_splits()
+    assert "blocks.0.mlp.fc.weight" not in weight_splits(build())
 
 
 # 15. every flag reaches where it acts (each of these was once a one-line mutation that no test noticed)

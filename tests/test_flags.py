@@ -7,15 +7,15 @@ from typing import Literal, Optional
 
 import pytest
 
-import bench
+from lab import bench
 import data
-import flags
+from engine import flags
 import plot
 import sweep
 import train
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPTS = ("train.py", "data.py", "sweep.py", "plot.py", "bench.py", "sample.py")
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
+SCRIPTS = ("train.py", "data.py", "sweep.py", "plot.py", "lab/bench.py", "sample.py")
 
 
 @dataclass

@@ -3,7 +3,7 @@ The files that runs and datasets leave on disk, read and written so that nothing
 one reader of log.jsonl, writes that are whole or absent, and the lock that lets one run at a time use a folder.
 Imports only the standard library: data.py and plot.py use it without loading torch.
 
-How train.py uses this (through checkpoints.py and data.py): `claim(out_dir)` takes the run folder's lock before
+How train.py uses this (through run_folder.py and data.py): `claim(out_dir)` takes the run folder's lock before
 the run's first write and holds it until the process ends; `held_by(out_dir)` says which process holds a folder
 (sweep.py asks it before it starts a run). `read_log(path)` gives a log's events; `append_line` adds one,
 `write_atomic` writes config.json and the prepared data. A write that fails (disk full, a read-only filesystem)
@@ -18,7 +18,7 @@ import os
 import socket
 import stat
 
-from flags import UsageError
+from engine.flags import UsageError
 
 LOCK = "run.lock"  # in every run folder; it stays there (removing it would let two runs lock two different files)
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import model
-import runtime
+from engine import runtime
 import train
 from norms import NORMS
 from test_resume import torchrun
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
         "--log_interval=1", "--warmup_iters=2", "--lr=3e-3"]
 
@@ -255,7 +255,8 @@ def test_two_process_ddp_keeps_ranks_identical(corpus, tmp_path, norm):
 DRIFTED_RANK = """
 import sys
 sys.path.insert(0, sys.argv[2])
-import torch, torch.distributed as dist, runtime
+import torch, torch.distributed as dist
+from engine import runtime
 dist.init_process_group("gloo")
 torch.manual_seed(0)
 layer = torch.nn.Linear(4, 3)
@@ -309,7 +310,13 @@ def test_compile_default_is_per_device():
 
 
 TRAINING_STEP_FAULTS = """
-import resource, statistics, sys, torch, model, runtime, train
+import resource
+import statistics
+import sys
+import torch
+import model
+from engine import runtime
+import train
 keep = sys.argv[1] == "keep" and runtime.keep_freed_memory()
 torch.manual_seed(0)
 # The logits and their gradient, 16 x 128 x 8192 floats, are 64 MiB each: above 32 MiB, the most glibc's adaptive

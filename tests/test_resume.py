@@ -12,11 +12,11 @@ import time
 import pytest
 import torch
 
-import checkpoints
+from engine import run_folder
 import model
 import train
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
         "--log_interval=1", "--warmup_iters=2", "--lr=3e-3", "--dropout=0.1"]
 
@@ -106,7 +106,7 @@ def test_a_failed_checkpoint_write_keeps_the_previous_one_and_stops(corpus, tmp_
 
 def test_keep_checkpoints_keeps_the_last_k_and_the_best(tmp_path):
     for step in (2, 4, 6, 8):
-        checkpoints.save_checkpoint(str(tmp_path), {"step": step, "best_step": 4}, keep=2)
+        run_folder.save_checkpoint(str(tmp_path), {"step": step, "best_step": 4}, keep=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-4.pt", "ckpt-6.pt", "ckpt-8.pt", "ckpt.pt"]
     assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["step"] == 8
     assert torch.load(tmp_path / "ckpt-6.pt", weights_only=True)["step"] == 6

@@ -7,7 +7,7 @@ How train.py uses it:
   `monitor.is_spike(z_loss, z_grad)` logs a "spike" event (and skips the optimizer step with
   --skip_spikes, as llm.c does); `monitor.state_dict()` goes into the checkpoint.
 - On divergence: `restore(model, snap)` to the pre-step state, then
-  `find_first_overflow(model, model.probe_points(), run_micro_batch)` names the first op whose output
+  `find_first_overflow(model, probe_points(model), run_micro_batch)` names the first op whose output
   (forward order, then its gradient in backward order) is non-finite or above the float16 maximum
   (NormFormer §4, Table 3: "Failed operation: q@k, layer 0"). The caller restores weights and buffers
   again afterwards: the re-run changes .grad and any buffers the forward/backward updates.

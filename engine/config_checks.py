@@ -19,7 +19,7 @@ import os
 import re
 
 import data
-from flags import UsageError
+from engine.flags import UsageError
 from model import GPTConfig, PRESETS, block_layout
 
 # Flags of the machine, not of the run: a resume takes them from its own command line, not the checkpoint.

@@ -14,8 +14,8 @@ import typing
 
 import pytest
 
-import checkpoints
-import files
+from engine import run_folder
+from engine import files
 from test_reliability import FailingWrites
 import sweep
 import train
@@ -190,19 +190,19 @@ def test_skip_and_resume_a_half_finished_sweep(corpus, tmp_path, capsys):
         f.write(f"{train.main(sweep.train_flags(done, args))}\n")
     finished_before = snapshot(done.dir)
 
-    real_save = checkpoints.save_checkpoint
+    real_save = run_folder.save_checkpoint
 
     def save_then_stop(out_dir, state, keep):  # a crash right after the first checkpoint (step 2 of 4)
         real_save(out_dir, state, keep)
         raise KeyboardInterrupt
 
-    checkpoints.save_checkpoint = save_then_stop
+    run_folder.save_checkpoint = save_then_stop
     try:
         train.main(sweep.train_flags(interrupted, args))
     except KeyboardInterrupt:
         pass
     finally:
-        checkpoints.save_checkpoint = real_save
+        run_folder.save_checkpoint = real_save
     assert steps_of(interrupted.dir, "eval") == [0, 2] and not sweep.is_finished(interrupted)
     interrupted_before = snapshot(interrupted.dir)[1]
     assert "--resume" in sweep.train_flags(interrupted, args)
@@ -382,7 +382,7 @@ def test_torn_and_foreign_logs_exit_files_and_summaries(tmp_path, capsys):
 HOLD = """
 import sys, time
 sys.path.insert(0, {here!r})
-import files
+from engine import files
 lock = files.claim({folder!r})
 print("held", flush=True)
 time.sleep(120)

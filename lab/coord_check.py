@@ -5,7 +5,7 @@ same batches, with the mean |x| of every probed op's output (model.probe_points)
 Plotted against width, one line per step: under a parametrization whose hyperparameters transfer the lines are
 flat; under the standard one, activations after the first updates grow with width (an Adam update moves each
 entry of W by about lr, and a width-d matmul sums d such moves).
-    python coord_check.py --init=gpt2 --out=docs/coord_check.png
+    python -m lab.coord_check --init=gpt2 --out=docs/coord_check.png
 writes the PNG (plot.py draws it) and the numbers beside it (same name, .json). Any model flag of train.py works
 (--init, --preset, --norm, ...), except --n_embd and --n_head: --widths and --head_dim set them.
 Step 0 is the forward at init; step t the forward after t updates.
@@ -21,10 +21,11 @@ from dataclasses import dataclass
 import torch
 
 import data
-from files import WriteError, write_atomic
-from flags import UsageError, build, fail, help_of, parse, print_help, wants_help
+from engine.files import WriteError, write_atomic
+from engine.flags import UsageError, build, fail, help_of, parse, print_help, wants_help
 from model import GPT, GPTConfig, PRESETS
 from norms import upcast
+from diagnostics.probe_points import probe_points
 
 
 @dataclass
@@ -83,7 +84,7 @@ def coord_check(model, batches, lr):
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     rows = []
     for step, (x, y) in enumerate(batches):
-        probe = MeanAbs(model, model.probe_points())
+        probe = MeanAbs(model, probe_points(model))
         try:
             _, loss = model(x, y)
         finally:

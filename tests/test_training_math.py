@@ -36,7 +36,7 @@ import model
 import train
 from model import GPT, GPTConfig
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4", "--eval_iters=2",
         "--log_interval=1", "--eval_interval=1", "--warmup_iters=0", "--lr=1e-3", "--min_lr=1e-4"]
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import data
 import model
-import stability
+from diagnostics import probes
 import train
 
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4", "--eval_iters=1",
@@ -90,7 +90,7 @@ def test_forensics_names_the_planted_op_and_layer(corpus, tmp_path, monkeypatch,
     [event] = events(tmp_path / "out", "diverged")
     failed = event["failed_op"]
     assert (failed["op"], failed["layer"], failed["pass"]) == (*expected, "forward")
-    assert failed["max_abs"] > stability.FP16_MAX
+    assert failed["max_abs"] > probes.FP16_MAX
 
 
 def test_forensics_names_a_backward_op_for_an_inf_gradient(corpus, tmp_path, monkeypatch):

@@ -16,15 +16,15 @@ import time
 import pytest
 import torch
 
-import checkpoints
-import files
-import flags
+from engine import run_folder
+from engine import files
+from engine import flags
 import model
-import runtime
+from engine import runtime
 import train
 from test_resume import corpus  # noqa: F401 (a fixture: the same tiny corpus)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
         "--log_interval=1", "--warmup_iters=2", "--lr=3e-3"]
 
@@ -148,7 +148,7 @@ def test_a_fresh_run_on_a_full_or_read_only_disk_is_one_line_and_a_retry_runs(co
         assert train.main(flags_of(corpus, out, "--max_iters=2", "--eval_interval=2")) == 1
     one_line(capsys.readouterr().err, f"cannot write {out / name}", f"({os.strerror(code)})")
     assert leftovers(tmp_path) == []
-    assert checkpoints.holds_a_run(str(out)) == ([] if name != "ckpt.pt" else ["config.json", "log.jsonl"])
+    assert run_folder.holds_a_run(str(out)) == ([] if name != "ckpt.pt" else ["config.json", "log.jsonl"])
     if name != "ckpt.pt":  # a run that wrote nothing but empty files holds nothing: the same command runs
         assert train.main(flags_of(corpus, out, "--max_iters=2", "--eval_interval=2")) == 0
 
@@ -512,7 +512,8 @@ def test_bad_input_under_torchrun_is_one_line_from_process_0_and_exit_code_2_on_
 FAILING_LOG = """
 import errno, os, sys
 sys.path.insert(0, {here!r})
-import files, train
+from engine import files
+import train
 real, calls = files.append_line, [0]
 
 

@@ -9,13 +9,13 @@ import sys
 import pytest
 import torch
 
-import configs
-import flags
-import runtime
+from engine import config_checks
+from engine import flags
+from engine import runtime
 import train
 from model import GPT, GPTConfig
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
         "--warmup_iters=2", "--lr=3e-3", "--max_iters=4"]
 
@@ -284,7 +284,7 @@ WITH_EFFECT = [
 def test_a_newer_flag_with_its_enabling_flag_does_not_warn(flags):
     given = train.parse_flags([*TINY, *flags])
     model_cfg, tc = train.build_configs(given)
-    assert configs.no_effect_warnings(given, model_cfg, tc) == []
+    assert config_checks.no_effect_warnings(given, model_cfg, tc) == []
 
 
 # a flag the LR schedule does not read is not refused for its relation to the others (it is warned about instead)
@@ -300,7 +300,7 @@ UNREAD = [
 def test_a_flag_the_schedule_does_not_read_is_not_refused(flags):
     given = train.parse_flags([*TINY, *flags])
     model_cfg, tc = train.build_configs(given)
-    configs.check_train_config(tc, given)
+    config_checks.check_train_config(tc, given)
 
 
 def test_cpu_threads_on_a_machine_without_an_affinity_mask(monkeypatch):
