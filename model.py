@@ -75,6 +75,7 @@ class GPTConfig:
     # embeddings (Spike No More §3-4; NormFormer §4)
     pos: Literal["learned", "sinusoidal"] = "learned"
     embed_scale: bool = False
+    embed_scale_learned: bool = False  # DyT's LLaMA code: the sqrt(d) of --embed_scale is a learned scalar
     embed_norm: bool = False
     embed_grad_scale: float = 1.0
     embed_init: Literal["sigma", "inv_sqrt_d"] = "sigma"  # the token embedding's init std (fairseq: d^-1/2)
@@ -183,13 +184,19 @@ PRESETS = {
     # a final norm; inside the blocks the residual stream itself is never normalized
     "peri_ln": {"scale_attn": True, "ffn_out_norm": True, "embed_norm": True},
     "mix_ln": {"layout": "mix"},                                             # Mix-LN, alpha = 0.25
-    "lns": {"layer_norm_scaling": True},                                     # Curse of Depth, pre-LN
-    # OLMo 2 (2024): x + RMSNorm(F(x)), QK-norm, a final norm (OLMo 2 normalizes q and k over all d, here per head)
-    "olmo2": {"layout": "reordered", "norm": "rmsnorm", "qk_norm": True},
-    "magneto": {"subln": True},                                              # Foundation Transformers §2: Pre-LN + SubLN
+    # Curse of Depth, pre-LN, with the init its code uses: every weight N(0, 0.02). Its README warns that the scaled
+    # init (W_O and W_2 / sqrt(2N), GPT-2's) takes away LNS's effect
+    "lns": {"layer_norm_scaling": True, "init": "plain", "init_std": 0.02},
+    # OLMo 2 (2024): x + RMSNorm(F(x)), QK-norm, a final norm (OLMo 2 normalizes q and k over all d, here per head);
+    # every weight N(0, 0.02) with no depth factor (OLMo 2 truncates it at 3 sigma) and an untied output head
+    "olmo2": {"layout": "reordered", "norm": "rmsnorm", "qk_norm": True, "init": "plain", "init_std": 0.02,
+              "tie_embeddings": False},
+    # Foundation Transformers §2: Pre-LN + SubLN, the gain sqrt(log 2N) on a xavier init with no depth factor
+    "magneto": {"subln": True, "init": "xavier"},
     # DyT in every norm slot. Without a norm, the 0.02-scale GPT-2 embeddings reach the first DyT as |x| ~ 0.02 and
-    # leave it as ~0.01 (tanh(0.5 x) ~ 0.5 x), where LN would give O(1): --embed_scale (x sqrt(d)) gives O(1) tokens
-    "dyt": {"norm": "dyt", "embed_scale": True},
+    # leave it as ~0.01 (tanh(0.5 x) ~ 0.5 x), where LN would give O(1): --embed_scale (x sqrt(d)) gives O(1) tokens,
+    # and DyT's LLaMA code learns that multiplier (one scalar, init sqrt(d))
+    "dyt": {"norm": "dyt", "embed_scale": True, "embed_scale_learned": True},
     # Gemma 2 §2: RMSNorm before and after each sublayer, embeddings times sqrt(d), soft-caps 50 and 30
     "gemma2": {"norm": "rmsnorm", "scale_attn": True, "ffn_out_norm": True, "embed_scale": True, "attn_softcap": 50.0,
                "logit_softcap": 30.0},
@@ -438,6 +445,9 @@ class GPT(nn.Module):
         super().__init__()
         cfg = self.config = config
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        # DyT's LLaMA code (Zhu et al. 2025): the token embeddings' multiplier is one learned scalar, init sqrt(d)
+        learned = cfg.embed_scale and cfg.embed_scale_learned
+        self.embed_gain = nn.Parameter(torch.tensor(math.sqrt(cfg.n_embd))) if learned else None
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd) if cfg.pos == "learned" else None
         if self.wpe is None:  # a constant table, built once (not saved: it is a function of the config)
             self.register_buffer("sinusoids", sinusoidal_positions(cfg.block_size, cfg.n_embd), persistent=False)
@@ -515,8 +525,8 @@ class GPT(nn.Module):
         cfg = self.config
         T = idx.size(1)
         x = self.wte(idx)
-        if cfg.embed_scale:
-            x = x * math.sqrt(cfg.n_embd)  # Spike No More "Scaled Embed": embeddings of std ~1, not ~sigma
+        if cfg.embed_scale:  # Spike No More "Scaled Embed": embeddings of std ~1, not ~sigma
+            x = x * (math.sqrt(cfg.n_embd) if self.embed_gain is None else self.embed_gain)
         # rows 0..T-1 of the position table: a slice, where an index lookup would build arange(T) every step
         positions = self.wpe.weight if self.wpe is not None else self.sinusoids
         x = x + positions[:T]

@@ -16,7 +16,8 @@ BLOCK_OPS = {
 # parameters that are no module's output: their own names
 PARAM_OPS = {"attn.head_scale": "head_scale", "resid_scale": "resid_scale",
              "attn_layer_scale": "attn_layer_scale", "ffn_layer_scale": "ffn_layer_scale"}
-TOP_OPS = {"wte": "embed", "wpe": "embed", "embed_norm": "embed_ln", "final_norm": "final_ln", "lm_head": "logits"}
+TOP_OPS = {"wte": "embed", "wpe": "embed", "embed_gain": "embed_gain", "embed_norm": "embed_ln",
+           "final_norm": "final_ln", "lm_head": "logits"}
 
 
 def output_of(module_name):

@@ -101,6 +101,8 @@ def no_effect_warnings(given, m, tc):
         unused["scale_resids_init"] = "--scale_resids=False"
     if not m.layer_scale:
         unused["layer_scale_init"] = "--layer_scale=False"
+    if not m.embed_scale:
+        unused["embed_scale_learned"] = "--embed_scale=False"
     if not m.scale_heads:
         unused["head_scale_at"] = "--scale_heads=False"
     if m.layout != "mix":

@@ -199,7 +199,8 @@ RECIPES = {
                    "--min_lr=0", "--dropout=0"],
         deviations=NF_DEVIATIONS + "; 600 steps with 60 warmup steps (the paper: 100,000 updates, 500 warmup), "
                    "equal steps (the paper compares equal GPU hours, where NormFormer gets 2-6% fewer steps); LRs "
-                   "3e-3 to 4e-2 (the paper's grid: 1e-3, 3e-3, 6e-3), as a model this small trains best higher",
+                   "3e-3 to 4e-2 (the paper's grid: six LRs, 6e-5, 3e-4, 6e-4, 1e-3, 3e-3 and 6e-3, arXiv v1 "
+                   "§2.2), as a model this small trains best higher",
         gpu_deviations="12 x 768 (the paper's 125M shape), bfloat16 where the GPU has it, 5,000 steps with 500 "
                        "warmup (the paper: 100,000), 65K tokens a step; the builtin corpus unless --dataset names a "
                        "larger one",

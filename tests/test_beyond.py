@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from lab import coord_check
 import norms
-from engine import runtime
+from engine import config_checks, runtime
 import train
 from diagnostics.probe_points import probe_points
 from model import GPT, GPTConfig, PRESETS, softcap, subln_gain
@@ -227,6 +227,62 @@ def test_subln_init_multiplies_v_w_o_w_1_and_w_2_by_sqrt_log_2n():
         for w_p, w_s in ((v_p, v_s), (p.attn.proj.weight, s.attn.proj.weight), (p.mlp.fc.weight, s.mlp.fc.weight),
                          (p.mlp.proj.weight, s.mlp.proj.weight)):
             torch.testing.assert_close(w_s, gain * w_p, rtol=1e-6, atol=0)  # drawn and scaled in float32
+
+
+def test_learned_embed_scale_starts_at_sqrt_d_and_its_gradient_is_the_chain_rule():
+    """DyT's LLaMA code: x = s * E[idx] + P with s one learned scalar from sqrt(d), so dL/ds = sum(dL/dx * E[idx])."""
+    model = build(embed_scale=True, embed_scale_learned=True)
+    assert model.embed_gain.item() == pytest.approx(math.sqrt(32), rel=1e-7)  # drawn in float32
+    with torch.no_grad():
+        model.embed_gain.fill_(1.7)  # away from sqrt(d): a fixed sqrt(d) would no longer match
+    idx = tokens()
+    x = model.embed(idx)
+    torch.testing.assert_close(x, 1.7 * model.wte.weight[idx] + model.wpe.weight[:16], rtol=0, atol=1e-12)
+    upstream = hidden(shape=(3, 16, 32))
+    x.backward(upstream)
+    expected = (upstream * model.wte.weight[idx].detach()).sum()
+    torch.testing.assert_close(model.embed_gain.grad, expected, rtol=1e-12, atol=0)
+    assert build(embed_scale_learned=True).embed_gain is None  # no --embed_scale, no multiplier to learn
+    warnings = config_checks.no_effect_warnings({"embed_scale_learned"}, GPTConfig(embed_scale_learned=True),
+                                                train.TrainConfig())
+    assert warnings == ["train.py: warning: --embed_scale_learned has no effect with --embed_scale=False"]
+
+
+def init_stds(preset, N=4, d=128):
+    """The std of each weight matrix at init of a preset's model, float32 (draws as train.py's)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=N, n_embd=d, n_head=4, block_size=16, vocab_size=256, **PRESETS[preset]))
+    block = model.blocks[1]
+    q, _, v = block.attn.qkv.weight.chunk(3)
+    return model, {"q": q.std().item(), "v": v.std().item(), "W_O": block.attn.proj.weight.std().item(),
+                   "W_1": block.mlp.fc.weight.std().item(), "W_2": block.mlp.proj.weight.std().item(),
+                   "embed": model.wte.weight.std().item(), "head": model.lm_head.weight.std().item()}
+
+
+@pytest.mark.parametrize("preset", ["lns", "olmo2"])
+def test_lns_and_olmo2_presets_draw_every_weight_from_n_0_0_02(preset):
+    """The Curse of Depth's LLaMA code (and its README's advice) and OLMo 2's configs (init_fn: normal,
+    init_std: 0.02): no 1/sqrt(2N) on W_O and W_2, which GPT-2's init would make 0.02 / sqrt(8) = 0.0071."""
+    model, stds = init_stds(preset)
+    assert stds == pytest.approx(dict.fromkeys(stds, 0.02), rel=0.05)
+    # OLMo 2: weight_tying false, a head of its own; the Curse of Depth's code keeps GPT-2's tied head here
+    assert (model.lm_head.weight is model.wte.weight) == (preset == "lns")
+
+
+def test_magneto_preset_puts_its_gain_on_a_xavier_init_with_no_depth_factor():
+    """Foundation Transformers §2.2 (torchscale's decoder.py): W_v, W_O, W_1, W_2 times sqrt(log 2N) on an init
+    of std ~ d^-1/2; xavier: sqrt(2 / (fan_in + fan_out)). On GPT-2's 0.02 / sqrt(2N) W_O would start 12x smaller."""
+    _, stds = init_stds("magneto")
+    gain, d = math.sqrt(math.log(8)), 128
+    expected = {"q": math.sqrt(1 / d), "v": gain * math.sqrt(1 / d), "W_O": gain * math.sqrt(1 / d),
+                "W_1": gain * math.sqrt(2 / (5 * d)), "W_2": gain * math.sqrt(2 / (5 * d))}
+    assert {k: stds[k] for k in expected} == pytest.approx(expected, rel=0.05)
+
+
+def test_dyt_preset_learns_its_embedding_scale():
+    model = build(**PRESETS["dyt"])
+    assert model.embed_gain.requires_grad
+    assert model.embed_gain.item() == pytest.approx(math.sqrt(32), rel=1e-7)  # drawn in float32
 
 
 @pytest.mark.parametrize("preset", ["peri_ln", "mix_ln", "lns", "olmo2", "magneto", "dyt", "gemma2"])

@@ -847,7 +847,7 @@ EVERY_FLAG = [
     ({}, "subln", True, "params"), ({"norm": "dyt"}, "dyt_alpha", 0.3, "init"),
     ({"norm": "dyt"}, "dyt_alpha_attn", 0.9, "init"), ({}, "attn_softcap", 0.5, "run"),
     ({}, "logit_softcap", 0.5, "run"), ({"scale_heads": True}, "head_scale_at", "after_proj", "run"),
-    ({}, "embed_init", "inv_sqrt_d", "init"),
+    ({}, "embed_init", "inv_sqrt_d", "init"), ({"embed_scale": True}, "embed_scale_learned", True, "params"),
 ]
 
 
