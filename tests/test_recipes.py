@@ -9,6 +9,7 @@ from fractions import Fraction
 
 import pytest
 
+import lab.summary
 import plot
 from lab import recipes
 import sweep
@@ -158,7 +159,7 @@ def tiny_experiments(corpus, tmp_path_factory):
             os.makedirs(os.path.dirname(run.dir), exist_ok=True)
             with open(run.dir + ".exit", "w") as f:
                 f.write(f"{train.main(sweep.train_flags(run, args))}\n")
-        sweep.write_summary(args, runs, wall_s=90.0)
+        lab.summary.write_summary(args, runs, wall_s=90.0)
     yield root
     patch.undo()
 
@@ -169,7 +170,7 @@ def test_results_page_from_a_tiny_real_sweep(tiny_experiments, capsys):
     args = recipe_args(["--recipe=tiny_ramp", f"--out_dir={root / 'sweeps' / 'tiny_ramp'}"])
     with open(root / "sweeps" / "tiny_ramp" / "summary.json") as f:
         before = json.load(f)
-    sweep.write_summary(args, sweep.grid(args))
+    lab.summary.write_summary(args, sweep.grid(args))
     with open(root / "sweeps" / "tiny_ramp" / "summary.json") as f:
         after = json.load(f)
     assert (after["wall_s"], after["machine"]) == (90.0, before["machine"])
