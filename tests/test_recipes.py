@@ -9,7 +9,9 @@ from fractions import Fraction
 
 import pytest
 
+import lab.results_page
 import lab.summary
+import lab.tables
 import plot
 from lab import recipes
 import sweep
@@ -185,8 +187,8 @@ def test_results_page_from_a_tiny_real_sweep(tiny_experiments, capsys):
         section = page[page.index(f'<a id="{name}"></a>'):]
         section = section[:section.index("![")]
         # the page's numbers are the summary's: the claim's row of the headline and of its section
-        ours = (f"{plot.side_text(row['variant_values'])} vs {plot.side_text(row['reference_values'])}")
-        cells = f"{ours} | {plot.p_text(row)} | {row['verdict']} |"
+        ours = (f"{lab.tables.side_text(row['variant_values'])} vs {lab.tables.side_text(row['reference_values'])}")
+        cells = f"{ours} | {lab.results_page.p_text(row)} | {row['verdict']} |"
         assert cells in section and page.count(cells) == 2
         assert "It is better." in section and "A Paper (v2) §1, Table 9" in section and "Deviations" in section
         assert f"`python sweep.py --recipe={name}`" in section and "1.5 min on " in section
