@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from diagnostics import probes
 from diagnostics.probe_points import op_label, probe_points, weight_splits
-from engine.run_folder import log_event, pause_for_tests
+from engine.run_folder import log_event
 from engine.flags import UsageError
 
 # float16: a run whose gradients overflow even with the loss scaled below this has diverged (fairseq's
@@ -178,7 +178,6 @@ class Instruments:
         if verdict.spike:
             self.log({"event": "spike", "step": step + 1, "loss": loss, "grad_norm": grad_norm,
                       "z_loss_score": z_scores[0], "z_grad_score": z_scores[1], "skipped": verdict.skip})
-        pause_for_tests(f"step@{step + 1}")  # gradients computed, weights not yet updated
         return verdict
 
     def due(self, step):

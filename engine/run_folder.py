@@ -19,7 +19,6 @@ import dataclasses
 import json
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -30,13 +29,6 @@ from engine.files import WriteError
 from engine.flags import UsageError
 
 CHECKPOINT_KEYS = ("model", "optimizer", "scaler", "step", "best_val", "rng", "model_config", "train_config")
-
-
-def pause_for_tests(point):
-    """test_resume.py SIGKILLs a run paused here (NANONORM_PAUSE_AT=step@5, eval@6 or save@6) mid-operation."""
-    if os.environ.get("NANONORM_PAUSE_AT") == point:
-        print(f"paused at {point}", flush=True)
-        time.sleep(60)
 
 
 def check_out_dir(out_dir, fresh):
@@ -116,7 +108,6 @@ def write_atomically(path, state):
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
-        pause_for_tests(f"save@{state['step']}")
         os.replace(tmp, path)
         folder = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
         try:
@@ -321,7 +312,5 @@ def interrupted(step, tc, machine, log_path):
 
 
 def log_event(path, event):
-    """One line of log.jsonl, whole or not at all (files.append_line). (test_resume.py kills a run paused at its
-    step-6 eval: NANONORM_PAUSE_AT=eval@6.)"""
-    pause_for_tests(f"{event['event']}@{event['step']}")
+    """One line of log.jsonl, whole or not at all (files.append_line)."""
     files.append_line(path, json.dumps(event) + "\n")
