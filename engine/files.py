@@ -32,16 +32,33 @@ def cannot_write(path, error):
     return WriteError(f"cannot write {path} ({error.strerror or error})")
 
 
-def write_atomic(path, data):
-    """data (bytes, or an array) as the file at path, whole or not at all: written to a temporary file beside it,
-    flushed to the disk, then renamed over path. Any failure, Ctrl-C included, removes the temporary file."""
-    tmp = f"{path}.{os.getpid()}.tmp"
+def write_and_sync(path, content):
+    """content as the file at path, flushed to the disk: bytes (or an array), or a function that writes to the
+    open binary file (torch.save of a checkpoint). Not atomic by itself: write_atomic renames the file into place,
+    data.py renames the folder that holds it."""
+    with open(path, "wb") as f:
+        if callable(content):
+            content(f)
+        else:
+            f.write(content)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_atomic(path, content, tmp=None):
+    """content (as write_and_sync takes it) as the file at path, whole or not at all: written to a temporary file
+    beside it (tmp, by default one per process), flushed to the disk, then renamed over path, and the rename
+    flushed too. Any failure, Ctrl-C included, removes the temporary file; an OSError is a WriteError naming
+    path, anything else is raised as it is."""
+    tmp = tmp or f"{path}.{os.getpid()}.tmp"
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        write_and_sync(tmp, content)
         os.replace(tmp, path)
+        folder = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+        try:
+            os.fsync(folder)  # the rename itself reaches the disk
+        finally:
+            os.close(folder)
     except BaseException as e:
         with contextlib.suppress(OSError):
             os.remove(tmp)

@@ -99,28 +99,18 @@ def on_every_process(failure, machine):
         raise failure or WriteError("process 0 stopped the run")
 
 
-def write_atomically(path, state):
-    """Write to path.tmp, flush it to the disk, then rename it over path; a failed or interrupted write (a second
-    Ctrl-C) removes the partial tmp."""
-    tmp = path + ".tmp"
+def write_checkpoint(path, state):
+    """state as the checkpoint at path, whole or not at all (files.write_atomic), or a WriteError that keeps the
+    previous one. The temporary file has one name, path.tmp, not one per process: only the process holding the
+    run folder's lock writes it, and a killed run's partial write is written over by the next save, not left
+    behind."""
     try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        folder = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-        try:
-            os.fsync(folder)  # the rename itself reaches the disk
-        finally:
-            os.close(folder)
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        if not isinstance(e, (OSError, RuntimeError)):
-            raise
-        cause = getattr(e, "strerror", None) or str(e).splitlines()[0]
-        raise WriteError(f"cannot write {path} ({cause}); the previous checkpoint is kept") from None
+        files.write_atomic(path, lambda f: torch.save(state, f), tmp=path + ".tmp")
+    except WriteError as e:
+        raise WriteError(f"{e}; the previous checkpoint is kept") from None
+    except RuntimeError as e:  # torch.save's report of a failed write (a full disk)
+        raise WriteError(f"cannot write {path} ({str(e).splitlines()[0]}); the previous checkpoint is kept") \
+            from None
 
 
 def numbered_checkpoints(out_dir):
@@ -137,7 +127,7 @@ def save_checkpoint(out_dir, state, keep):
     """ckpt.pt is the newest checkpoint; ckpt-<step>.pt (a hard link, no extra space) names each of the last
     `keep` ones and the one with the best val loss; older ones are deleted."""
     newest = os.path.join(out_dir, "ckpt.pt")
-    write_atomically(newest, state)
+    write_checkpoint(newest, state)
     numbered = os.path.join(out_dir, f"ckpt-{state['step']}.pt")
     try:
         with contextlib.suppress(FileNotFoundError):
@@ -145,7 +135,7 @@ def save_checkpoint(out_dir, state, keep):
         os.link(newest, numbered + ".tmp")
         os.replace(numbered + ".tmp", numbered)
     except OSError:
-        write_atomically(numbered, state)  # a file system without hard links
+        write_checkpoint(numbered, state)  # a file system without hard links
     steps = sorted(numbered_checkpoints(out_dir).items())
     for step, path in steps[:-keep]:
         if step != state["best_step"]:
