@@ -61,20 +61,28 @@ class Machine:
         return self.device.split(":")[0]
 
 
-def resolve_device(tc):
-    """--device=auto and --dtype=auto made concrete: returns the device and tc with its dtype resolved."""
-    device = tc.device
+def concrete_device(name):
+    """--device=name as a device of this machine: auto is CUDA where there is a GPU, else the CPU; a named GPU or
+    MPS device that is not here is a UsageError."""
+    device = name
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device_type = device.split(":")[0]
     if device_type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device={tc.device}: CUDA is not available here; use --device=cpu")
-    if device_type == "cuda" and torch.device(device).index is not None and \
-            torch.device(device).index >= torch.cuda.device_count():
-        raise UsageError(f"--device={tc.device}: this machine has {torch.cuda.device_count()} GPUs (cuda:0 to "
+        raise UsageError(f"--device={name}: CUDA is not available here; use --device=cpu")
+    gpu = torch.device(device).index if device_type == "cuda" else None
+    if gpu is not None and gpu >= torch.cuda.device_count():
+        raise UsageError(f"--device={name}: this machine has {torch.cuda.device_count()} GPUs (cuda:0 to "
                          f"cuda:{torch.cuda.device_count() - 1})")
     if device_type == "mps" and not torch.backends.mps.is_available():
-        raise UsageError(f"--device={tc.device}: this torch has no MPS device; use --device=cpu")
+        raise UsageError(f"--device={name}: this torch has no MPS device; use --device=cpu")
+    return device
+
+
+def resolve_device(tc):
+    """--device=auto and --dtype=auto made concrete: returns the device and tc with its dtype resolved."""
+    device = concrete_device(tc.device)
+    device_type = device.split(":")[0]
     if tc.dtype == "auto":
         # CPUs without bf16 units run bf16 autocast 20-30x slower than float32 (measured on a 2-core AMD EPYC)
         bf16_ok = device_type == "cuda" and torch.cuda.is_bf16_supported()
