@@ -75,28 +75,32 @@ def is_empty(path):
 
 def claim(out_dir, fresh, machine):
     """The run folder's lock (files.claim), taken by process 0 for all the run's processes and held until it
-    exits; a fresh run checks again, under the lock, that no run has left its files there meanwhile. A failure is
-    raised on every process. Returns the lock's file (None on the other processes): keep it open."""
-    lock, failure = None, None
+    exits; a fresh run checks again, under the lock, that no run has left its files there meanwhile. Returns the
+    lock's file (None on the other processes): keep it open."""
+    def take():
+        lock = files.claim(out_dir)
+        if fresh:
+            refuse_a_run(out_dir)
+        return lock
+    return on_process_0(take, machine)
+
+
+def on_process_0(work, machine):
+    """work() done by process 0 alone, and its failure (a UsageError or WriteError) raised on every process, so
+    that all stop with its exit code; process 0 prints it. Returns what work returned (None on the other
+    processes)."""
+    result, failure = None, None
     if machine.master:
         try:
-            lock = files.claim(out_dir)
-            if fresh:
-                refuse_a_run(out_dir)
+            result = work()
         except (UsageError, WriteError) as e:
             failure = e
-    on_every_process(failure, machine)
-    return lock
-
-
-def on_every_process(failure, machine):
-    """Process 0's failure (a UsageError or WriteError, or None) raised on every process, so that all stop with its
-    exit code; process 0 prints it."""
     code = runtime.agree(2 if isinstance(failure, UsageError) else 1 if failure else 0, machine)
     if code == 2:
         raise failure or UsageError("process 0 stopped the run")
     if code == 1:
         raise failure or WriteError("process 0 stopped the run")
+    return result
 
 
 def write_checkpoint(path, state):
@@ -162,13 +166,7 @@ def save(out_dir, state, keep, machine):
     """state and every process's RNG states as the newest checkpoint (process 0 writes), or WriteError on every
     process."""
     state = {**state, "rng": gather_rng_states(machine.world_size)}
-    failure = None
-    if machine.master:
-        try:
-            save_checkpoint(out_dir, state, keep)
-        except WriteError as e:
-            failure = e
-    on_every_process(failure, machine)
+    on_process_0(lambda: save_checkpoint(out_dir, state, keep), machine)
 
 
 def read_checkpoint(path):
@@ -269,13 +267,7 @@ def start_run(model_cfg, tc, machine, model, resumed_step, events, folder, meta)
     """The run folder's files (write_run_files, by process 0; a failure stops every process) and the run's first
     lines. Returns the log's path."""
     log_path = os.path.join(tc.out_dir, "log.jsonl")
-    failure = None
-    if machine.master:
-        try:
-            write_run_files(model_cfg, tc, machine, resumed_step, events, meta)
-        except WriteError as e:
-            failure = e
-    on_every_process(failure, machine)
+    on_process_0(lambda: write_run_files(model_cfg, tc, machine, resumed_step, events, meta), machine)
     if not machine.master:
         return log_path
     sequences = tc.batch_size * tc.grad_accum * machine.world_size
