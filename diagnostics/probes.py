@@ -52,6 +52,7 @@ max_abs. Probe the uncompiled module: hooks do not see inside torch.compile's gr
 import math
 import re
 from collections import deque
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -145,16 +146,29 @@ def _part(x, chunk):
     return x if chunk is None else x.chunk(chunk[1], dim=-1)[chunk[0]]
 
 
+class ProbePoint(NamedTuple):
+    """Where a probe hooks a model: the tensor that module (a name from named_modules) takes ("input", a forward
+    pre-hook) or gives ("output", a forward hook), or its chunk (index, count), tensor.chunk(count, dim=-1)[index];
+    layer and op name it in the records (layer None outside the blocks)."""
+    layer: Optional[int]
+    op: str
+    module: str
+    io: str
+    chunk: Optional[tuple] = None
+
+
 class Probe:
     """Records max |x| (and std) of each point's tensor in forward order and, with backward=True, max |grad|
-    of each point's tensor in backward order. points: (layer, op, module_name, io, chunk) tuples."""
+    of each point's tensor in backward order. points: ProbePoints, or plain (layer, op, module, io, chunk)
+    tuples."""
 
     def __init__(self, model, points, backward=False, stats=False):
         modules = dict(model.named_modules())
-        missing = [p[2] for p in points if p[2] not in modules]
+        points = [ProbePoint(*point) for point in points]
+        missing = [p.module for p in points if p.module not in modules]
         if missing:
             raise ValueError(f"Probe: no module named {', '.join(map(repr, missing))} in the model")
-        wrong = [p[3] for p in points if p[3] not in ("output", "input")]
+        wrong = [p.io for p in points if p.io not in ("output", "input")]
         if wrong:
             raise ValueError(f"Probe: io must be 'output' or 'input', not {wrong[0]!r}")
         self.modules, self.points = modules, points
@@ -174,7 +188,7 @@ class Probe:
         return False
 
     def _install(self, point):
-        module, io, chunk = self.modules[point[2]], point[3], point[4]
+        module, chunk = self.modules[point.module], point.chunk
 
         def record(x):
             self._add(point, "forward", _part(x.detach(), chunk))
@@ -182,7 +196,7 @@ class Probe:
                 # Hook the module's own tensor: a chunk taken here is not in the graph and gets no gradient.
                 x.register_hook(lambda g: self._add(point, "backward", _part(g, chunk)) if self.active else None)
 
-        if io == "input":
+        if point.io == "input":
             return module.register_forward_pre_hook(lambda m, args: record(args[0]))
         return module.register_forward_hook(lambda m, args, out: record(_first_tensor(out)))
 
@@ -203,8 +217,7 @@ class Probe:
 
 
 def _record(point, pass_, values):
-    layer, op, name = point[:3]
-    rec = {"layer": layer, "op": op, "pass": pass_, "module": name, "max_abs": values[0]}
+    rec = {"layer": point.layer, "op": point.op, "pass": pass_, "module": point.module, "max_abs": values[0]}
     if len(values) > 1:
         rec["std"] = values[1]
     return rec
