@@ -77,7 +77,10 @@ class SpikeMonitor:
         if len(values) == self.window:
             mean = math.fsum(values) / len(values)
             std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
-            z = (x - mean) / std if std > 0 else (0.0 if x == mean else math.copysign(math.inf, x - mean))
+            if std > 0:
+                z = (x - mean) / std
+            else:
+                z = 0.0 if x == mean else math.copysign(math.inf, x - mean)
         values.append(x)
         return z
 
@@ -264,7 +267,9 @@ def _op(name, label):
 
 
 def _split(t, n):
-    return [t] * n if t is None else [t] if n == 1 else t.chunk(n, dim=0)
+    if t is None or n == 1:
+        return [t] * n
+    return t.chunk(n, dim=0)
 
 
 def _read(rows):

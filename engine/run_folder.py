@@ -89,13 +89,15 @@ def on_process_0(work, machine):
     """work() done by process 0 alone, and its failure (a UsageError or WriteError) raised on every process, so
     that all stop with its exit code; process 0 prints it. Returns what work returned (None on the other
     processes)."""
-    result, failure = None, None
+    result, code, failure = None, 0, None
     if machine.master:
         try:
             result = work()
-        except (UsageError, WriteError) as e:
-            failure = e
-    code = runtime.agree(2 if isinstance(failure, UsageError) else 1 if failure else 0, machine)
+        except UsageError as e:
+            code, failure = 2, e
+        except WriteError as e:
+            code, failure = 1, e
+    code = runtime.agree(code, machine)
     if code == 2:
         raise failure or UsageError("process 0 stopped the run")
     if code == 1:

@@ -32,6 +32,7 @@ from engine.flags import UsageError
 
 # what a gloo collective says when the process at the other end has exited
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
+STOP = 2  # the slot of a step's sums (after the cross-entropy and the z-loss term) that carries a stop request
 
 
 @dataclass
@@ -240,7 +241,7 @@ def host_read(sums, grad_norm, stop, machine):
     decisions, and a stop request (Ctrl-C) on any process rides along: all stop before the next step without
     a sync of their own."""
     if machine.ddp:
-        sums[2] = stop.requested
+        sums[STOP] = stop.requested
         dist.all_reduce(sums)
         sums /= machine.world_size
     loss, z_loss, stops, grad = torch.cat([sums, grad_norm.view(1).float()]).tolist()
