@@ -226,7 +226,7 @@ def write_prepared(folder, enc, text, source, tokenizer):
             except OSError as e:
                 raise cannot_write(folder / name, e) from None
         if folder.exists():
-            shutil.rmtree(folder)  # an older nanonorm's preparation, stopped before it was whole (no meta.json)
+            shutil.rmtree(folder)  # a preparation stopped before it was whole (no meta.json)
         os.replace(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

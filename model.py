@@ -186,7 +186,8 @@ PRESETS = {
     "lns": {"layer_norm_scaling": True},                                     # Curse of Depth, pre-LN
     # OLMo 2 (2024): x + RMSNorm(F(x)), QK-norm, a final norm (OLMo 2 normalizes q and k over all d, here per head)
     "olmo2": {"layout": "reordered", "norm": "rmsnorm", "qk_norm": True},
-    "magneto": {"subln": True},                                              # Foundation Transformers §2: Pre-LN + SubLN
+    # Foundation Transformers §2: Pre-LN + SubLN
+    "magneto": {"subln": True},
     # DyT in every norm slot. Without a norm, the 0.02-scale GPT-2 embeddings reach the first DyT as |x| ~ 0.02 and
     # leave it as ~0.01 (tanh(0.5 x) ~ 0.5 x), where LN would give O(1): --embed_scale (x sqrt(d)) gives O(1) tokens
     "dyt": {"norm": "dyt", "embed_scale": True},

@@ -61,7 +61,7 @@ def load_model(out_dir):
     checkpoint = read_checkpoint(path)  # torch.load(weights_only=True): a checkpoint runs no code
     try:
         model = GPT(GPTConfig(**checkpoint["model_config"]))
-        # nanoGPT issue #325: a compiled model's state_dict prefixes every name with _orig_mod.
+        # a compiled model's state_dict prefixes every name with _orig_mod.
         model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in checkpoint["model"].items()})
         tokenizer = checkpoint["train_config"]["tokenizer"]
     except (TypeError, ValueError, KeyError, RuntimeError, AttributeError) as e:

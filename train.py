@@ -298,7 +298,7 @@ CHOICES = {"preset": list(PRESETS)}  # allowed values of the flags whose type do
 
 
 def parse_flags(argv):
-    """{flag: value} of the flags a train.py command line sets (sweep.py and bench.py check theirs here too)."""
+    """{flag: value} of the flags a train.py command line sets."""
     return flags.parse(argv, GPTConfig, TrainConfig, choices=CHOICES)
 
 
@@ -326,7 +326,7 @@ def setup(argv, machine):
         checkpoint = run_folder.newest_checkpoint(tc.out_dir, machine.master)
         model_cfg, tc = config_checks.resume_configs(given, checkpoint, machine.world_size, tc)
         config_checks.check_train_config(tc, given)
-        tc = config_checks.absolute_paths(tc)  # a checkpoint of an older nanonorm may hold relative paths
+        tc = config_checks.absolute_paths(tc)  # a checkpoint's configs may hold relative paths
         events = run_folder.past_events(tc.out_dir, machine.master)
     device, tc = runtime.resolve_device(tc)
     # every process asks: data.prepare's file lock lets one process per disk tokenize while the others wait

@@ -1,6 +1,6 @@
-"""The papers' names of a GPT's operations, for the hooks of diagnostics/probes.py (train.py's telemetry, fp16
-headroom and forensics, the coord check) and for labeling weights and gains. This is instrumentation, not the
-model: model.py does not import it."""
+"""The papers' names of a GPT's operations, for the hooks of diagnostics/probes.py (telemetry, fp16 headroom
+and forensics, the coord check) and for labeling weights and gains. This is instrumentation, not the model:
+model.py does not import it."""
 from diagnostics.probes import ProbePoint
 from model import block_layout
 

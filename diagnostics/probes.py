@@ -21,22 +21,6 @@ How train.py uses it:
   Wortsman et al. 2023), and `Probe(stats=True)` records for the residual stream's std and max |x|
   (Spike No More §3) and the max attention logit `q@k` (Dehghani et al. 2023).
 
-API:
-- SpikeMonitor(window=100, z_threshold=5.0): .update(loss, grad_norm) -> (z_loss, z_grad); .is_spike(z_loss,
-  z_grad) -> bool; .state_dict() / .load_state_dict(state) (plain lists and floats: JSON- and
-  torch.load(weights_only=True)-safe).
-- Probe(model, points, backward=False, stats=False): context manager; .records after the pass(es).
-- first_overflow(records, limit=FP16_MAX) -> record or None; find_first_overflow(model, points,
-  run_micro_batch, limit=FP16_MAX) -> (record or None, records); headroom(records) -> rows.
-- weight_stats(model, before=None, splits=None, layer_re=LAYER_RE, label=None), gain_stats(model, ...),
-  buffer_stats(model, names=("running_psi2", "nu"), ...) -> rows of the "telemetry" event; logit_stats(logits)
-  -> {"mean", "max_abs", "mean_log_z"}. label(name) gives the op label (default: the module path); for
-  buffer_stats it gets the module name. Each reads the device once.
-- snapshot(model, parameters=True) -> {name: copy}; restore(model, snap).
-- DivergenceCheck(max_loss=None, margin=1.0, gap=1.5, window=10, tail=20, patience=3): .check(loss, grad_norm) -> reason
-  or None (grad_norm None: the loss alone, for a float16 step the loss scaler skipped); .tail (the last losses,
-  for the "diverged" event); .state_dict() / .load_state_dict(state).
-
 Spike monitor (llm.c's outlier detector; llm-foundry's KillLossSpike; ZClip): z = (x - mean) / std over the
 previous `window` values, std the population std. z is NaN until the window is full (as llm.c: a short
 window early in training, while the loss falls fast, flags ordinary steps). Every finite value enters the
@@ -88,6 +72,7 @@ class SpikeMonitor:
         return z_loss > self.z_threshold or z_grad > self.z_threshold
 
     def state_dict(self):
+        """Plain lists and numbers: safe for JSON and torch.load(weights_only=True)."""
         return {"window": self.window, "z_threshold": self.z_threshold,
                 "losses": list(self.losses), "grads": list(self.grads)}
 
@@ -132,8 +117,8 @@ class DivergenceCheck:
         return None
 
     def state_dict(self):
-        return {"max_loss": self.max_loss, "best_mean": self.best_mean, "above": self.above, "recent": list(self.recent),
-                "tail": list(self.tail)}
+        return {"max_loss": self.max_loss, "best_mean": self.best_mean, "above": self.above,
+                "recent": list(self.recent), "tail": list(self.tail)}
 
     def load_state_dict(self, state):
         self.max_loss, self.best_mean, self.above = state["max_loss"], state["best_mean"], state["above"]

@@ -4,9 +4,9 @@ one reader of log.jsonl, writes that are whole or absent, and the lock that lets
 Imports only the standard library: data.py and plot.py use it without loading torch.
 
 How train.py uses this (through run_folder.py and data.py): `claim(out_dir)` takes the run folder's lock before
-the run's first write and holds it until the process ends; `held_by(out_dir)` says which process holds a folder
-(sweep.py asks it before it starts a run). `read_log(path)` gives a log's events; `append_line` adds one,
-`write_atomic` writes config.json and the prepared data. A write that fails (disk full, a read-only filesystem)
+the run's first write and holds it until the process ends; `held_by(out_dir)` says which process holds a folder.
+`read_log(path)` gives a log's events; `append_line` adds one, `write_atomic` writes config.json and the
+checkpoints, and `write_and_sync` the prepared data. A write that fails (disk full, a read-only filesystem)
 is a WriteError naming the file and the cause, with the file as it was before: one line, exit code 1.
 """
 
@@ -106,8 +106,7 @@ def not_a_file(path):
 
 def nearest_existing(path):
     """path itself where anything is there (a symlink that leads nowhere counts), else the nearest path above it
-    that exists: what decides whether path is, or can become, a folder (train.py's --out_dir, sweep.py's, plot.py's
-    --out)."""
+    that exists: what decides whether path is, or can become, a folder."""
     path = os.path.normpath(path)
     while not os.path.lexists(path):
         path = os.path.dirname(path) or "."

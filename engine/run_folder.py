@@ -212,7 +212,7 @@ def newest_checkpoint(out_dir, master):
 
 def restore(checkpoint, model, optimizer, scaler, tc, machine):
     """A checkpoint's state into the fresh model, optimizer, scaler and RNGs; returns (step, best_val, best_step)."""
-    # nanoGPT issue #325: a compiled module's state_dict prefixes every name with _orig_mod.
+    # a compiled module's state_dict prefixes every name with _orig_mod.
     weights = {k.removeprefix("_orig_mod."): v for k, v in checkpoint["model"].items()}
     try:
         model.load_state_dict(weights)

@@ -99,7 +99,7 @@ def resolve_device(tc):
 def parameter_estimate(m):
     """The model's parameters, counted from its config without building it: the embeddings and every layer's
     matrices (attention's 4 d^2, the feed-forward's 2 or, for GEGLU, 3 times ffn_mult d^2). Biases, gains and
-    scales are left out: O(L d) against O(L d^2), a few percent at d = 32 (test_reliability.py checks it)."""
+    scales are left out: O(L d) against O(L d^2), a few percent at d = 32."""
     ffn = m.ffn_mult * m.n_embd * (3 if m.activation == "geglu" else 2)
     embeddings = m.vocab_size * m.n_embd * (1 if m.tie_embeddings else 2)
     positions = m.block_size * m.n_embd if m.pos == "learned" else 0
@@ -294,7 +294,7 @@ def format_duration(seconds):
 
 
 # Dense bf16 peak of common GPUs, FLOP/s (vendor datasheets, without sparsity). MFU = achieved model FLOP/s over
-# this peak (PaLM App. B); nanoGPT issue #182: a hard-coded A100 peak gives wrong MFU on any other GPU. The first
+# this peak (PaLM App. B); a hard-coded A100 peak (nanoGPT's) gives wrong MFU on any other GPU. The first
 # key found in the device's name wins, so a name that holds another ("H100 NVL" holds "H100") comes before it.
 GPU_PEAK_BF16 = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12), ("A100", 312e12),
                  ("L40S", 362e12), ("L40", 181e12), ("L4", 121e12), ("A10", 125e12), ("RTX 4090", 165e12),
