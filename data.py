@@ -28,7 +28,7 @@ import numpy as np
 import tiktoken
 from tiktoken_ext.openai_public import r50k_pat_str
 
-from engine.files import WriteError, cannot_write, write_atomic
+from engine.files import WriteError, cannot_write, write_and_sync, write_atomic
 from engine.flags import UsageError, build, fail, help_of, parse, print_help, wants_help
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -222,14 +222,11 @@ def write_prepared(folder, enc, text, source, tokenizer):
         contents = (("train.bin", train), ("val.bin", val), ("meta.json", json.dumps(meta, indent=2).encode()))
         for name, content in contents:
             try:
-                with open(tmp / name, "wb") as f:
-                    f.write(content)
-                    f.flush()
-                    os.fsync(f.fileno())
+                write_and_sync(tmp / name, content)
             except OSError as e:
                 raise cannot_write(folder / name, e) from None
         if folder.exists():
-            shutil.rmtree(folder)  # an older nanonorm's preparation, stopped before it was whole (no meta.json)
+            shutil.rmtree(folder)  # a preparation stopped before it was whole (no meta.json)
         os.replace(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

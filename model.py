@@ -473,7 +473,12 @@ class GPT(nn.Module):
         cfg = self.config
         d, n = cfg.n_embd, cfg.n_layer
         # Spike No More §3: "plain" sigma = sqrt(2 / 5d) (Nguyen & Salazar; Le Scao et al.); GPT-2 uses 0.02
-        sigma = cfg.init_std or (0.02 if cfg.init == "gpt2" else math.sqrt(2 / (5 * d)))
+        if cfg.init_std:
+            sigma = cfg.init_std
+        elif cfg.init == "gpt2":
+            sigma = 0.02
+        else:
+            sigma = math.sqrt(2 / (5 * d))
         sigma_out = {
             "gpt2": sigma / math.sqrt(2 * n),    # GPT-2 §2.3: scale residual-writing weights by 1/sqrt(2N)
             "plain": sigma,                      # Spike No More "plain": no depth scaling
@@ -492,14 +497,17 @@ class GPT(nn.Module):
         for module in self.modules():
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
-        # fairseq's Embedding, which NormFormer trained with: N(0, d^-1/2), and with --embed_scale (x sqrt(d), Vaswani
-        # et al. §3.4) tokens of std 1, the scale of the sinusoids they are added to
-        draw(self.wte.weight, d ** -0.5 if cfg.embed_init == "inv_sqrt_d" else None if cfg.init == "xavier" else sigma)
+        std_in = None if cfg.init == "xavier" else sigma  # None: xavier's own std for each matrix
+        std_embed = std_in
+        if cfg.embed_init == "inv_sqrt_d":
+            # fairseq's Embedding, which NormFormer trained with: N(0, d^-1/2), and with --embed_scale (x sqrt(d),
+            # Vaswani et al. §3.4) tokens of std 1, the scale of the sinusoids they are added to
+            std_embed = d ** -0.5
+        draw(self.wte.weight, std_embed)
         if self.wpe is not None:
-            draw(self.wpe.weight, None if cfg.init == "xavier" else sigma)
+            draw(self.wpe.weight, std_in)
         if not cfg.tie_embeddings:
-            draw(self.lm_head.weight, None if cfg.init == "xavier" else sigma)
-        std_in = None if cfg.init == "xavier" else sigma
+            draw(self.lm_head.weight, std_in)
         beta = deepnorm_beta(cfg) if cfg.layout == "deepnorm" else 1.0
         for layer, block in enumerate(self.blocks, start=1):
             draw(block.attn.qkv.weight, std_in, chunks=3)

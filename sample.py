@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 import data
-from engine import flags
+from engine import flags, runtime
 from engine.run_folder import read_checkpoint
 from engine.flags import UsageError, help_of
 from model import GPT, GPTConfig
@@ -43,20 +43,14 @@ def check(sc):
 
 
 def resolve_device(name):
-    """--device=auto is CUDA where there is a GPU, else the CPU; any other name must exist here."""
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+    """--device as a device of this machine (runtime.concrete_device); sample.py runs on the CPU or a CUDA GPU."""
     try:
-        device = torch.device(name)
+        kind = "auto" if name == "auto" else torch.device(name).type
     except RuntimeError:
         raise UsageError(f"--device={name} is not a device; use auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device={name}: CUDA is not available here; use --device=cpu")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise UsageError(f"--device={name}: this machine has {torch.cuda.device_count()} GPUs, cuda:0 and up")
-    if device.type not in ("cpu", "cuda"):
+    if kind not in ("auto", "cpu", "cuda"):
         raise UsageError(f"--device={name} is not supported; use auto, cpu, cuda or cuda:N")
-    return name
+    return runtime.concrete_device(name)
 
 
 def load_model(out_dir):
@@ -67,7 +61,7 @@ def load_model(out_dir):
     checkpoint = read_checkpoint(path)  # torch.load(weights_only=True): a checkpoint runs no code
     try:
         model = GPT(GPTConfig(**checkpoint["model_config"]))
-        # nanoGPT issue #325: a compiled model's state_dict prefixes every name with _orig_mod.
+        # a compiled model's state_dict prefixes every name with _orig_mod.
         model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in checkpoint["model"].items()})
         tokenizer = checkpoint["train_config"]["tokenizer"]
     except (TypeError, ValueError, KeyError, RuntimeError, AttributeError) as e:

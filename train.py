@@ -136,10 +136,13 @@ def train(model_cfg, tc, machine, checkpoint, events, folder, meta, stop):
             improved = losses["val"] < best_val
             if improved:
                 best_val, best_step = losses["val"], step
-        # a stop request ends the run here, after the step, or during the evaluation (then losses is None)
-        stopping = evaluated and losses is None or step < tc.max_iters and (
-            stop_everywhere if machine.ddp else stop.requested)
-        if losses and step > 0 and (improved or tc.always_save_checkpoint) or stopping and saved_at != step:
+        # a stop request ends the run here: one during the evaluation (then losses is None), or one during the step
+        stopped_in_eval = evaluated and losses is None
+        stop_requested = stop_everywhere if machine.ddp else stop.requested
+        stopping = stopped_in_eval or (stop_requested and step < tc.max_iters)
+        checkpoint_due = losses and step > 0 and (improved or tc.always_save_checkpoint)
+        unsaved_stop = stopping and saved_at != step
+        if checkpoint_due or unsaved_stop:
             run_folder.save(tc.out_dir, {
                 "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
                 "step": step, "best_val": best_val, "best_step": best_step, **instruments.state_dict(),
@@ -156,7 +159,8 @@ def train(model_cfg, tc, machine, checkpoint, events, folder, meta, stop):
         # TRAINING SECTION BEGIN: one optimizer step over grad_accum micro-batches on each process
         shape = sequence_shape(step, tc, model_cfg.block_size)
         pre_step = instruments.before_step()
-        sums = torch.zeros(3, device=machine.device)  # cross-entropy, z-loss term (means over micro-steps), stop
+        # cross-entropy and z-loss term (means over micro-steps), and runtime.STOP's slot for the stop request
+        sums = torch.zeros(3, device=machine.device)
         for micro in range(tc.grad_accum):
             x, y = get_batch(folder, "train", tc, machine, step, micro, shape=shape)
             # DDP: all-reduce the gradients only on the last micro-step
@@ -294,7 +298,7 @@ CHOICES = {"preset": list(PRESETS)}  # allowed values of the flags whose type do
 
 
 def parse_flags(argv):
-    """{flag: value} of the flags a train.py command line sets (sweep.py and bench.py check theirs here too)."""
+    """{flag: value} of the flags a train.py command line sets."""
     return flags.parse(argv, GPTConfig, TrainConfig, choices=CHOICES)
 
 
@@ -322,7 +326,7 @@ def setup(argv, machine):
         checkpoint = run_folder.newest_checkpoint(tc.out_dir, machine.master)
         model_cfg, tc = config_checks.resume_configs(given, checkpoint, machine.world_size, tc)
         config_checks.check_train_config(tc, given)
-        tc = config_checks.absolute_paths(tc)  # a checkpoint of an older nanonorm may hold relative paths
+        tc = config_checks.absolute_paths(tc)  # a checkpoint's configs may hold relative paths
         events = run_folder.past_events(tc.out_dir, machine.master)
     device, tc = runtime.resolve_device(tc)
     # every process asks: data.prepare's file lock lets one process per disk tokenize while the others wait

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from diagnostics import probes
 from diagnostics.probe_points import op_label, probe_points, weight_splits
-from engine.run_folder import log_event, pause_for_tests
+from engine.run_folder import log_event
 from engine.flags import UsageError
 
 # float16: a run whose gradients overflow even with the loss scaled below this has diverged (fairseq's
@@ -125,13 +125,14 @@ class Instruments:
         peaks = peaks.tolist()
         step_peaks = {}
         for (point, _, _), peak in zip(probe.pending, peaks):  # an op runs once per micro-batch
-            step_peaks[point[:3]] = max(peak, step_peaks.get(point[:3], 0.0))
+            key = point.layer, point.op, point.module
+            step_peaks[key] = max(peak, step_peaks.get(key, 0.0))
         self.peaks.append((step, step_peaks))
         over = next((i for i, peak in enumerate(peaks) if peak > probes.FP16_MAX), None)
         if over is None:
             return None
-        layer, op, module = probe.pending[over][0][:3]
-        return {"layer": layer, "op": op, "pass": "forward", "module": module, "max_abs": peaks[over]}
+        point = probe.pending[over][0]
+        return {"layer": point.layer, "op": point.op, "pass": "forward", "module": point.module, "max_abs": peaks[over]}
 
     def grew_most(self):
         """--fp16_overflow_fails, for a run that ended with no op over 65504: the op and layer whose forward max |x|
@@ -178,7 +179,6 @@ class Instruments:
         if verdict.spike:
             self.log({"event": "spike", "step": step + 1, "loss": loss, "grad_norm": grad_norm,
                       "z_loss_score": z_scores[0], "z_grad_score": z_scores[1], "skipped": verdict.skip})
-        pause_for_tests(f"step@{step + 1}")  # gradients computed, weights not yet updated
         return verdict
 
     def due(self, step):
@@ -265,7 +265,7 @@ class Instruments:
             notes.append("no op's output or gradient was above the float16 range (65504) or non-finite")
             if not self.tc.fp16_overflow_fails:
                 notes.append("--fp16_overflow_fails names the op whose max |x| grew the most")
-        if not any(op == "q@k" for _, op, *_ in self.points):
+        if not any(point.op == "q@k" for point in self.points):
             notes.append("q@k needs --attn_impl=manual")
         self.log({"event": "diverged", "step": step, "steps_survived": step, "lr": lr, "reason": reason,
                   "criterion": criterion, "loss_tail": list(self.divergence.tail), "failed_op": record,

@@ -1,6 +1,7 @@
-"""The papers' names of a GPT's operations, for the hooks of diagnostics/probes.py (train.py's telemetry, fp16
-headroom and forensics, the coord check) and for labeling weights and gains. This is instrumentation, not the
-model: model.py does not import it."""
+"""The papers' names of a GPT's operations, for the hooks of diagnostics/probes.py (telemetry, fp16 headroom
+and forensics, the coord check) and for labeling weights and gains. This is instrumentation, not the model:
+model.py does not import it."""
+from diagnostics.probes import ProbePoint
 from model import block_layout
 
 # The papers' names of what each module outputs (NormFormer Table 3 "failed operation", Fig. 3-4), by module
@@ -26,8 +27,8 @@ def output_of(module_name):
 
 
 def probe_points(model):
-    """Where to hook each operation the papers name, in forward order: a list of (layer, op, module_name,
-    io, chunk). A forward hook ("output") or forward pre-hook ("input") on module_name sees the tensor;
+    """Where to hook each operation the papers name, in forward order: a list of ProbePoint(layer, op, module,
+    io, chunk). A forward hook ("output") or forward pre-hook ("input") on module sees the tensor;
     chunk (index, count), when not None, means tensor.chunk(count, dim=-1)[index]. layer is None for
     `embed` (the input of block 0), `final_ln` and `logits`. Only operations this config has are listed
     (q@k needs --attn_impl=manual, attn_out_ln --scale_attn, ...).
@@ -59,12 +60,12 @@ def probe_points(model):
                       output_of("ffn_norm")],
     }
     modules = dict(model.named_modules())
-    points = [(None, "embed", "blocks.0", "input", None)]
+    points = [ProbePoint(None, "embed", "blocks.0", "input")]
     for i in range(cfg.n_layer):
-        points += [(i, op, f"blocks.{i}.{m}", io, chunk)
+        points += [ProbePoint(i, op, f"blocks.{i}.{m}", io, chunk)
                    for op, m, io, chunk in by_layout[block_layout(cfg, i)] if f"blocks.{i}.{m}" in modules]
-        points.append((i, "resid_ffn", f"blocks.{i}", "output", None))
-    points += [(None, TOP_OPS[m], m, "output", None) for m in ("final_norm", "lm_head") if m in modules]
+        points.append(ProbePoint(i, "resid_ffn", f"blocks.{i}", "output"))
+    points += [ProbePoint(None, TOP_OPS[m], m, "output") for m in ("final_norm", "lm_head") if m in modules]
     return points
 
 def weight_splits(model):

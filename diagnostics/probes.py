@@ -21,22 +21,6 @@ How train.py uses it:
   Wortsman et al. 2023), and `Probe(stats=True)` records for the residual stream's std and max |x|
   (Spike No More §3) and the max attention logit `q@k` (Dehghani et al. 2023).
 
-API:
-- SpikeMonitor(window=100, z_threshold=5.0): .update(loss, grad_norm) -> (z_loss, z_grad); .is_spike(z_loss,
-  z_grad) -> bool; .state_dict() / .load_state_dict(state) (plain lists and floats: JSON- and
-  torch.load(weights_only=True)-safe).
-- Probe(model, points, backward=False, stats=False): context manager; .records after the pass(es).
-- first_overflow(records, limit=FP16_MAX) -> record or None; find_first_overflow(model, points,
-  run_micro_batch, limit=FP16_MAX) -> (record or None, records); headroom(records) -> rows.
-- weight_stats(model, before=None, splits=None, layer_re=LAYER_RE, label=None), gain_stats(model, ...),
-  buffer_stats(model, names=("running_psi2", "nu"), ...) -> rows of the "telemetry" event; logit_stats(logits)
-  -> {"mean", "max_abs", "mean_log_z"}. label(name) gives the op label (default: the module path); for
-  buffer_stats it gets the module name. Each reads the device once.
-- snapshot(model, parameters=True) -> {name: copy}; restore(model, snap).
-- DivergenceCheck(max_loss=None, margin=1.0, gap=1.5, window=10, tail=20, patience=3): .check(loss, grad_norm) -> reason
-  or None (grad_norm None: the loss alone, for a float16 step the loss scaler skipped); .tail (the last losses,
-  for the "diverged" event); .state_dict() / .load_state_dict(state).
-
 Spike monitor (llm.c's outlier detector; llm-foundry's KillLossSpike; ZClip): z = (x - mean) / std over the
 previous `window` values, std the population std. z is NaN until the window is full (as llm.c: a short
 window early in training, while the loss falls fast, flags ordinary steps). Every finite value enters the
@@ -52,6 +36,7 @@ max_abs. Probe the uncompiled module: hooks do not see inside torch.compile's gr
 import math
 import re
 from collections import deque
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -76,7 +61,10 @@ class SpikeMonitor:
         if len(values) == self.window:
             mean = math.fsum(values) / len(values)
             std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
-            z = (x - mean) / std if std > 0 else (0.0 if x == mean else math.copysign(math.inf, x - mean))
+            if std > 0:
+                z = (x - mean) / std
+            else:
+                z = 0.0 if x == mean else math.copysign(math.inf, x - mean)
         values.append(x)
         return z
 
@@ -84,6 +72,7 @@ class SpikeMonitor:
         return z_loss > self.z_threshold or z_grad > self.z_threshold
 
     def state_dict(self):
+        """Plain lists and numbers: safe for JSON and torch.load(weights_only=True)."""
         return {"window": self.window, "z_threshold": self.z_threshold,
                 "losses": list(self.losses), "grads": list(self.grads)}
 
@@ -128,8 +117,8 @@ class DivergenceCheck:
         return None
 
     def state_dict(self):
-        return {"max_loss": self.max_loss, "best_mean": self.best_mean, "above": self.above, "recent": list(self.recent),
-                "tail": list(self.tail)}
+        return {"max_loss": self.max_loss, "best_mean": self.best_mean, "above": self.above,
+                "recent": list(self.recent), "tail": list(self.tail)}
 
     def load_state_dict(self, state):
         self.max_loss, self.best_mean, self.above = state["max_loss"], state["best_mean"], state["above"]
@@ -145,16 +134,29 @@ def _part(x, chunk):
     return x if chunk is None else x.chunk(chunk[1], dim=-1)[chunk[0]]
 
 
+class ProbePoint(NamedTuple):
+    """Where a probe hooks a model: the tensor that module (a name from named_modules) takes ("input", a forward
+    pre-hook) or gives ("output", a forward hook), or its chunk (index, count), tensor.chunk(count, dim=-1)[index];
+    layer and op name it in the records (layer None outside the blocks)."""
+    layer: Optional[int]
+    op: str
+    module: str
+    io: str
+    chunk: Optional[tuple] = None
+
+
 class Probe:
     """Records max |x| (and std) of each point's tensor in forward order and, with backward=True, max |grad|
-    of each point's tensor in backward order. points: (layer, op, module_name, io, chunk) tuples."""
+    of each point's tensor in backward order. points: ProbePoints, or plain (layer, op, module, io, chunk)
+    tuples."""
 
     def __init__(self, model, points, backward=False, stats=False):
         modules = dict(model.named_modules())
-        missing = [p[2] for p in points if p[2] not in modules]
+        points = [ProbePoint(*point) for point in points]
+        missing = [p.module for p in points if p.module not in modules]
         if missing:
             raise ValueError(f"Probe: no module named {', '.join(map(repr, missing))} in the model")
-        wrong = [p[3] for p in points if p[3] not in ("output", "input")]
+        wrong = [p.io for p in points if p.io not in ("output", "input")]
         if wrong:
             raise ValueError(f"Probe: io must be 'output' or 'input', not {wrong[0]!r}")
         self.modules, self.points = modules, points
@@ -174,7 +176,7 @@ class Probe:
         return False
 
     def _install(self, point):
-        module, io, chunk = self.modules[point[2]], point[3], point[4]
+        module, chunk = self.modules[point.module], point.chunk
 
         def record(x):
             self._add(point, "forward", _part(x.detach(), chunk))
@@ -182,7 +184,7 @@ class Probe:
                 # Hook the module's own tensor: a chunk taken here is not in the graph and gets no gradient.
                 x.register_hook(lambda g: self._add(point, "backward", _part(g, chunk)) if self.active else None)
 
-        if io == "input":
+        if point.io == "input":
             return module.register_forward_pre_hook(lambda m, args: record(args[0]))
         return module.register_forward_hook(lambda m, args, out: record(_first_tensor(out)))
 
@@ -203,8 +205,7 @@ class Probe:
 
 
 def _record(point, pass_, values):
-    layer, op, name = point[:3]
-    rec = {"layer": layer, "op": op, "pass": pass_, "module": name, "max_abs": values[0]}
+    rec = {"layer": point.layer, "op": point.op, "pass": pass_, "module": point.module, "max_abs": values[0]}
     if len(values) > 1:
         rec["std"] = values[1]
     return rec
@@ -251,7 +252,9 @@ def _op(name, label):
 
 
 def _split(t, n):
-    return [t] * n if t is None else [t] if n == 1 else t.chunk(n, dim=0)
+    if t is None or n == 1:
+        return [t] * n
+    return t.chunk(n, dim=0)
 
 
 def _read(rows):

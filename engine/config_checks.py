@@ -162,7 +162,7 @@ def resume_configs(given, checkpoint, world_size, tc):
 
 def check_resumed_data(checkpoint, meta):
     """A resumed run trains on the text it started on: the sha256 its checkpoint records is the prepared data's.
-    (A checkpoint of an older nanonorm records none, and is not checked.)"""
+    (A checkpoint that records none is not checked.)"""
     started_on, now = checkpoint.get("data_sha256"), meta["source"]["sha256"]
     if started_on and started_on != now:
         raise UsageError(f"--resume: the data has changed since the run started ({meta['source']['path']}: text sha256 "

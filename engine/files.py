@@ -4,9 +4,9 @@ one reader of log.jsonl, writes that are whole or absent, and the lock that lets
 Imports only the standard library: data.py and plot.py use it without loading torch.
 
 How train.py uses this (through run_folder.py and data.py): `claim(out_dir)` takes the run folder's lock before
-the run's first write and holds it until the process ends; `held_by(out_dir)` says which process holds a folder
-(sweep.py asks it before it starts a run). `read_log(path)` gives a log's events; `append_line` adds one,
-`write_atomic` writes config.json and the prepared data. A write that fails (disk full, a read-only filesystem)
+the run's first write and holds it until the process ends; `held_by(out_dir)` says which process holds a folder.
+`read_log(path)` gives a log's events; `append_line` adds one, `write_atomic` writes config.json and the
+checkpoints, and `write_and_sync` the prepared data. A write that fails (disk full, a read-only filesystem)
 is a WriteError naming the file and the cause, with the file as it was before: one line, exit code 1.
 """
 
@@ -32,16 +32,33 @@ def cannot_write(path, error):
     return WriteError(f"cannot write {path} ({error.strerror or error})")
 
 
-def write_atomic(path, data):
-    """data (bytes, or an array) as the file at path, whole or not at all: written to a temporary file beside it,
-    flushed to the disk, then renamed over path. Any failure, Ctrl-C included, removes the temporary file."""
-    tmp = f"{path}.{os.getpid()}.tmp"
+def write_and_sync(path, content):
+    """content as the file at path, flushed to the disk: bytes (or an array), or a function that writes to the
+    open binary file (torch.save of a checkpoint). Not atomic by itself: write_atomic renames the file into place,
+    data.py renames the folder that holds it."""
+    with open(path, "wb") as f:
+        if callable(content):
+            content(f)
+        else:
+            f.write(content)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_atomic(path, content, tmp=None):
+    """content (as write_and_sync takes it) as the file at path, whole or not at all: written to a temporary file
+    beside it (tmp, by default one per process), flushed to the disk, then renamed over path, and the rename
+    flushed too. Any failure, Ctrl-C included, removes the temporary file; an OSError is a WriteError naming
+    path, anything else is raised as it is."""
+    tmp = tmp or f"{path}.{os.getpid()}.tmp"
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        write_and_sync(tmp, content)
         os.replace(tmp, path)
+        folder = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+        try:
+            os.fsync(folder)  # the rename itself reaches the disk
+        finally:
+            os.close(folder)
     except BaseException as e:
         with contextlib.suppress(OSError):
             os.remove(tmp)
@@ -89,8 +106,7 @@ def not_a_file(path):
 
 def nearest_existing(path):
     """path itself where anything is there (a symlink that leads nowhere counts), else the nearest path above it
-    that exists: what decides whether path is, or can become, a folder (train.py's --out_dir, sweep.py's, plot.py's
-    --out)."""
+    that exists: what decides whether path is, or can become, a folder."""
     path = os.path.normpath(path)
     while not os.path.lexists(path):
         path = os.path.dirname(path) or "."

@@ -19,7 +19,6 @@ import dataclasses
 import json
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -30,13 +29,6 @@ from engine.files import WriteError
 from engine.flags import UsageError
 
 CHECKPOINT_KEYS = ("model", "optimizer", "scaler", "step", "best_val", "rng", "model_config", "train_config")
-
-
-def pause_for_tests(point):
-    """test_resume.py SIGKILLs a run paused here (NANONORM_PAUSE_AT=step@5, eval@6 or save@6) mid-operation."""
-    if os.environ.get("NANONORM_PAUSE_AT") == point:
-        print(f"paused at {point}", flush=True)
-        time.sleep(60)
 
 
 def check_out_dir(out_dir, fresh):
@@ -83,53 +75,48 @@ def is_empty(path):
 
 def claim(out_dir, fresh, machine):
     """The run folder's lock (files.claim), taken by process 0 for all the run's processes and held until it
-    exits; a fresh run checks again, under the lock, that no run has left its files there meanwhile. A failure is
-    raised on every process. Returns the lock's file (None on the other processes): keep it open."""
-    lock, failure = None, None
+    exits; a fresh run checks again, under the lock, that no run has left its files there meanwhile. Returns the
+    lock's file (None on the other processes): keep it open."""
+    def take():
+        lock = files.claim(out_dir)
+        if fresh:
+            refuse_a_run(out_dir)
+        return lock
+    return on_process_0(take, machine)
+
+
+def on_process_0(work, machine):
+    """work() done by process 0 alone, and its failure (a UsageError or WriteError) raised on every process, so
+    that all stop with its exit code; process 0 prints it. Returns what work returned (None on the other
+    processes)."""
+    result, code, failure = None, 0, None
     if machine.master:
         try:
-            lock = files.claim(out_dir)
-            if fresh:
-                refuse_a_run(out_dir)
-        except (UsageError, WriteError) as e:
-            failure = e
-    on_every_process(failure, machine)
-    return lock
-
-
-def on_every_process(failure, machine):
-    """Process 0's failure (a UsageError or WriteError, or None) raised on every process, so that all stop with its
-    exit code; process 0 prints it."""
-    code = runtime.agree(2 if isinstance(failure, UsageError) else 1 if failure else 0, machine)
+            result = work()
+        except UsageError as e:
+            code, failure = 2, e
+        except WriteError as e:
+            code, failure = 1, e
+    code = runtime.agree(code, machine)
     if code == 2:
         raise failure or UsageError("process 0 stopped the run")
     if code == 1:
         raise failure or WriteError("process 0 stopped the run")
+    return result
 
 
-def write_atomically(path, state):
-    """Write to path.tmp, flush it to the disk, then rename it over path; a failed or interrupted write (a second
-    Ctrl-C) removes the partial tmp."""
-    tmp = path + ".tmp"
+def write_checkpoint(path, state):
+    """state as the checkpoint at path, whole or not at all (files.write_atomic), or a WriteError that keeps the
+    previous one. The temporary file has one name, path.tmp, not one per process: only the process holding the
+    run folder's lock writes it, and a killed run's partial write is written over by the next save, not left
+    behind."""
     try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        pause_for_tests(f"save@{state['step']}")
-        os.replace(tmp, path)
-        folder = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-        try:
-            os.fsync(folder)  # the rename itself reaches the disk
-        finally:
-            os.close(folder)
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        if not isinstance(e, (OSError, RuntimeError)):
-            raise
-        cause = getattr(e, "strerror", None) or str(e).splitlines()[0]
-        raise WriteError(f"cannot write {path} ({cause}); the previous checkpoint is kept") from None
+        files.write_atomic(path, lambda f: torch.save(state, f), tmp=path + ".tmp")
+    except WriteError as e:
+        raise WriteError(f"{e}; the previous checkpoint is kept") from None
+    except RuntimeError as e:  # torch.save's report of a failed write (a full disk)
+        raise WriteError(f"cannot write {path} ({str(e).splitlines()[0]}); the previous checkpoint is kept") \
+            from None
 
 
 def numbered_checkpoints(out_dir):
@@ -146,7 +133,7 @@ def save_checkpoint(out_dir, state, keep):
     """ckpt.pt is the newest checkpoint; ckpt-<step>.pt (a hard link, no extra space) names each of the last
     `keep` ones and the one with the best val loss; older ones are deleted."""
     newest = os.path.join(out_dir, "ckpt.pt")
-    write_atomically(newest, state)
+    write_checkpoint(newest, state)
     numbered = os.path.join(out_dir, f"ckpt-{state['step']}.pt")
     try:
         with contextlib.suppress(FileNotFoundError):
@@ -154,7 +141,7 @@ def save_checkpoint(out_dir, state, keep):
         os.link(newest, numbered + ".tmp")
         os.replace(numbered + ".tmp", numbered)
     except OSError:
-        write_atomically(numbered, state)  # a file system without hard links
+        write_checkpoint(numbered, state)  # a file system without hard links
     steps = sorted(numbered_checkpoints(out_dir).items())
     for step, path in steps[:-keep]:
         if step != state["best_step"]:
@@ -181,13 +168,7 @@ def save(out_dir, state, keep, machine):
     """state and every process's RNG states as the newest checkpoint (process 0 writes), or WriteError on every
     process."""
     state = {**state, "rng": gather_rng_states(machine.world_size)}
-    failure = None
-    if machine.master:
-        try:
-            save_checkpoint(out_dir, state, keep)
-        except WriteError as e:
-            failure = e
-    on_every_process(failure, machine)
+    on_process_0(lambda: save_checkpoint(out_dir, state, keep), machine)
 
 
 def read_checkpoint(path):
@@ -231,7 +212,7 @@ def newest_checkpoint(out_dir, master):
 
 def restore(checkpoint, model, optimizer, scaler, tc, machine):
     """A checkpoint's state into the fresh model, optimizer, scaler and RNGs; returns (step, best_val, best_step)."""
-    # nanoGPT issue #325: a compiled module's state_dict prefixes every name with _orig_mod.
+    # a compiled module's state_dict prefixes every name with _orig_mod.
     weights = {k.removeprefix("_orig_mod."): v for k, v in checkpoint["model"].items()}
     try:
         model.load_state_dict(weights)
@@ -288,13 +269,7 @@ def start_run(model_cfg, tc, machine, model, resumed_step, events, folder, meta)
     """The run folder's files (write_run_files, by process 0; a failure stops every process) and the run's first
     lines. Returns the log's path."""
     log_path = os.path.join(tc.out_dir, "log.jsonl")
-    failure = None
-    if machine.master:
-        try:
-            write_run_files(model_cfg, tc, machine, resumed_step, events, meta)
-        except WriteError as e:
-            failure = e
-    on_every_process(failure, machine)
+    on_process_0(lambda: write_run_files(model_cfg, tc, machine, resumed_step, events, meta), machine)
     if not machine.master:
         return log_path
     sequences = tc.batch_size * tc.grad_accum * machine.world_size
@@ -321,7 +296,5 @@ def interrupted(step, tc, machine, log_path):
 
 
 def log_event(path, event):
-    """One line of log.jsonl, whole or not at all (files.append_line). (test_resume.py kills a run paused at its
-    step-6 eval: NANONORM_PAUSE_AT=eval@6.)"""
-    pause_for_tests(f"{event['event']}@{event['step']}")
+    """One line of log.jsonl, whole or not at all (files.append_line)."""
     files.append_line(path, json.dumps(event) + "\n")

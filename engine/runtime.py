@@ -32,7 +32,7 @@ from engine.flags import UsageError
 
 # what a gloo collective says when the process at the other end has exited
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
-clock = time.perf_counter  # the progress lines' clock (test_train.py replaces it with one that it advances)
+STOP = 2  # the slot of a step's sums (after the cross-entropy and the z-loss term) that carries a stop request
 
 
 @dataclass
@@ -62,20 +62,28 @@ class Machine:
         return self.device.split(":")[0]
 
 
-def resolve_device(tc):
-    """--device=auto and --dtype=auto made concrete: returns the device and tc with its dtype resolved."""
-    device = tc.device
+def concrete_device(name):
+    """--device=name as a device of this machine: auto is CUDA where there is a GPU, else the CPU; a named GPU or
+    MPS device that is not here is a UsageError."""
+    device = name
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device_type = device.split(":")[0]
     if device_type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device={tc.device}: CUDA is not available here; use --device=cpu")
-    if device_type == "cuda" and torch.device(device).index is not None and \
-            torch.device(device).index >= torch.cuda.device_count():
-        raise UsageError(f"--device={tc.device}: this machine has {torch.cuda.device_count()} GPUs (cuda:0 to "
+        raise UsageError(f"--device={name}: CUDA is not available here; use --device=cpu")
+    gpu = torch.device(device).index if device_type == "cuda" else None
+    if gpu is not None and gpu >= torch.cuda.device_count():
+        raise UsageError(f"--device={name}: this machine has {torch.cuda.device_count()} GPUs (cuda:0 to "
                          f"cuda:{torch.cuda.device_count() - 1})")
     if device_type == "mps" and not torch.backends.mps.is_available():
-        raise UsageError(f"--device={tc.device}: this torch has no MPS device; use --device=cpu")
+        raise UsageError(f"--device={name}: this torch has no MPS device; use --device=cpu")
+    return device
+
+
+def resolve_device(tc):
+    """--device=auto and --dtype=auto made concrete: returns the device and tc with its dtype resolved."""
+    device = concrete_device(tc.device)
+    device_type = device.split(":")[0]
     if tc.dtype == "auto":
         # CPUs without bf16 units run bf16 autocast 20-30x slower than float32 (measured on a 2-core AMD EPYC)
         bf16_ok = device_type == "cuda" and torch.cuda.is_bf16_supported()
@@ -91,7 +99,7 @@ def resolve_device(tc):
 def parameter_estimate(m):
     """The model's parameters, counted from its config without building it: the embeddings and every layer's
     matrices (attention's 4 d^2, the feed-forward's 2 or, for GEGLU, 3 times ffn_mult d^2). Biases, gains and
-    scales are left out: O(L d) against O(L d^2), a few percent at d = 32 (test_reliability.py checks it)."""
+    scales are left out: O(L d) against O(L d^2), a few percent at d = 32."""
     ffn = m.ffn_mult * m.n_embd * (3 if m.activation == "geglu" else 2)
     embeddings = m.vocab_size * m.n_embd * (1 if m.tie_embeddings else 2)
     positions = m.block_size * m.n_embd if m.pos == "learned" else 0
@@ -233,7 +241,7 @@ def host_read(sums, grad_norm, stop, machine):
     decisions, and a stop request (Ctrl-C) on any process rides along: all stop before the next step without
     a sync of their own."""
     if machine.ddp:
-        sums[2] = stop.requested
+        sums[STOP] = stop.requested
         dist.all_reduce(sums)
         sums /= machine.world_size
     loss, z_loss, stops, grad = torch.cat([sums, grad_norm.view(1).float()]).tolist()
@@ -266,15 +274,15 @@ class Progress:
     it out and times the steps after it."""
 
     def __init__(self, step):
-        self.first_step, self.timed_from, self.t0 = step, step, clock()
+        self.first_step, self.timed_from, self.t0 = step, step, time.perf_counter()
 
     def step_done(self, step, log_interval):
         if step == self.first_step + 1 and step % log_interval:
-            self.timed_from, self.t0 = step, clock()
+            self.timed_from, self.t0 = step, time.perf_counter()
 
     def lap(self, step):
         """Seconds per step since the last lap, and the steps it timed (first, last); the next lap starts here."""
-        now = clock()
+        now = time.perf_counter()
         seconds, timed = (now - self.t0) / (step - self.timed_from), (self.timed_from + 1, step)
         self.timed_from, self.t0 = step, now
         return seconds, timed
@@ -286,7 +294,7 @@ def format_duration(seconds):
 
 
 # Dense bf16 peak of common GPUs, FLOP/s (vendor datasheets, without sparsity). MFU = achieved model FLOP/s over
-# this peak (PaLM App. B); nanoGPT issue #182: a hard-coded A100 peak gives wrong MFU on any other GPU. The first
+# this peak (PaLM App. B); a hard-coded A100 peak (nanoGPT's) gives wrong MFU on any other GPU. The first
 # key found in the device's name wins, so a name that holds another ("H100 NVL" holds "H100") comes before it.
 GPU_PEAK_BF16 = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12), ("A100", 312e12),
                  ("L40S", 362e12), ("L40", 181e12), ("L4", 121e12), ("A10", 125e12), ("RTX 4090", 165e12),

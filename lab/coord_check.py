@@ -45,16 +45,16 @@ class CoordOptions:
 
 
 class MeanAbs:
-    """Forward hooks recording mean |x| of each probe point's tensor: (layer, op, module, io, chunk) tuples, as
-    GPT.probe_points gives them; chunk (j, n) means tensor.chunk(n, dim=-1)[j]."""
+    """Forward hooks recording mean |x| of each probe point's tensor (ProbePoints, as probe_points gives them;
+    chunk (j, n) means tensor.chunk(n, dim=-1)[j])."""
 
     def __init__(self, model, points):
         modules = dict(model.named_modules())
         self.values = []
         self.handles = []
         for point in points:
-            module, io = modules[point[2]], point[3]
-            if io == "input":
+            module = modules[point.module]
+            if point.io == "input":
                 self.handles.append(module.register_forward_pre_hook(functools.partial(self.on_input, point)))
             else:
                 self.handles.append(module.register_forward_hook(functools.partial(self.on_output, point)))
@@ -66,9 +66,9 @@ class MeanAbs:
         self.record(point, out[0] if isinstance(out, (tuple, list)) else out)
 
     def record(self, point, x):
-        chunk = point[4]
+        chunk = point.chunk
         part = x if chunk is None else x.chunk(chunk[1], dim=-1)[chunk[0]]
-        self.values.append((point[0], point[1], upcast(part.detach()).abs().mean()))
+        self.values.append((point.layer, point.op, upcast(part.detach()).abs().mean()))
 
     def remove(self):
         for handle in self.handles:

@@ -22,7 +22,7 @@ from engine import flags
 import model
 from engine import runtime
 import train
-from test_resume import corpus  # noqa: F401 (a fixture: the same tiny corpus)
+from test_resume import PAUSED_TRAIN, corpus  # noqa: F401 (corpus: a fixture, the same tiny corpus)
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
@@ -69,7 +69,9 @@ def wait_for(process, printed):
 def test_a_held_out_dir_refuses_a_second_run_and_a_killed_holder_releases_it(corpus, tmp_path):
     out = tmp_path / "out"
     run = flags_of(corpus, out, "--max_iters=6", "--eval_interval=2")
-    holder = start(run, NANONORM_PAUSE_AT="step@3")  # paused (asleep) inside step 3, after the step-2 checkpoint
+    # paused (asleep) inside step 3, after the step-2 checkpoint
+    holder = subprocess.Popen([sys.executable, "-c", PAUSED_TRAIN, "step@3", *run], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, cwd=HERE, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         wait_for(holder, "paused at step@3")
         assert files.held_by(out) == f"PID {holder.pid} on {socket.gethostname()}"

@@ -237,8 +237,49 @@ def start(command, out, **env):
                             env={**os.environ, "OMP_NUM_THREADS": "1", **env})
 
 
+# train.py with pause points, run as python -c PAUSED_TRAIN <point> <flags>: at the point it prints "paused at
+# <point>" and sleeps, for a test to kill it there. step@N: step N's gradients computed, weights not yet updated;
+# eval@N: step N's eval line about to be logged; save@N: step N's checkpoint written but not yet renamed into place.
+PAUSED_TRAIN = """
+import sys, time
+import torch
+import train
+from diagnostics.instruments import Instruments
+from engine import run_folder
+
+point = sys.argv.pop(1)
+judge, log_event, save = Instruments.judge, run_folder.log_event, torch.save
+
+
+def pause(at):
+    if at == point:
+        print(f"paused at {point}", flush=True)
+        time.sleep(60)
+
+
+def judged(self, step, *args):
+    verdict = judge(self, step, *args)
+    pause(f"step@{step + 1}")
+    return verdict
+
+
+def logged(path, event):
+    pause(f"{event['event']}@{event['step']}")
+    log_event(path, event)
+
+
+def saved(state, f, *args, **kwargs):
+    save(state, f, *args, **kwargs)
+    pause(f"save@{state['step']}")
+
+
+Instruments.judge, run_folder.log_event, torch.save = judged, logged, saved
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
 def kill_when(process, printed):
-    """SIGKILL the run once it prints `printed` (a pause point of train.py's, where it then sleeps)."""
+    """SIGKILL the run once it prints `printed` (a pause point of PAUSED_TRAIN's, where it then sleeps)."""
     deadline = time.time() + 120
     while time.time() < deadline and process.poll() is None:
         if printed in process.stdout.readline():
@@ -255,7 +296,7 @@ def test_kill_9_leaves_a_loadable_checkpoint_and_resume_continues_exactly(corpus
     point, not at a time read off the log (a 9-step run of this size can end before a poll sees step 4)."""
     out = tmp_path / "out"
     run = flags(corpus, out, "--max_iters=9", "--eval_interval=3")
-    process = start([sys.executable, "train.py", *run], out, NANONORM_PAUSE_AT=point)
+    process = start([sys.executable, "-c", PAUSED_TRAIN, point, *run], out)
     kill_when(process, f"paused at {point}")
     assert torch.load(out / "ckpt.pt", weights_only=True)["step"] == 3
     assert (out / "ckpt.pt.tmp").exists() == (point == "save@6")  # the partial write was never renamed
