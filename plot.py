@@ -1,6 +1,6 @@
 """
-Pictures of nanonorm runs, read from their log.jsonl (and a sweep's summary.json); the only file that
-imports matplotlib. Any number of run folders (train.py --out_dir) and sweep folders (sweep.py --out_dir):
+Pictures of nanonorm runs, read from their log.jsonl (and a sweep's summary.json), drawn with matplotlib
+(lab/figures.py). Any number of run folders (train.py --out_dir) and sweep folders (sweep.py --out_dir):
     python plot.py out/baseline out/normformer --out=plots
     python plot.py sweeps/lr --out=plots --op=fc2
 writes into --out:
@@ -14,10 +14,10 @@ and for each run whose log has the events (train.py --telemetry_interval, --fp16
     headroom_<run>.png        max |x| per op and layer at the last headroom step against float16's 65504
 A plot whose events are absent is skipped with a note.
 
-The results page: `python plot.py --experiments=sweeps --out=docs` reads the summary.json of every recipe's
-sweep under sweeps/ (python sweep.py --recipe=NAME) and writes docs/experiments.md, a headline table and a
-section per claim (the paper's words and number, ours, p, verdict, deviations, command), and a figure per recipe
-in docs/experiments/. It reads nothing else, so the page cannot drift from the data.
+The results page (lab/results_page.py): `python plot.py --experiments=sweeps --out=docs` reads the summary.json of
+every recipe's sweep under sweeps/ (python sweep.py --recipe=NAME) and writes docs/experiments.md, a headline table
+and a section per claim (the paper's words and number, ours, p, verdict, deviations, command), and a figure per
+recipe in docs/experiments/. It reads nothing else, so the page cannot drift from the data.
 
 A log.jsonl or summary.json that is not what train.py or sweep.py write (not JSON, lacking a key a plot reads, a
 folder in the file's place), or an --out that cannot be a folder, is bad input: one line naming the file (and line),
@@ -27,97 +27,17 @@ file is written whole or not at all; a write that fails (disk full, read-only) i
 
 import dataclasses
 import glob
-import io
-import json
 import math
 import os
-import statistics
 import sys
 from dataclasses import dataclass
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display needed
-import matplotlib.pyplot as plt  # noqa: E402
-import matplotlib.ticker  # noqa: E402
-
-from engine import files  # noqa: E402
-from engine import flags  # noqa: E402
-from engine.flags import UsageError, help_of  # noqa: E402
-
-FP16_MAX = 65504.0
-LINE_STYLES = ("-", "--", ":", "-.")
-NUMBER = (int, float)
-MAYBE_NUMBER = (int, float, type(None))
-JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", type(None): "null",
-              list: "a list", dict: "an object"}
-
-# What plot.py reads of the files train.py and sweep.py write, so that a foreign file is refused before anything is
-# drawn: a dict is a JSON object with at least these keys, [x] a list whose items are each x, a type (or a tuple
-# of types) the value's type, a set the values allowed, None any value.
-EVENTS = {
-    "train": {"step": int, "loss": NUMBER, "lr": NUMBER, "grad_norm": MAYBE_NUMBER},  # None: an fp16 overflow step
-    "eval": {"step": int, "val_loss": NUMBER},
-    "spike": {"step": int, "loss": NUMBER},
-    "telemetry": {"step": int,
-                  "weights": [{"layer": None, "op": None, "name": str, "grad_mean_abs": NUMBER, "grad_l2": NUMBER}],
-                  "gains": [{"layer": None, "op": None, "name": str, "mean": NUMBER, "std": NUMBER, "min": NUMBER,
-                             "max": NUMBER}],
-                  "attn_logit_max": [{"layer": int, "value": NUMBER}],
-                  "norm_stats": [{"layer": None, "op": None, **{f"{stat}_{k}": NUMBER for stat in ("psi2", "nu")
-                                                                for k in ("mean", "min", "max")}}]},
-    "headroom": {"step": int, "ops": [{"layer": None, "op": None, "pass": None, "max_abs": NUMBER}]},
-}
-SWEEP = {"mode": str}
-LR_SWEEP = {"variants": [{"variant": str, "init_loss": NUMBER}],
-            "runs": [{"variant": str, "lr": str, "status": str, "final_loss": MAYBE_NUMBER}]}
-SIDE = {"median": None, "min": None, "max": None, "n": None}
-RECIPE_SUMMARY = {
-    "recipe": {"name": str, "title": str, "order": int, "scale": str, "paper": None, "quote": None, "reference": None,
-               "figure": {"ramp", "loss_vs_lr", "logits", "metric"}, "variants": [str], "lrs": [str], "seeds": int,
-               "claims": [{"variant": str, "metric": str, "expect": None, "paper_number": None}],
-               "deviations": None, "command": None, "train_argv": [str]},
-    "machine": {"hardware": None, "load": NUMBER, "torch": None, "date": None},
-    "wall_s": NUMBER,
-    "comparisons": [{"variant": str, "metric": str, "reference": None, "lr": None, "reference_lr": None,
-                     "variant_values": SIDE, "reference_values": SIDE, "p": NUMBER, "p_exact": None, "verdict": None}],
-    "variants": [{"variant": str}],
-    "runs": [{"variant": str, "lr": str, "status": str, "final_loss": MAYBE_NUMBER, "peak_lr": MAYBE_NUMBER,
-              "steps_survived": MAYBE_NUMBER, "spikes": int, "attn_logit_max": MAYBE_NUMBER, "log_z": MAYBE_NUMBER,
-              "curve": [[NUMBER]], "logit_curve": [[MAYBE_NUMBER]]}],
-}
-# a variant row that names how its runs ended (recipe_section) also needs the counts: named key -> what it needs
-ENDED_ROW = {"criterion": {"criterion_count": int, "runs": int}, "failed_op": {"failed_op_count": int},
-             "grew_most": {"grew_most_count": int}}
-SUMMARY_ALLOWED = "plot.py reads the summary.json that sweep.py writes (the sweep's command again rewrites it)"
-
-
-def mismatch(value, shape, where):
-    """Where value is not of the shape (as EVENTS describes shapes), such as "runs[2].lr is missing"; None where it
-    is."""
-    if isinstance(shape, dict):
-        if not isinstance(value, dict):
-            return f"{where or 'it'} is {JSON_NAMES[type(value)]}, not an object"
-        for key, inner in shape.items():
-            name = f"{where}.{key}" if where else key
-            found = f"{name} is missing" if key not in value else mismatch(value[key], inner, name)
-            if found:
-                return found
-    elif isinstance(shape, list):
-        if not isinstance(value, list):
-            return f"{where} is {JSON_NAMES[type(value)]}, not a list"
-        for i, item in enumerate(value):
-            found = mismatch(item, shape[0], f"{where}[{i}]")
-            if found:
-                return found
-    elif isinstance(shape, set):
-        if value not in shape:
-            return f"{where} is {json.dumps(value)[:40]}, not one of {', '.join(sorted(shape))}"
-    elif shape is not None and not isinstance(value, shape):
-        kinds = shape if isinstance(shape, tuple) else (shape,)
-        expected = " or ".join(JSON_NAMES[kind] for kind in kinds if not (kind is int and float in kinds))
-        return f"{where} is {JSON_NAMES[type(value)]}, not {expected}"
-    return None
+from engine import files
+from engine import flags
+from engine.flags import UsageError, help_of
+from lab import schema
+from lab.figures import FP16_MAX, legend_outside, log_lr_axis, make_folder, plt, save_png
+from lab.results_page import experiments_page
 
 
 def read_events(path):
@@ -127,43 +47,18 @@ def read_events(path):
     if note:
         print(f"plot.py: {note}", file=sys.stderr)
     for line, event in enumerate(events, 1):  # read_log gives one event a line, or refuses the log
-        found = mismatch(event, EVENTS.get(event["event"]), "")
+        found = schema.mismatch(event, schema.EVENTS.get(event["event"]), "")
         if found:
             raise UsageError(f"{path}:{line}: {event['event']} event: {found}; it is not a log nanonorm wrote")
     return events
 
 
-def read_summary(path):
-    """A summary.json as a dict; a UsageError naming the file where it is not a file, not JSON or not an object."""
-    problem = files.not_a_file(path)
-    if problem:
-        raise UsageError(f"{path} is {problem}; {SUMMARY_ALLOWED}")
-    try:
-        with open(path, "rb") as f:
-            summary = json.loads(f.read().decode("utf-8"))
-    except OSError as e:
-        raise UsageError(f"{path}: cannot read it ({e.strerror}); {SUMMARY_ALLOWED}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"{path}: not UTF-8 text; {SUMMARY_ALLOWED}") from None
-    except ValueError:
-        raise UsageError(f"{path}: not JSON; {SUMMARY_ALLOWED}") from None
-    if not isinstance(summary, dict):
-        raise UsageError(f"{path}: {JSON_NAMES[type(summary)]}, not an object; {SUMMARY_ALLOWED}")
-    return summary
-
-
-def check_summary(path, summary, shape):
-    found = mismatch(summary, shape, "")
-    if found:
-        raise UsageError(f"{path}: {found}; {SUMMARY_ALLOWED}")
-
-
 def sweep_summary(path):
     """A sweep folder's summary.json with what plot_loss_vs_lr reads (all of it for an --mode=lr sweep)."""
-    summary = read_summary(path)
-    check_summary(path, summary, SWEEP)
+    summary = schema.read_summary(path)
+    schema.check_summary(path, summary, schema.SWEEP)
     if summary["mode"] == "lr":
-        check_summary(path, summary, LR_SWEEP)
+        schema.check_summary(path, summary, schema.LR_SWEEP)
     return summary
 
 
@@ -198,14 +93,6 @@ def of_kind(events, kind):
 
 def slug(label):
     return "".join(c if c.isalnum() or c in "-.=" else "_" for c in label)
-
-
-def save_png(fig, path, **options):
-    """fig as a PNG at path, whole or not at all (files.write_atomic); a failed write is a files.WriteError."""
-    picture = io.BytesIO()
-    fig.savefig(picture, format="png", **options)
-    plt.close(fig)
-    files.write_atomic(path, picture.getvalue())
 
 
 def save(fig, out, name):
@@ -370,326 +257,6 @@ def plot_headroom(label, headroom, out):
     save(fig, out, f"headroom_{slug(label)}.png")
 
 
-def read_recipe_summaries(root):
-    """The summary.json of every recipe's sweep under root (sweep.py --recipe writes its recipe into it), in the
-    order recipes.py lists the recipes, CPU before GPU scale."""
-    found = {}
-    for path in sorted(glob.glob(os.path.join(glob.escape(root), "**", "summary.json"), recursive=True)):
-        summary = read_summary(path)
-        if not summary.get("recipe"):
-            continue
-        check_recipe_summary(path, summary)
-        key = (summary["recipe"]["order"], summary["recipe"]["scale"])
-        if key in found:
-            raise UsageError(f"{found[key][0]} and {path} are both sweeps of recipe {summary['recipe']['name']} "
-                             f"({summary['recipe']['scale']} scale); the page shows one: move the other out of {root}")
-        found[key] = (path, summary)
-    if not found:
-        raise UsageError(f"{root} holds no recipe's summary.json; run python sweep.py --recipe=NAME first")
-    return [summary for _, (_, summary) in sorted(found.items())]
-
-
-def check_recipe_summary(path, summary):
-    """A UsageError naming path where the summary lacks what the results page reads."""
-    check_summary(path, summary, RECIPE_SUMMARY)
-    for i, row in enumerate(summary["variants"]):
-        for key, needs in ENDED_ROW.items():
-            found = mismatch(row, needs, f"variants[{i}]") if row.get(key) else None
-            if found:
-                raise UsageError(f"{path}: {found} beside {key}; {SUMMARY_ALLOWED}")
-
-
-def family_styles(variants):
-    """{variant: (color, line style)}: one color per variant family (the preset a variant starts from), and a
-    line style of its own for each variant of a family (dn_deepnorm+n_layer=6, ...=18, ...=36)."""
-    families = list(dict.fromkeys(v.split("+")[0] for v in variants))
-    styles, seen = {}, {}
-    for variant in variants:
-        family = variant.split("+")[0]
-        seen[family] = seen.get(family, -1) + 1
-        styles[variant] = (f"C{families.index(family) % 10}", LINE_STYLES[seen[family] % len(LINE_STYLES)])
-    return styles
-
-
-def legend_outside(ax):
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
-
-
-def log_lr_axis(ax, label):
-    """A log-x LR axis labeled at 1, 2 and 5 times the powers of ten, as plain numbers."""
-    ax.set(xscale="log", xlabel=label)
-    ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
-    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-
-
-def save_small(fig, path):
-    """A small PNG for the results page."""
-    save_png(fig, path, dpi=80, bbox_inches="tight")
-
-
-def figure_ramp(summary, ax):
-    """Train loss along the LR ramp against the LR (log-x), one line per run, x where a run diverged (NormFormer
-    final Fig. 5 plots the LR each run reached)."""
-    styles = family_styles(summary["recipe"]["variants"])
-    for variant, (color, style) in styles.items():
-        for i, run in enumerate(r for r in summary["runs"] if r["variant"] == variant and r["curve"]):
-            points = [(lr, loss) for _, lr, loss in run["curve"] if lr > 0 and math.isfinite(loss)]
-            ax.plot(*zip(*points), style, color=color, lw=1, alpha=0.8, label=None if i else variant)
-            if run["status"] == "diverged" and points:  # at the LR it diverged at, beside its last logged loss
-                ax.plot(run["peak_lr"], points[-1][1], "x", color=color, ms=8, mew=2)
-    log_lr_axis(ax, "learning rate (rising each step)")
-    ax.set(ylabel="train loss (x: diverged)")
-
-
-def figure_loss_vs_lr(summary, ax):
-    """Final val loss against the LR (log-x): the median over seeds as a line, each seed a dot, a diverged run an x
-    above the highest finite loss."""
-    runs = summary["runs"]
-    finite = [r["final_loss"] for r in runs if r["final_loss"] is not None and math.isfinite(r["final_loss"])]
-    top = max(finite, default=1.0) * 1.05
-    for variant, (color, style) in family_styles(summary["recipe"]["variants"]).items():
-        mine = [r for r in runs if r["variant"] == variant and r["status"] != "unfinished"]
-        lrs = sorted({float(r["lr"]) for r in mine})
-        medians = [statistics.median(r["final_loss"] for r in mine if float(r["lr"]) == lr) for lr in lrs]
-        ax.plot([lr for lr, m in zip(lrs, medians) if math.isfinite(m)], [m for m in medians if math.isfinite(m)],
-                style, color=color, label=variant)
-        ax.plot([float(r["lr"]) for r in mine if r["status"] == "done"],
-                [r["final_loss"] for r in mine if r["status"] == "done"], "o", color=color, ms=3)
-        diverged = [float(r["lr"]) for r in mine if r["status"] == "diverged"]
-        ax.plot(diverged, [top] * len(diverged), "x", color=color, ms=8, mew=2)
-    log_lr_axis(ax, "peak learning rate")
-    grid = sorted({float(r["lr"]) for r in runs})
-    ax.set_xticks(grid, [f"{lr:g}" for lr in grid])  # the sweep's own LRs
-    ax.set(ylabel="final val loss (line: median; x: diverged)")
-
-
-def figure_logits(summary, axes):
-    """The largest attention logit and |mean log Z| over steps, log-y, one line per run (Wortsman et al. 2023
-    §3.1 and §3.2 plot the same growth)."""
-    for variant, (color, style) in family_styles(summary["recipe"]["variants"]).items():
-        for i, run in enumerate(r for r in summary["runs"] if r["variant"] == variant and r["logit_curve"]):
-            steps = [point[0] for point in run["logit_curve"]]
-            for ax, column in zip(axes, (1, 2)):
-                values = [point[column] for point in run["logit_curve"]]
-                if None not in values:
-                    ax.plot(steps, values, style, color=color, lw=1, label=None if i else variant)
-    axes[0].set(yscale="log", xlabel="step", ylabel="max attention logit")
-    axes[1].set(yscale="log", xlabel="step", ylabel="abs(mean log Z) of the output")
-    for ax in axes:
-        low, high = ax.get_ylim()
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-        # within one decade there is no power of ten to label: label the minor ticks instead
-        minor = matplotlib.ticker.FormatStrFormatter("%g") if high < 10 * low else matplotlib.ticker.NullFormatter()
-        ax.yaxis.set_minor_formatter(minor)
-
-
-def figure_metric(summary, ax):
-    """The claims' metric for each variant: every seed a dot, the median a bar (in the variant's line style), the
-    number of diverged runs (inf, the worst value) written above."""
-    metrics = list(dict.fromkeys(claim["metric"] for claim in summary["recipe"]["claims"]))
-    styles = family_styles(summary["recipe"]["variants"])
-    for x, variant in enumerate(summary["recipe"]["variants"]):
-        values = [run_value(run, metrics[0]) for run in summary["runs"] if run["variant"] == variant
-                  and run["status"] != "unfinished" and run["lr"] == metrics[0].partition("@")[2]]
-        color, style = styles[variant]
-        finite = [v for v in values if v is not None and math.isfinite(v)]
-        ax.plot([x] * len(finite), finite, "o", color=color, ms=4, alpha=0.7, label=variant)
-        if values and None not in values:
-            # the median over every seed, a diverged one (inf) included, as the comparison counts it
-            median = statistics.median(values)
-            ax.plot([x - 0.3, x + 0.3], [median if math.isfinite(median) else ax.get_ylim()[1]] * 2, style,
-                    color=color, lw=2)
-        diverged = len(values) - len(finite)
-        if diverged:
-            ax.annotate(f"{diverged} diverged", (x, 1.0), xycoords=("data", "axes fraction"), ha="center",
-                        va="bottom", fontsize=7, color=color)
-    ax.set_xticks(range(len(summary["recipe"]["variants"])), summary["recipe"]["variants"], rotation=30,
-                  ha="right", fontsize=7)
-    ax.set(ylabel=metric_label(metrics[0]))
-
-
-def run_value(run, metric):
-    """One run's value of a sweep metric NAME@LR, a diverged run inf where lower is better (as sweep.py counts it)."""
-    name = metric.partition("@")[0]
-    if run["status"] == "diverged" and name not in ("steps_survived", "peak_lr"):
-        return math.inf
-    return run[name]
-
-
-def metric_label(metric):
-    name, _, lr = metric.partition("@")
-    return {"steps_survived": f"steps survived, LR ramp to {lr}", "peak_lr": f"LR reached, ramp to {lr}",
-            "final_loss": f"final val loss at LR {lr}", "best_loss": "final val loss, each at its best LR",
-            "spikes": f"loss spikes at LR {lr}", "attn_logit_max": f"max attention logit at the end, LR {lr}",
-            "log_z": f"abs(mean log Z) at the end, LR {lr}"}[name]  # no "|": the label goes into Markdown tables
-
-
-def recipe_figure(summary, path):
-    """The figure of one recipe, as its recipe asks (recipes.Recipe.figure); the title names the recipe, no path."""
-    kind = summary["recipe"]["figure"]
-    fig, axes = plt.subplots(1, 2 if kind == "logits" else 1, figsize=(9 if kind == "logits" else 6, 3.6))
-    {"ramp": figure_ramp, "loss_vs_lr": figure_loss_vs_lr, "logits": figure_logits, "metric": figure_metric}[kind](
-        summary, axes)
-    legend_outside(axes[-1] if kind == "logits" else axes)
-    fig.tight_layout(rect=(0, 0, 1, 0.94))  # room for the title
-    fig.suptitle(f"{summary['recipe']['name']}: {summary['recipe']['title']}", fontsize=8)
-    save_small(fig, path)
-
-
-def value_text(value):
-    if value is None:
-        return "n/a"
-    if isinstance(value, float) and not math.isfinite(value):
-        return "diverged" if value > 0 else str(value)
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def side_text(side):
-    """median [min, max], n seeds."""
-    return f"{value_text(side['median'])} [{value_text(side['min'])}, {value_text(side['max'])}], n = {side['n']}"
-
-
-def claim_rows(summary):
-    """(claim, the sweep's comparison of it) for each of the recipe's claims; the comparison is None where its
-    runs have not finished."""
-    found = {(row["variant"], row["metric"]): row for row in summary["comparisons"]}
-    return [(claim, found.get((claim["variant"], claim["metric"]))) for claim in summary["recipe"]["claims"]]
-
-
-def ours_text(row):
-    if row is None:
-        return "not run yet"
-    lrs = f" (LR {row['lr']} vs {row['reference_lr']})" if row["metric"] == "best_loss" else ""
-    return f"{side_text(row['variant_values'])} vs {side_text(row['reference_values'])}{lrs}"
-
-
-def headline(summaries):
-    lines = ["| recipe | claim | paper | metric | ours: variant vs reference, median [min, max] | p | verdict |",
-             "|---|---|---|---|---|---|---|"]
-    for summary in summaries:
-        recipe = summary["recipe"]
-        for claim, row in claim_rows(summary):
-            lines.append(f"| [{recipe['name']}](#{recipe['name']}) | {claim['variant']} vs "
-                         f"{row['reference'] if row else recipe['reference']}, expected {claim['expect']} | "
-                         f"{recipe['paper']} | {metric_label(claim['metric'])} | "
-                         f"{ours_text(row)} | {p_text(row)} | {row['verdict'] if row else ''} |")
-    return "\n".join(lines)
-
-
-def p_text(row):
-    return f"{row['p']:.3g} ({row['p_exact']})" if row else ""
-
-
-def without_paths(argv):
-    """The flags with an absolute path (a --data_dir of this machine) shown as <path>: the page names no machine's
-    folders."""
-    return [f"{arg.partition('=')[0]}=<path>" if os.path.isabs(arg.partition("=")[2]) else arg for arg in argv]
-
-
-def ended_text(row):
-    """How a variant's diverged runs ended: the most frequent rule, and the op that went over float16's range first
-    (NormFormer §4) or, where none did, the op whose forward max |x| grew the most before the end (train.py's
-    diverged event, "grew_most"; older summaries have no such field)."""
-    text = f"{row['variant']}: {row['criterion']} in {row['criterion_count']} of {row['runs']}"
-    if row.get("failed_op"):
-        return f"{text}, first op over the float16 range {row['failed_op']} in {row['failed_op_count']}"
-    if row.get("grew_most"):
-        return (f"{text}, none over {FP16_MAX:.0f}; the op that grew the most: {row['grew_most']} in "
-                f"{row['grew_most_count']}")
-    return text
-
-
-def recipe_section(summary, figure):
-    recipe, machine = summary["recipe"], summary["machine"]
-    ended = [ended_text(row) for row in summary["variants"] if row.get("criterion")]
-    lines = [f'<a id="{recipe["name"]}"></a>', f"## {recipe['title']}", "",
-             f"Recipe `{recipe['name']}` ({recipe['scale']} scale). Paper: {recipe['paper']}.", "",
-             f"> {recipe['quote']}", "",
-             "| comparison | metric | the paper's number | ours: variant vs reference, median [min, max] | p | "
-             "verdict |", "|---|---|---|---|---|---|"]
-    for claim, row in claim_rows(summary):
-        lines.append(f"| {claim['variant']} vs {row['reference'] if row else recipe['reference']}, expected "
-                     f"{claim['expect']} | {metric_label(claim['metric'])} | {claim['paper_number']} | "
-                     f"{ours_text(row)} | {p_text(row)} | {row['verdict'] if row else ''} |")
-    lines.append("")
-    if ended:
-        lines += ["How the runs that diverged ended (the most frequent rule; loss gap and loss bound are nanonorm's "
-                  "divergence rules, probes.DivergenceCheck, not the papers'): " + "; ".join(ended) + ".", ""]
-    lines += [f"Deviations from the paper's protocol: {recipe['deviations']}.", "",
-              f"Command: `{recipe['command']}` ({len(recipe['variants'])} variants x {len(recipe['lrs'])} LR(s) x "
-              f"{recipe['seeds']} seeds), then `python plot.py --experiments=sweeps --out=docs`. It took "
-              f"{summary['wall_s'] / 60:.1f} min on {machine['hardware']} (5-minute load average {machine['load']:.1f} "
-              f"as it ended, its own runs included), torch {machine['torch']}, {machine['date']}. Every run's flags: "
-              f"`{' '.join(without_paths(recipe['train_argv']))}`; LRs {', '.join(recipe['lrs'])}; seeds "
-              f"0-{recipe['seeds'] - 1}.",
-              "", f"![{recipe['name']}]({figure})", ""]
-    return "\n".join(lines)
-
-
-def experiments_page(root, out):
-    """docs/experiments.md and a figure per recipe, from the recipes' summary.json files alone."""
-    summaries = read_recipe_summaries(root)
-    make_folder(os.path.join(out, "experiments"))
-    sections = []
-    for summary in summaries:
-        name = summary["recipe"]["name"] + ("_gpu" if summary["recipe"]["scale"] == "gpu" else "")
-        recipe_figure(summary, os.path.join(out, "experiments", f"{name}.png"))
-        sections.append(recipe_section(summary, f"experiments/{name}.png"))
-    page = "\n".join([
-        "# What nanonorm's runs say about the papers' claims", "",
-        "Generated by `python plot.py --experiments=sweeps --out=docs` from the summary.json of each recipe's sweep "
-        "(`python sweep.py --recipe=NAME`); edit lab/recipes.py and re-run, never this page. Each claim compares a "
-        "variant with a reference variant of the same model context over seeds: ours is the median [min, max] "
-        "over n seeds a side, p the exact two-sided permutation (Mann-Whitney) p-value over all C(2n, n) "
-        "relabelings of the seeds' values, a diverged run counting as the worst value. A verdict is \"agrees\" or "
-        "\"disagrees\" with the paper's direction only at p < 0.05; otherwise it is \"inconclusive at this scale\". "
-        "With n seeds a side the smallest p is 2 / C(2n, n): 5 seeds can reach 0.0079, 3 never reach 0.05. "
-        "NormFormer's table numbers name their version: arXiv v1 (the earlier text) or final (the later, fuller "
-        "one); see [papers.md](papers.md).", "",
-        "## Headline", "", headline(summaries), "", *sections])
-    path = os.path.join(out, "experiments.md")
-    files.write_atomic(path, page.encode())
-    print(f"wrote {path} and {len(summaries)} figures in {os.path.join(out, 'experiments')}")
-
-
-def coord_check_means(rows):
-    """{op: {step: {width: mean |x| averaged over the layers}}} from coord_check.py's rows."""
-    sums = {}
-    for r in rows:
-        cell = sums.setdefault(r["op"], {}).setdefault(r["step"], {}).setdefault(r["width"], [0.0, 0])
-        cell[0] += r["mean_abs"]
-        cell[1] += 1
-    return {op: {step: {w: total / n for w, (total, n) in sorted(by_width.items())} for step, by_width in steps.items()}
-            for op, steps in sums.items()}
-
-
-def plot_coord_check(rows, title, path):
-    """Tensor Programs V's coord check: mean |x| of each op's output (averaged over layers) against width, log-log,
-    one line per training step; flat lines mean the scale of that op does not depend on width."""
-    means = coord_check_means(rows)
-    cols = 4
-    fig, axes = plt.subplots(math.ceil(len(means) / cols), cols, figsize=(2.3 * cols, 1.7 * math.ceil(len(means) / cols)),
-                             squeeze=False)
-    for ax, (op, steps) in zip(axes.flat, means.items()):
-        for step, by_width in sorted(steps.items()):
-            ax.plot(list(by_width), list(by_width.values()), marker="o", ms=3, label=f"step {step}",
-                    color=plt.cm.viridis(step / max(1, len(steps) - 1)))
-        ax.set(xscale="log", yscale="log")
-        ax.set_title(op, fontsize=8)
-        ax.set_xticks(list(by_width), [str(w) for w in by_width])
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.tick_params(labelsize=6)
-    for ax in list(axes.flat)[len(means):]:
-        ax.axis("off")
-    axes.flat[0].legend(fontsize=6)
-    fig.suptitle(f"coord check (mean |x| vs width, one line per step): {title}", fontsize=9)
-    fig.tight_layout()
-    # 15 panels at the results page's 80 dpi make a 130 KB PNG; 56 dpi keeps it under 100 KB for docs/
-    save_png(fig, path, dpi=56)
-
-
 @dataclass
 class PlotOptions:
     out: str = help_of("the folder the pictures go to", default="plots")
@@ -726,13 +293,6 @@ def parse_args(argv):
     if not paths:
         raise UsageError("no folders given; usage: python plot.py RUN_OR_SWEEP_DIR [...] --out=DIR")
     return paths, opts
-
-
-def make_folder(path):
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as e:
-        raise files.cannot_write(path, e) from None
 
 
 def plot_runs(paths, opts):

@@ -34,7 +34,7 @@ from engine.flags import UsageError
 MIN_LOSS_SCALE = 1e-4
 
 # the criterion a diverged event names, from probes.DivergenceCheck's reasons (nanonorm's own rules, not a
-# paper's) and train.py's; sweep.py's criterion() reads the same names from older logs
+# paper's) and train.py's; lab/summary.py's criterion() reads the same names from older logs
 CRITERIA = (("non-finite validation", "non-finite val loss"), ("non-finite", "non-finite loss"),
             ("float16", "float16 loss scale"), ("above the bound", "loss bound"), ("above its best", "loss gap"))
 

@@ -1,12 +1,12 @@
 """
-The coord check of Tensor Programs V (Yang et al. 2022, "Tuning Large Neural Networks via Zero-Shot
-Hyperparameter Transfer"; the check their mup package ships): the same GPT at several widths, each trained a few AdamW steps on the
+The coord check of Tensor Programs V (Yang et al. 2022, "Tuning Large Neural Networks via Zero-Shot Hyperparameter
+Transfer"; the check their mup package ships): the same GPT at several widths, each trained a few AdamW steps on the
 same batches, with the mean |x| of every probed op's output (model.probe_points) recorded in each step's forward.
-Plotted against width, one line per step: under a parametrization whose hyperparameters transfer the lines are
-flat; under the standard one, activations after the first updates grow with width (an Adam update moves each
-entry of W by about lr, and a width-d matmul sums d such moves).
+Plotted against width, one line per step: under a parametrization whose hyperparameters transfer the lines are flat;
+under the standard one, activations after the first updates grow with width (an Adam update moves each entry of W by
+about lr, and a width-d matmul sums d such moves).
     python -m lab.coord_check --init=gpt2 --out=docs/coord_check.png
-writes the PNG (plot.py draws it) and the numbers beside it (same name, .json). Any model flag of train.py works
+writes the PNG and the numbers beside it (same name, .json). Any model flag of train.py works
 (--init, --preset, --norm, ...), except --n_embd and --n_head: --widths and --head_dim set them.
 Step 0 is the forward at init; step t the forward after t updates.
 """
@@ -14,6 +14,7 @@ Step 0 is the forward at init; step t the forward after t updates.
 import dataclasses
 import functools
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -151,6 +152,46 @@ def run(opts, given):
     return rows
 
 
+def coord_check_means(rows):
+    """{op: {step: {width: mean |x| averaged over the layers}}} from the rows of run()."""
+    sums = {}
+    for r in rows:
+        cell = sums.setdefault(r["op"], {}).setdefault(r["step"], {}).setdefault(r["width"], [0.0, 0])
+        cell[0] += r["mean_abs"]
+        cell[1] += 1
+    return {op: {step: {w: total / n for w, (total, n) in sorted(by_width.items())} for step, by_width in steps.items()}
+            for op, steps in sums.items()}
+
+
+def plot_coord_check(rows, title, path):
+    """Tensor Programs V's coord check: mean |x| of each op's output (averaged over layers) against width, log-log,
+    one line per training step; flat lines mean the scale of that op does not depend on width."""
+    from lab.figures import plt, save_png  # matplotlib after the runs, so that bad input fails fast
+    from matplotlib.ticker import NullFormatter
+
+    means = coord_check_means(rows)
+    cols = 4
+    lines = math.ceil(len(means) / cols)
+    fig, axes = plt.subplots(lines, cols, figsize=(2.3 * cols, 1.7 * lines), squeeze=False)
+    for ax, (op, steps) in zip(axes.flat, means.items()):
+        for step, by_width in sorted(steps.items()):
+            ax.plot(list(by_width), list(by_width.values()), marker="o", ms=3, label=f"step {step}",
+                    color=plt.cm.viridis(step / max(1, len(steps) - 1)))
+        ax.set(xscale="log", yscale="log")
+        ax.set_title(op, fontsize=8)
+        ax.set_xticks(list(by_width), [str(w) for w in by_width])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.tick_params(labelsize=6)
+    for ax in list(axes.flat)[len(means):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=6)
+    fig.suptitle(f"coord check (mean |x| vs width, one line per step): {title}", fontsize=9)
+    fig.tight_layout()
+    # 15 panels at the results page's 80 dpi make a 130 KB PNG; 56 dpi keeps it under 100 KB for docs/
+    save_png(fig, path, dpi=56)
+
+
 def main(argv):
     if wants_help(argv):
         print_help(__doc__, CoordOptions)
@@ -162,13 +203,12 @@ def main(argv):
         rows = run(opts, given)
     except (UsageError, data.DataError) as e:
         return fail("coord_check.py", e)
-    import plot  # matplotlib lives there; imported after the checks so bad input fails fast
     title = " ".join(f"--{k}={v}" for k, v in given.items() if k in GPTConfig.__dataclass_fields__ or k == "preset")
     record = {"options": dataclasses.asdict(opts), "model_flags": title, "rows": rows}
     try:
         os.makedirs(os.path.dirname(os.path.abspath(opts.out)), exist_ok=True)
         write_atomic(os.path.splitext(opts.out)[0] + ".json", json.dumps(record).encode())
-        plot.plot_coord_check(rows, title or "--init=gpt2 (default)", opts.out)
+        plot_coord_check(rows, title or "--init=gpt2 (default)", opts.out)
     except (WriteError, OSError) as e:
         print(f"coord_check.py: {e}", file=sys.stderr)
         return 1

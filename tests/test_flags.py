@@ -42,7 +42,7 @@ def test_each_syntax_gives_a_typed_value():
                                          ("false", False), ("No", False), ("0", False)])
 def test_booleans_are_read_alike_in_every_script(text, value):
     assert train.parse_flags([f"--bias={text}"]) == {"bias": value}
-    assert sweep.parse_args(["--variants=baseline", "--lrs=1e-2", f"--dry_run={text}"])["dry_run"] is value
+    assert sweep.parse_args(["--variants=baseline", "--lrs=1e-2", f"--dry_run={text}"]).dry_run is value
     assert flags.parse([f"--on={text}"], Options) == {"on": value}
 
 
@@ -98,7 +98,7 @@ def test_the_first_class_owns_a_shared_name():
     class Other:
         count: str = "many"
     assert flags.field_types(Options, Other)["count"] is int and flags.field_types(Other, Options)["count"] is str
-    assert sweep.parse_args(["--variants=b", "--lrs=1", "--out_dir=grid"])["out_dir"] == "grid"  # not train.py's
+    assert sweep.parse_args(["--variants=b", "--lrs=1", "--out_dir=grid"]).out_dir == "grid"  # not train.py's
 
 
 def test_there_is_one_usage_error():

@@ -11,6 +11,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
+import lab.summary
 import plot
 import sweep
 import train
@@ -77,7 +78,7 @@ def tiny_sweep(corpus, tmp_path_factory):
                          "loss_tail": [5.0, 9.0], "failed_op": None, "note": ""})
     rng = random.Random(1)
     append(runs[2].dir, telemetry(2, rng), headroom(2), telemetry(4, rng), headroom(4))
-    sweep.write_summary(args, runs)
+    lab.summary.write_summary(args, runs)
     return root, runs
 
 

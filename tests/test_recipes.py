@@ -9,6 +9,9 @@ from fractions import Fraction
 
 import pytest
 
+import lab.results_page
+import lab.summary
+import lab.tables
 import plot
 from lab import recipes
 import sweep
@@ -158,7 +161,7 @@ def tiny_experiments(corpus, tmp_path_factory):
             os.makedirs(os.path.dirname(run.dir), exist_ok=True)
             with open(run.dir + ".exit", "w") as f:
                 f.write(f"{train.main(sweep.train_flags(run, args))}\n")
-        sweep.write_summary(args, runs, wall_s=90.0)
+        lab.summary.write_summary(args, runs, wall_s=90.0)
     yield root
     patch.undo()
 
@@ -169,7 +172,7 @@ def test_results_page_from_a_tiny_real_sweep(tiny_experiments, capsys):
     args = recipe_args(["--recipe=tiny_ramp", f"--out_dir={root / 'sweeps' / 'tiny_ramp'}"])
     with open(root / "sweeps" / "tiny_ramp" / "summary.json") as f:
         before = json.load(f)
-    sweep.write_summary(args, sweep.grid(args))
+    lab.summary.write_summary(args, sweep.grid(args))
     with open(root / "sweeps" / "tiny_ramp" / "summary.json") as f:
         after = json.load(f)
     assert (after["wall_s"], after["machine"]) == (90.0, before["machine"])
@@ -184,8 +187,8 @@ def test_results_page_from_a_tiny_real_sweep(tiny_experiments, capsys):
         section = page[page.index(f'<a id="{name}"></a>'):]
         section = section[:section.index("![")]
         # the page's numbers are the summary's: the claim's row of the headline and of its section
-        ours = (f"{plot.side_text(row['variant_values'])} vs {plot.side_text(row['reference_values'])}")
-        cells = f"{ours} | {plot.p_text(row)} | {row['verdict']} |"
+        ours = (f"{lab.tables.side_text(row['variant_values'])} vs {lab.tables.side_text(row['reference_values'])}")
+        cells = f"{ours} | {lab.results_page.p_text(row)} | {row['verdict']} |"
         assert cells in section and page.count(cells) == 2
         assert "It is better." in section and "A Paper (v2) §1, Table 9" in section and "Deviations" in section
         assert f"`python sweep.py --recipe={name}`" in section and "1.5 min on " in section

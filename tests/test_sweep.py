@@ -17,6 +17,7 @@ import pytest
 from engine import run_folder
 from engine import files
 from test_reliability import FailingWrites
+import lab.summary
 import sweep
 import train
 
@@ -37,15 +38,15 @@ def corpus(tmp_path_factory):
 def test_lr_sensitivity_by_hand():
     # L* = 2.5; min(L, L_0) with L_0 = 4: 3.0, 2.5, 4.0 (4.5 capped), 4.0 (diverged, inf capped)
     expected = ((3.0 - 2.5) + 0.0 + (4.0 - 2.5) + (4.0 - 2.5)) / 4
-    assert sweep.lr_sensitivity([3.0, 2.5, 4.5, math.inf], 4.0) == pytest.approx(expected, abs=1e-15)
-    assert sweep.lr_sensitivity([math.inf, math.inf], 4.0) is None
+    assert lab.summary.lr_sensitivity([3.0, 2.5, 4.5, math.inf], 4.0) == pytest.approx(expected, abs=1e-15)
+    assert lab.summary.lr_sensitivity([math.inf, math.inf], 4.0) is None
 
 
 def test_median_summary_and_most_frequent():
-    assert sweep.median_summary([5, 1, 10, 3]) == {"median": 4.0, "min": 1, "max": 10}
-    assert sweep.median_summary([7, 2, 9]) == {"median": 7, "min": 2, "max": 9}
-    assert sweep.most_frequent(["fc2 layer 1", "q@k layer 0", "q@k layer 0"]) == ("q@k layer 0", 2)
-    assert sweep.most_frequent([]) == (None, 0)
+    assert lab.summary.median_summary([5, 1, 10, 3]) == {"median": 4.0, "min": 1, "max": 10}
+    assert lab.summary.median_summary([7, 2, 9]) == {"median": 7, "min": 2, "max": 9}
+    assert lab.summary.most_frequent(["fc2 layer 1", "q@k layer 0", "q@k layer 0"]) == ("q@k layer 0", 2)
+    assert lab.summary.most_frequent([]) == (None, 0)
 
 
 def write_log(run_dir, events):
@@ -69,10 +70,10 @@ def test_ramp_summary_from_logs(tmp_path):
             2: [start, {"event": "eval", "step": 200, "train_loss": 2.0, "val_loss": 2.1, "lr": 0.1, "rank_spread": 0.0},
                 {"event": "done", "step": 200, "val_loss": 2.1}],
             3: [start, diverged(150, 0.075, "fc2", 1)]}
-    runs = [sweep.Run("baseline", "0.1", seed, str(tmp_path / "baseline" / "0.1" / str(seed))) for seed in logs]
+    runs = [lab.summary.Run("baseline", "0.1", seed, str(tmp_path / "baseline" / "0.1" / str(seed))) for seed in logs]
     for run in runs:
         write_log(run.dir, logs[run.seed])
-    [row] = sweep.ramp_rows([sweep.run_record(run) for run in runs])
+    [row] = lab.summary.ramp_rows([lab.summary.run_record(run) for run in runs])
     assert (row["runs"], row["diverged"], row["spikes"]) == (4, 3, 1)
     assert (row["steps_survived_median"], row["steps_survived_min"], row["steps_survived_max"]) == (135, 80, 200)
     assert row["peak_lr_median"] == pytest.approx((0.06 + 0.075) / 2)
@@ -91,13 +92,13 @@ def test_ramp_rows_name_the_op_that_grew_the_most_where_none_crossed(tmp_path):
                                                           "to": ratio, "ratio": ratio, "steps": 9}}
 
     logs = {0: grew("logits", None, 3.0), 1: grew("fc2", 16, 40.0), 2: grew("logits", None, 7.5)}
-    runs = [sweep.Run("dn", "1.5", seed, str(tmp_path / "dn" / "1.5" / str(seed))) for seed in logs]
+    runs = [lab.summary.Run("dn", "1.5", seed, str(tmp_path / "dn" / "1.5" / str(seed))) for seed in logs]
     for run in runs:
         write_log(run.dir, [start, logs[run.seed]])
-    records = [sweep.run_record(run) for run in runs]
+    records = [lab.summary.run_record(run) for run in runs]
     assert [r["grew_most"] for r in records] == ["logits (x3)", "fc2 layer 16 (x40)", "logits (x7.5)"]
     assert all(r["failed_op"] is None for r in records)
-    [row] = sweep.ramp_rows(records)
+    [row] = lab.summary.ramp_rows(records)
     assert (row["grew_most"], row["grew_most_count"], row["failed_op"]) == ("logits", 2, None)
 
 
@@ -106,14 +107,14 @@ def test_lr_summary_from_logs(tmp_path):
     finals = {("1e-2", 0): 2.0, ("1e-2", 1): 2.4, ("1e-1", 0): 3.0, ("1e-1", 1): None}
     runs = []
     for (lr, seed), final in finals.items():
-        run = sweep.Run("norm=rmsnorm", lr, seed, str(tmp_path / "v" / lr / str(seed)))
+        run = lab.summary.Run("norm=rmsnorm", lr, seed, str(tmp_path / "v" / lr / str(seed)))
         start = {"event": "eval", "step": 0, "train_loss": 5.0, "val_loss": 5.0 + seed, "lr": 0.0, "rank_spread": 0.0}
         end = ([{"event": "eval", "step": 10, "train_loss": final, "val_loss": final, "lr": float(lr),
                  "rank_spread": 0.0}, {"event": "done", "step": 10, "val_loss": final}]
                if final else [diverged(7, float(lr), "q@k", 0)])
         write_log(run.dir, [start, *end])
         runs.append(run)
-    [row] = sweep.lr_rows([sweep.run_record(run) for run in runs], ["1e-2", "1e-1"])
+    [row] = lab.summary.lr_rows([lab.summary.run_record(run) for run in runs], ["1e-2", "1e-1"])
     l_small, l_large, l_0 = (2.0 + 2.4) / 2, math.inf, (5.0 + 6.0) / 2  # medians over seeds
     assert (row["best_lr"], row["best_loss"], row["diverged"]) == ("1e-2", pytest.approx(l_small), 1)
     assert row["lr_sensitivity"] == pytest.approx(((l_small - l_small) + (min(l_large, l_0) - l_small)) / 2)
@@ -175,7 +176,7 @@ def snapshot(run_dir):
 
 
 def steps_of(run_dir, kind):
-    return [e["step"] for e in sweep.read_events(os.path.join(run_dir, "log.jsonl")) if e["event"] == kind]
+    return [e["step"] for e in lab.summary.read_events(os.path.join(run_dir, "log.jsonl")) if e["event"] == kind]
 
 
 def test_skip_and_resume_a_half_finished_sweep(corpus, tmp_path, capsys):
@@ -203,7 +204,7 @@ def test_skip_and_resume_a_half_finished_sweep(corpus, tmp_path, capsys):
         pass
     finally:
         run_folder.save_checkpoint = real_save
-    assert steps_of(interrupted.dir, "eval") == [0, 2] and not sweep.is_finished(interrupted)
+    assert steps_of(interrupted.dir, "eval") == [0, 2] and not lab.summary.is_finished(interrupted)
     interrupted_before = snapshot(interrupted.dir)[1]
     assert "--resume" in sweep.train_flags(interrupted, args)
 
@@ -214,7 +215,7 @@ def test_skip_and_resume_a_half_finished_sweep(corpus, tmp_path, capsys):
     for run in (done, interrupted, fresh):
         assert steps_of(run.dir, "eval") == [0, 2, 4]
         assert steps_of(run.dir, "train") == [1, 2, 3, 4]
-        assert sweep.is_finished(run) and sweep.exit_code(run) == 0
+        assert lab.summary.is_finished(run) and lab.summary.exit_code(run) == 0
     after = [snapshot(run.dir) for run in (done, interrupted, fresh)]
     assert sweep.main(["--variants=baseline,norm=rmsnorm,postln", *common]) == 0
     assert "0 to run" in capsys.readouterr().out
@@ -228,13 +229,13 @@ def test_skip_and_resume_a_half_finished_sweep(corpus, tmp_path, capsys):
 def test_each_variant_meets_the_reference_of_its_own_context():
     variants = ["dn_postln+n_layer=6", "dn_deepnorm+n_layer=6", "dn_postln+n_layer=18", "dn_deepnorm+n_layer=18",
                 "dn_deepnorm+n_layer=36"]
-    assert sweep.references(variants, "dn_postln+n_layer=6") == {
+    assert lab.summary.references(variants, "dn_postln+n_layer=6") == {
         "dn_deepnorm+n_layer=6": "dn_postln+n_layer=6", "dn_deepnorm+n_layer=18": "dn_postln+n_layer=18",
         "dn_deepnorm+n_layer=36": "dn_postln+n_layer=6"}  # no 36-layer Post-LN: the reference itself
     # the reference's own overrides (init=xavier) are its context, not a difference the variant must share
-    assert sweep.references(["postln+init=xavier", "postln+init=xavier+n_layer=18", "deepnorm+n_layer=18"],
+    assert lab.summary.references(["postln+init=xavier", "postln+init=xavier+n_layer=18", "deepnorm+n_layer=18"],
                             "postln+init=xavier") == {"deepnorm+n_layer=18": "postln+init=xavier+n_layer=18"}
-    assert sweep.references(["baseline", "qk_norm=True", "normformer+z_loss=1e-4", "baseline+z_loss=1e-4"],
+    assert lab.summary.references(["baseline", "qk_norm=True", "normformer+z_loss=1e-4", "baseline+z_loss=1e-4"],
                             "baseline") == {"qk_norm=True": "baseline",
                                             "normformer+z_loss=1e-4": "baseline+z_loss=1e-4"}
 
@@ -253,7 +254,7 @@ def test_comparisons_count_a_diverged_run_as_the_worst_loss():
     records += [record("ref", "1e-2", 3, "diverged", final_loss=math.inf)]
     records += [record("v", "1e-3", s, "done", final_loss=2.5) for s in range(4)]
     records += [record("ref", "1e-3", s, "done", final_loss=2.4 + s / 100) for s in range(4)]
-    rows = {row["metric"]: row for row in sweep.comparisons(records, "lr", ["1e-3", "1e-2"], ["ref", "v"], "ref")}
+    rows = {row["metric"]: row for row in lab.summary.comparisons(records, "lr", ["1e-3", "1e-2"], ["ref", "v"], "ref")}
     assert set(rows) == {"final_loss@1e-3", "spikes@1e-3", "final_loss@1e-2", "spikes@1e-2", "best_loss"}
     row = rows["final_loss@1e-2"]
     assert row["reference_values"] == {"median": pytest.approx(3.15), "min": 3.0, "max": math.inf, "n": 4}
@@ -281,10 +282,10 @@ def test_recipe_and_reference_bad_input_is_one_line(tmp_path, capsys, flags, exp
 
 def test_a_recipe_takes_more_seeds_and_extra_flags_after_its_own():
     args = sweep.parse_args(["--recipe=powernorm", "--seeds=6", "--device=cpu", "--max_iters=50"])
-    assert args["seeds"] == 6 and args["out_dir"] == os.path.join("sweeps", "powernorm")
-    assert args["train_argv"][-2:] == ["--device=cpu", "--max_iters=50"]  # after the recipe's --max_iters: they win
-    assert train.parse_flags(args["train_argv"])["max_iters"] == 50
-    assert sweep.parse_args(["--recipe=powernorm", "--scale=gpu"])["out_dir"] == os.path.join("sweeps", "powernorm_gpu")
+    assert args.seeds == 6 and args.out_dir == os.path.join("sweeps", "powernorm")
+    assert args.train_argv[-2:] == ["--device=cpu", "--max_iters=50"]  # after the recipe's --max_iters: they win
+    assert train.parse_flags(args.train_argv)["max_iters"] == 50
+    assert sweep.parse_args(["--recipe=powernorm", "--scale=gpu"]).out_dir == os.path.join("sweeps", "powernorm_gpu")
 
 
 @pytest.mark.parametrize("event, expected", [
@@ -295,7 +296,7 @@ def test_a_recipe_takes_more_seeds_and_extra_flags_after_its_own():
     ({"reason": "q@k at layer 0 is above 65504", "criterion": "fp16 overflow"}, "fp16 overflow"),
 ])
 def test_the_rule_that_ended_a_run(event, expected):
-    assert sweep.criterion(event) == expected
+    assert lab.summary.criterion(event) == expected
 
 
 @pytest.mark.parametrize("make, out_dir, expected", [
@@ -327,11 +328,12 @@ def test_a_run_that_diverged_without_an_exit_file_counts_as_finished_from_its_lo
     argv, (ended, fresh) = two_runs(tmp_path)
     start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
     write_log(ended.dir, [start, diverged(3, 0.01, "fc2", 0)])
-    assert sweep.is_finished(ended) and not os.path.exists(ended.dir + ".exit")
+    assert lab.summary.is_finished(ended) and not os.path.exists(ended.dir + ".exit")
     assert sweep.main([*argv, "--dry_run"]) == 0
     commands = capsys.readouterr().out.splitlines()
     assert len(commands) == 1 and f"--out_dir={fresh.dir}" in commands[0]
-    assert sweep.run_record(ended)["status"] == "diverged" and sweep.run_record(ended)["final_loss"] == math.inf
+    assert (lab.summary.run_record(ended)["status"] == "diverged"
+            and lab.summary.run_record(ended)["final_loss"] == math.inf)
 
 
 def test_torn_and_foreign_logs_exit_files_and_summaries(tmp_path, capsys):
@@ -342,7 +344,7 @@ def test_torn_and_foreign_logs_exit_files_and_summaries(tmp_path, capsys):
     write_log(first.dir, [start, diverged(3, 0.01, "fc2", 0)])
     with open(os.path.join(first.dir, "log.jsonl"), "a") as f:
         f.write('{"event": "tra')  # a SIGKILL mid-write
-    assert sweep.is_finished(first)
+    assert lab.summary.is_finished(first)
     assert "the last line was cut short" in capsys.readouterr().err
     os.remove(os.path.join(first.dir, "log.jsonl"))  # whole again, so that each line below is the one error
     os.rmdir(first.dir)
@@ -365,7 +367,7 @@ def test_torn_and_foreign_logs_exit_files_and_summaries(tmp_path, capsys):
 
     with open(second.dir + ".exit", "w") as f:
         f.write("")  # sweep.py killed while writing it: no exit code recorded
-    assert sweep.exit_code(second) is None
+    assert lab.summary.exit_code(second) is None
     with open(second.dir + ".exit", "w") as f:
         f.write("garbage\n")
     refused(".exit: b'garbage' is not an exit code")
@@ -408,17 +410,17 @@ def test_a_held_run_folder_is_left_to_its_holder_and_reported_as_running(corpus,
         assert "2 runs, 0 finished already, 1 running elsewhere, 1 to run" in captured.out
         assert "1 of 2 runs did not finish (1 of them still running in another process" in captured.out
         assert sorted(os.listdir(held.dir)) == ["run.lock"] and not os.path.exists(held.dir + ".exit")
-        assert sweep.exit_code(free) == 0
+        assert lab.summary.exit_code(free) == 0
     finally:
         holder.kill()
         holder.wait()
     assert sweep.main(argv) == 0  # the holder is gone: now it runs
-    assert sweep.exit_code(held) == 0 and "0 of 2" not in capsys.readouterr().out
+    assert lab.summary.exit_code(held) == 0 and "0 of 2" not in capsys.readouterr().out
 
 
 def events_of(run_dir):
     path = os.path.join(run_dir, "log.jsonl")
-    return sweep.read_events(path) if os.path.isfile(path) else []
+    return lab.summary.read_events(path) if os.path.isfile(path) else []
 
 
 def test_sigterm_to_a_sweep_stops_its_runs_with_a_checkpoint_and_a_rerun_resumes(corpus, tmp_path):
@@ -452,7 +454,7 @@ def test_sigterm_to_a_sweep_stops_its_runs_with_a_checkpoint_and_a_rerun_resumes
     assert process.returncode == 128 + signal.SIGTERM, err
     assert "stopped by SIGTERM" in err and err.count("\n") == 1
     for run in runs:
-        assert sweep.exit_code(run) == 130 and os.path.exists(os.path.join(run.dir, "ckpt.pt"))
+        assert lab.summary.exit_code(run) == 130 and os.path.exists(os.path.join(run.dir, "ckpt.pt"))
         assert files.held_by(run.dir) is None
         assert "--resume" in sweep.train_flags(run, sweep.parse_args(argv))
 

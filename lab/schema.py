@@ -1,0 +1,112 @@
+"""
+What the readers of nanonorm's files take from them, checked by hand so that a foreign file is refused with one line
+before anything is summed or drawn: the shapes of log.jsonl's events (train.py) and of summary.json (sweep.py),
+mismatch() to hold a value against a shape, and read_summary(), the one reader of a summary.json.
+
+A shape: a dict is a JSON object with at least these keys, [x] a list whose items are each x, a type (or a tuple of
+types) the value's type, a set the values allowed, None any value.
+"""
+
+import json
+
+from engine import files
+from engine.flags import UsageError
+
+NUMBER = (int, float)
+MAYBE_NUMBER = (int, float, type(None))
+JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", type(None): "null",
+              list: "a list", dict: "an object"}
+
+# the events plot.py draws
+EVENTS = {
+    "train": {"step": int, "loss": NUMBER, "lr": NUMBER, "grad_norm": MAYBE_NUMBER},  # None: an fp16 overflow step
+    "eval": {"step": int, "val_loss": NUMBER},
+    "spike": {"step": int, "loss": NUMBER},
+    "telemetry": {"step": int,
+                  "weights": [{"layer": None, "op": None, "name": str, "grad_mean_abs": NUMBER, "grad_l2": NUMBER}],
+                  "gains": [{"layer": None, "op": None, "name": str, "mean": NUMBER, "std": NUMBER, "min": NUMBER,
+                             "max": NUMBER}],
+                  "attn_logit_max": [{"layer": int, "value": NUMBER}],
+                  "norm_stats": [{"layer": None, "op": None, **{f"{stat}_{k}": NUMBER for stat in ("psi2", "nu")
+                                                                for k in ("mean", "min", "max")}}]},
+    "headroom": {"step": int, "ops": [{"layer": None, "op": None, "pass": None, "max_abs": NUMBER}]},
+}
+# a sweep's summary.json as plot.py's loss-vs-LR plot reads it (LR_SWEEP: an --mode=lr sweep's)
+SWEEP = {"mode": str}
+LR_SWEEP = {"variants": [{"variant": str, "init_loss": NUMBER}],
+            "runs": [{"variant": str, "lr": str, "status": str, "final_loss": MAYBE_NUMBER}]}
+# a recipe's summary.json as the results page reads it
+SIDE = {"median": None, "min": None, "max": None, "n": None}
+RECIPE_SUMMARY = {
+    "recipe": {"name": str, "title": str, "order": int, "scale": str, "paper": None, "quote": None, "reference": None,
+               "figure": {"ramp", "loss_vs_lr", "logits", "metric"}, "variants": [str], "lrs": [str], "seeds": int,
+               "claims": [{"variant": str, "metric": str, "expect": None, "paper_number": None}],
+               "deviations": None, "command": None, "train_argv": [str]},
+    "machine": {"hardware": None, "load": NUMBER, "torch": None, "date": None},
+    "wall_s": NUMBER,
+    "comparisons": [{"variant": str, "metric": str, "reference": None, "lr": None, "reference_lr": None,
+                     "variant_values": SIDE, "reference_values": SIDE, "p": NUMBER, "p_exact": None, "verdict": None}],
+    "variants": [{"variant": str}],
+    "runs": [{"variant": str, "lr": str, "status": str, "final_loss": MAYBE_NUMBER, "peak_lr": MAYBE_NUMBER,
+              "steps_survived": MAYBE_NUMBER, "spikes": int, "attn_logit_max": MAYBE_NUMBER, "log_z": MAYBE_NUMBER,
+              "curve": [[NUMBER]], "logit_curve": [[MAYBE_NUMBER]]}],
+}
+# a variant row that names how its runs ended (the results page's recipe section) also needs the counts:
+# named key -> what it needs
+ENDED_ROW = {"criterion": {"criterion_count": int, "runs": int}, "failed_op": {"failed_op_count": int},
+             "grew_most": {"grew_most_count": int}}
+SUMMARY_ALLOWED = "plot.py reads the summary.json that sweep.py writes (the sweep's command again rewrites it)"
+
+
+def mismatch(value, shape, where):
+    """Where value is not of the shape, such as "runs[2].lr is missing"; None where it is."""
+    if isinstance(shape, dict):
+        if not isinstance(value, dict):
+            return f"{where or 'it'} is {JSON_NAMES[type(value)]}, not an object"
+        for key, inner in shape.items():
+            name = f"{where}.{key}" if where else key
+            found = f"{name} is missing" if key not in value else mismatch(value[key], inner, name)
+            if found:
+                return found
+    elif isinstance(shape, list):
+        if not isinstance(value, list):
+            return f"{where} is {JSON_NAMES[type(value)]}, not a list"
+        for i, item in enumerate(value):
+            found = mismatch(item, shape[0], f"{where}[{i}]")
+            if found:
+                return found
+    elif isinstance(shape, set):
+        if value not in shape:
+            return f"{where} is {json.dumps(value)[:40]}, not one of {', '.join(sorted(shape))}"
+    elif shape is not None and not isinstance(value, shape):
+        kinds = shape if isinstance(shape, tuple) else (shape,)
+        expected = " or ".join(JSON_NAMES[kind] for kind in kinds if not (kind is int and float in kinds))
+        return f"{where} is {JSON_NAMES[type(value)]}, not {expected}"
+    return None
+
+
+def read_summary(path, advice=SUMMARY_ALLOWED):
+    """A summary.json as a dict; a UsageError naming the file, what is wrong with it and then advice where it is not
+    a file, not JSON or not an object."""
+    problem = files.not_a_file(path)
+    if problem:
+        raise UsageError(f"{path} is {problem}; {advice}")
+    try:
+        with open(path, "rb") as f:
+            summary = json.loads(f.read().decode("utf-8"))
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read it ({e.strerror}); {advice}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not UTF-8 text; {advice}") from None
+    except ValueError:
+        raise UsageError(f"{path}: not JSON; {advice}") from None
+    if not isinstance(summary, dict):
+        raise UsageError(f"{path}: {JSON_NAMES[type(summary)]}, not an object; {advice}")
+    return summary
+
+
+def check_summary(path, summary, shape, advice=SUMMARY_ALLOWED):
+    """A UsageError naming the file and the first place where summary is not of the shape."""
+    found = mismatch(summary, shape, "")
+    if found:
+        raise UsageError(f"{path}: {found}; {advice}")

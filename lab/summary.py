@@ -1,0 +1,341 @@
+"""
+A sweep's results from its runs' log.jsonl and exit codes: one record per run, the summary rows of its mode, the
+comparisons of each variant with its reference (lab/recipes.py's statistics), and summary.json, summary.csv and
+the Markdown tables on stdout. sweep.py's docstring says what each mode summarizes.
+"""
+
+import csv
+import io
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from diagnostics.instruments import criterion_of
+from engine import files
+from engine import runtime
+from engine.flags import UsageError
+from lab import recipes
+from lab import schema
+from lab.tables import side_text, value_text
+
+FINISHED_CODES = (0, 3)  # train.py: 0 finished, 3 diverged
+METRICS = {"ramp": ("steps_survived", "peak_lr"), "lr": ("final_loss", "spikes", "attn_logit_max", "log_z")}
+# a summary.json that sweep.py cannot read back is left as it is, not overwritten
+REBUILD = ("this summary.json is not a summary sweep.py wrote: move it away and run again to rebuild it from the "
+           "runs' logs")
+
+
+@dataclass
+class Run:
+    """One (variant, LR, seed) of a sweep's grid and its run folder."""
+    variant: str
+    lr: str  # as written in --lrs: it names the folder
+    seed: int
+    dir: str
+
+
+def read_events(path):
+    """The events of a log.jsonl ([] if none) through files.read_log: a last line cut short by a killed run is left
+    out with a note on stderr; any other damage is a UsageError naming the file and line."""
+    events, note = files.read_log(path)
+    if note:
+        print(f"sweep.py: {note}", file=sys.stderr)
+    return events
+
+
+def exit_code(run):
+    """The exit code sweep.py recorded for the run's last attempt, or None: none recorded, or an empty file (sweep.py
+    was killed while writing it). Anything else that is not a number is a UsageError naming the file."""
+    path = run.dir + ".exit"
+    problem = files.not_a_file(path)
+    if problem:
+        raise UsageError(f"{path} is {problem}; sweep.py writes a run's exit code there")
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        text = f.read().strip()
+    if not text:
+        return None
+    if not text.isdigit():
+        raise UsageError(f"{path}: {text[:20]!r} is not an exit code; sweep.py writes a number there (remove the file "
+                         "to let the run's log decide)")
+    return int(text)
+
+
+def is_finished(run):
+    """A "done" or "diverged" event in the run's log (a run started by --dry_run's commands has no .exit), or the
+    exit code 0 or 3 recorded beside it."""
+    ended = any(e["event"] in ("done", "diverged") for e in read_events(os.path.join(run.dir, "log.jsonl")))
+    return ended or exit_code(run) in FINISHED_CODES
+
+
+def median_summary(values):
+    """Median, min and max over seeds (NormFormer Table 3 reports the median of seeds)."""
+    if not values:
+        return {"median": None, "min": None, "max": None}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def most_frequent(items):
+    """The most frequent item (the first seen on a tie) and its count; (None, 0) for none."""
+    counts = Counter(items)
+    return counts.most_common(1)[0] if counts else (None, 0)
+
+
+def lr_sensitivity(losses, init_loss):
+    """Wortsman et al. 2023 §3: E_lr[min(L(lr), L_0) - L*] over the LR grid, L* = min_lr L(lr).
+
+    A diverged run's loss is inf, so min(L, L_0) caps it at L_0, the loss at initialization. None when
+    every LR diverged (no L*)."""
+    best = min(losses)
+    if not math.isfinite(best):
+        return None
+    return statistics.fmean(min(loss, init_loss) - best for loss in losses)
+
+
+def run_record(run):
+    """What the summaries need from one run's log.jsonl and exit code."""
+    events = read_events(os.path.join(run.dir, "log.jsonl"))
+    evals = [e for e in events if e["event"] == "eval"]
+    diverged = next((e for e in events if e["event"] == "diverged"), None)
+    code = exit_code(run)
+    final = evals[-1]["val_loss"] if evals else None
+    if diverged or code == 3 or (final is not None and not math.isfinite(final)):
+        status = "diverged"
+    elif any(e["event"] == "done" for e in events) or code == 0:
+        status = "done"
+    else:
+        status = "unfinished"
+    failed = (diverged or {}).get("failed_op")
+    # per telemetry step: the largest attention logit of any layer (None without --attn_impl=manual) and
+    # |mean log Z| of the output logits (Wortsman et al. 2023 §3.1 attention-logit growth, §3.2 output-logit
+    # divergence)
+    logits = [[e["step"], max((r["value"] for r in e["attn_logit_max"]), default=None),
+               abs(e["logits"]["mean_log_z"])] for e in events if e["event"] == "telemetry"]
+    return {"variant": run.variant, "lr": run.lr, "seed": run.seed, "status": status,
+            "init_loss": next((e["val_loss"] for e in evals if e["step"] == 0), None),
+            "final_loss": math.inf if status == "diverged" else final,
+            "steps_survived": diverged["steps_survived"] if diverged else (evals[-1]["step"] if evals else None),
+            "peak_lr": diverged["lr"] if diverged else (evals[-1]["lr"] if evals else None),
+            "failed_op": op_text(failed) if failed else None,
+            "grew_most": grew_most_text((diverged or {}).get("grew_most")),
+            "criterion": criterion(diverged) if diverged else None,
+            "spikes": sum(e["event"] == "spike" for e in events),
+            "attn_logit_max": logits[-1][1] if logits else None, "log_z": logits[-1][2] if logits else None,
+            # for the results page's figures: [step, lr, train loss] and [step, attention logit, |log Z|]
+            "curve": [[e["step"], e["lr"], e["loss"]] for e in events if e["event"] == "train"],
+            "logit_curve": logits}
+
+
+def grew_most_text(grew):
+    """Where no op crossed 65504 (train.py --fp16_overflow_fails): the op whose max |x| grew the most over the last
+    steps, "q@k layer 0 (x75)", or None."""
+    return f"{op_text(grew)} (x{grew['ratio']:.3g})" if grew else None
+
+
+def op_text(record):
+    """"q@k layer 0"; "logits" for an op outside the blocks (its layer is None)."""
+    return record["op"] if record["layer"] is None else f"{record['op']} layer {record['layer']}"
+
+
+def criterion(event):
+    """The rule that ended a diverged run, in a word or two: the event's own "criterion" where train.py names it,
+    else read from its reason (instruments.CRITERIA: nanonorm's rules, not NormFormer's)."""
+    return event.get("criterion") or criterion_of(event["reason"])
+
+
+def ramp_rows(records):
+    """Per variant and peak LR: steps survived and LR reached (median, min, max over seeds), the failed op."""
+    rows = []
+    for (variant, lr), group in group_by(records, ("variant", "lr")).items():
+        ran = [r for r in group if r["status"] != "unfinished"]
+        op, count = most_frequent([r["failed_op"] for r in ran if r["failed_op"]])
+        rule, ended = most_frequent([r["criterion"] for r in ran if r["criterion"]])
+        # the op alone, without its ratio, so that the seeds' ops can be counted
+        grew, grew_count = most_frequent([r["grew_most"].rsplit(" (", 1)[0] for r in ran if r.get("grew_most")])
+        row = {"variant": variant, "lr": lr, "runs": len(ran), "diverged": sum(r["status"] == "diverged" for r in ran)}
+        for name in ("steps_survived", "peak_lr"):
+            row.update({f"{name}_{k}": v for k, v in median_summary([r[name] for r in ran]).items()})
+        rows.append({**row, "criterion": rule, "criterion_count": ended, "failed_op": op, "failed_op_count": count,
+                     "grew_most": grew, "grew_most_count": grew_count, "spikes": sum(r["spikes"] for r in ran)})
+    return rows
+
+
+def lr_rows(records, lrs):
+    """Per variant: L(lr) = median final val loss over seeds (inf if diverged), best LR, L*, LR sensitivity."""
+    rows = []
+    for variant, group in group_by(records, ("variant",)).items():
+        ran = [r for r in group if r["status"] != "unfinished"]
+        by_lr = {lr: statistics.median(r["final_loss"] for r in ran if r["lr"] == lr)
+                 for lr in lrs if any(r["lr"] == lr for r in ran)}
+        init = [r["init_loss"] for r in ran if r["init_loss"] is not None]
+        init_loss = statistics.median(init) if init else math.inf
+        best_lr = min(by_lr, key=by_lr.get) if by_lr else None
+        rows.append({"variant": variant, "runs": len(ran), "diverged": sum(r["status"] == "diverged" for r in ran),
+                     "best_lr": best_lr, "best_loss": by_lr[best_lr] if by_lr else None, "init_loss": init_loss,
+                     "lr_sensitivity": lr_sensitivity(list(by_lr.values()), init_loss) if by_lr else None,
+                     "spikes": sum(r["spikes"] for r in ran), **{f"L({lr})": loss for lr, loss in by_lr.items()}})
+    return rows
+
+
+def group_by(records, keys):
+    groups = {}
+    for record in records:
+        groups.setdefault(tuple(record[k] for k in keys), []).append(record)
+    return {key[0] if len(key) == 1 else key: group for key, group in groups.items()}
+
+
+def references(variants, reference):
+    """{variant: the reference it is compared with}: the variant of the reference's preset whose +key=value
+    overrides, beside the reference's own, are the variant's (with --reference=dn_postln+n_layer=6,
+    "dn_deepnorm+n_layer=18" -> "dn_postln+n_layer=18"), or the reference itself where there is none. The
+    variants of the reference's preset are references, not compared."""
+    head, *own = reference.split("+")
+
+    def context(variant):
+        return frozenset(variant.split("+")[1:]) - frozenset(own)
+
+    family = {context(v): v for v in variants if v.split("+")[0] == head}
+    return {v: family.get(context(v), reference) for v in variants if v.split("+")[0] != head}
+
+
+def metric_names(mode, lrs, records):
+    """The metrics a sweep compares: NAME@LR for each of the mode's metrics that its runs logged, and in lr mode
+    best_loss (each variant at its own best LR, as NormFormer §4 tunes baseline and NormFormer separately)."""
+    names = [f"{name}@{lr}" for lr in lrs for name in METRICS[mode]
+             if any(r[name] is not None for r in records if r["lr"] == lr)]
+    return names + (["best_loss"] if mode == "lr" else [])
+
+
+def metric_values(records, variant, metric):
+    """(the seeds' values, the LR they are at) of a metric for a variant. A diverged run is the worst value:
+    inf where lower is better; in ramp mode its steps survived and LR reached are the metric itself."""
+    ran = [r for r in records if r["variant"] == variant and r["status"] != "unfinished"]
+    if metric == "best_loss":
+        by_lr = group_by(ran, ("lr",))
+        if not by_lr:
+            return [], None
+        lr = min(by_lr, key=lambda lr: statistics.median(r["final_loss"] for r in by_lr[lr]))
+        return [r["final_loss"] for r in by_lr[lr]], lr
+    name, _, lr = metric.partition("@")
+    values = [math.inf if r["status"] == "diverged" and recipes.BETTER[name] == "lower" else r[name]
+              for r in ran if r["lr"] == lr]
+    return ([] if None in values else values), lr
+
+
+def comparisons(records, mode, lrs, variants, reference, claims=()):
+    """Each variant against its reference on every metric: medians, [min, max] and n per side, the difference of
+    medians, the exact permutation p and the verdict (recipes.compare). A recipe's claims give the paper's
+    direction for their (variant, metric), and for the variant's other metrics; a variant without a claim is read
+    against "the variant is better"."""
+    expected = {(c.variant, c.metric): c.expect for c in claims}
+    by_variant = {c.variant: c.expect for c in claims}
+    rows = []
+    for variant, ref in references(variants, reference).items():
+        for metric in metric_names(mode, lrs, records):
+            ours, our_lr = metric_values(records, variant, metric)
+            theirs, their_lr = metric_values(records, ref, metric)
+            if ours and theirs:
+                result = recipes.compare(ours, theirs, recipes.BETTER[metric.split("@")[0]],
+                                         expected.get((variant, metric), by_variant.get(variant, "better")))
+                rows.append({"variant": variant, "reference": ref, "metric": metric, "lr": our_lr,
+                             "reference_lr": their_lr, "claim": (variant, metric) in expected, **result})
+    return rows
+
+
+def comparison_markdown(rows):
+    """The comparisons as a Markdown table, each side as the results page shows it."""
+    lines = ["| variant | reference | metric | variant: median [min, max] | reference: median [min, max] | "
+             "difference | p | expected | verdict |", "|" + "---|" * 9]
+    for row in rows:
+        metric = row["metric"] + (f" (LR {row['lr']} vs {row['reference_lr']})" if row["metric"] == "best_loss" else "")
+        lines.append(f"| {row['variant']} | {row['reference']} | {metric} | {side_text(row['variant_values'])} | "
+                     f"{side_text(row['reference_values'])} | {value_text(row['median_difference'], plain=True)} | "
+                     f"{row['p']:.3g} | {row['expect']} | {row['verdict']} |")
+    return "\n".join(lines)
+
+
+def markdown(rows):
+    """The summary rows as a Markdown table, with summary.csv's cells."""
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(value_text(row.get(c), plain=True) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def machine():
+    """Where the runs ran, for the results page: "2-core AMD EPYC" or the GPUs' name, the torch version, the date."""
+    if torch.cuda.is_available():
+        hardware = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    else:
+        hardware = f"{runtime.cpu_cores()}-core {cpu_model()}"
+    # the 5-minute load average when the sweep ended: a shared machine's timings are slower than an idle one's
+    return {"hardware": hardware, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+            "load": os.getloadavg()[1]}
+
+
+def cpu_model():
+    """The CPU's model name as lscpu gives it (/proc/cpuinfo on Linux), else platform.processor()."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "CPU"
+
+
+def previous_summary(out_dir):
+    """The sweep's summary.json as a previous invocation wrote it ({} if none): its wall time and machine carry
+    over. A damaged one is a UsageError: it is left as it is, not overwritten."""
+    path = os.path.join(out_dir, "summary.json")
+    if not os.path.lexists(path):  # lexists: a broken symlink in its place is refused, not passed over
+        return {}
+    summary = schema.read_summary(path, REBUILD)
+    schema.check_summary(path, {"wall_s": 0.0, **summary}, {"wall_s": schema.NUMBER}, REBUILD)
+    return summary
+
+
+def recipe_record(sweep):
+    """The recipe as the results page reads it, with the seeds and flags this sweep ran (--seeds or extra train.py
+    flags may add to the recipe's)."""
+    return {**recipes.describe(sweep.recipe, sweep.scale, sweep.jobs), "seeds": sweep.seeds,
+            "train_argv": sweep.train_argv}
+
+
+def write_summary(sweep, runs, wall_s=0.0):
+    """summary.json, summary.csv and Markdown tables on stdout. wall_s: this invocation's time running runs, added
+    to the previous summary's, so the summary says how long the whole sweep took; where it ran nothing (0), the
+    previous summary's machine, date and load stay, as they are the runs'."""
+    records = [run_record(run) for run in runs]
+    os.makedirs(sweep.out_dir, exist_ok=True)
+    rows = ramp_rows(records) if sweep.mode == "ramp" else lr_rows(records, sweep.lrs)
+    compared = (comparisons(records, sweep.mode, sweep.lrs, sweep.variants, sweep.reference,
+                            sweep.claims) if sweep.reference else [])
+    previous = previous_summary(sweep.out_dir)
+    where = previous["machine"] if wall_s == 0 and "machine" in previous else machine()
+    summary = {"mode": sweep.mode, "reference": sweep.reference, "variants": rows, "comparisons": compared,
+               "recipe": recipe_record(sweep) if sweep.recipe else None, "machine": where,
+               "wall_s": wall_s + previous.get("wall_s", 0.0), "runs": records}
+    # inf (a diverged run's loss) is written as Infinity, which Python's json reads back
+    files.write_atomic(os.path.join(sweep.out_dir, "summary.json"), json.dumps(summary, indent=1).encode())
+    table = io.StringIO()
+    writer = csv.DictWriter(table, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
+    writer.writeheader()
+    writer.writerows({k: value_text(v, plain=True) for k, v in row.items()} for row in rows)
+    files.write_atomic(os.path.join(sweep.out_dir, "summary.csv"), table.getvalue().encode())
+    unfinished = sum(r["status"] == "unfinished" for r in records)
+    elsewhere = sum(files.held_by(run.dir) is not None for run in runs)
+    if unfinished:
+        print(f"{unfinished} of {len(records)} runs did not finish ({elsewhere} of them still running in another "
+              "process; see the others' .out files); the summary leaves them out")
+    print(markdown(rows))
+    if compared:
+        print()
+        print(comparison_markdown(compared))
