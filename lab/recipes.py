@@ -23,8 +23,11 @@ from itertools import combinations
 
 ALPHA = 0.05
 # the direction in which each metric is better (sweep.py's metric names, before the "@LR")
+# (lr_sensitivity: Wortsman et al. 2023 §3; grad_ratio, fc2_grad_ratio: layer 0's gradient over the last layer's,
+# which Spike No More Fig. 3 and NormFormer Fig. 3 show large for the baselines and evened out by the variants)
 BETTER = {"steps_survived": "higher", "peak_lr": "higher", "final_loss": "lower", "best_loss": "lower",
-          "spikes": "lower", "attn_logit_max": "lower", "log_z": "lower"}
+          "spikes": "lower", "attn_logit_max": "lower", "log_z": "lower", "lr_sensitivity": "lower",
+          "grad_ratio": "lower", "fc2_grad_ratio": "lower"}
 
 
 def doubled_ranks(values):
@@ -410,12 +413,13 @@ RECIPES = {
 
 
 def settings(name, scale="cpu"):
-    """What sweep.py runs for a recipe: variants, LRs, seeds, mode, reference, claims and every run's flags."""
+    """What sweep.py runs for a recipe: variants, LRs, seeds (first_seed .. first_seed + seeds - 1), mode,
+    reference, claims and every run's flags."""
     recipe = RECIPES[name]
     on_gpu = scale == "gpu"
     return dict(variants=list(recipe.variants), lrs=list(recipe.gpu_lrs if on_gpu else recipe.lrs),
-                seeds=recipe.seeds, mode=recipe.mode, reference=recipe.reference, claims=list(recipe.claims),
-                train_argv=list(recipe.gpu_flags if on_gpu else recipe.flags))
+                seeds=recipe.seeds, first_seed=recipe.first_seed, mode=recipe.mode, reference=recipe.reference,
+                claims=list(recipe.claims), train_argv=list(recipe.gpu_flags if on_gpu else recipe.flags))
 
 
 def command(name, scale="cpu", jobs=1):
@@ -431,4 +435,5 @@ def describe(name, scale="cpu", jobs=1):
             "title": recipe.title, "paper": recipe.paper, "quote": recipe.quote,
             "deviations": recipe.gpu_deviations if scale == "gpu" else recipe.deviations,
             "figure": recipe.figure, "command": command(name, scale, jobs),
+            "seed_list": list(range(recipe.first_seed, recipe.first_seed + recipe.seeds)),
             "claims": [vars(claim) for claim in recipe.claims]}
