@@ -29,6 +29,11 @@ TARGET_POWER = 0.8
 FIELDS = {"final_loss": "final_loss_capped", "steps_survived": "steps_survived", "peak_lr": "peak_lr",
           "spikes": "spikes", "grad_ratio": "grad_ratio", "fc2_grad_ratio": "fc2_grad_ratio",
           "attn_logit_max": "attn_logit_max", "log_z": "log_z"}
+# the telemetry steps whose gradient ratios a run's grad_ratio and fc2_grad_ratio average (early training, where
+# NormFormer Fig. 3 and Spike No More Fig. 3 read them)
+RATIO_STEPS = (10, 100)
+# a run has left the unigram plateau when its final val loss is below this share of the val split's unigram entropy
+PLATEAU = 0.9
 TEST = "exact two-sided paired sign-flip permutation test over seeds"
 
 

@@ -24,6 +24,7 @@ from engine import files
 from engine import runtime
 from engine.flags import UsageError
 from lab import claims as claims_lib
+from lab.claims import PLATEAU, RATIO_STEPS
 from lab import recipes
 from lab import schema
 from lab import stats
@@ -31,11 +32,6 @@ from lab.tables import side_text, value_text
 
 FINISHED_CODES = (0, 3)  # train.py: 0 finished, 3 diverged
 METRICS = {"ramp": ("steps_survived", "peak_lr"), "lr": ("final_loss", "spikes", "attn_logit_max", "log_z")}
-# the telemetry steps whose gradient ratios a run's grad_ratio and fc2_grad_ratio average (early training, where
-# NormFormer Fig. 3 and Spike No More Fig. 3 read them)
-RATIO_STEPS = (10, 100)
-# a run has left the unigram plateau when its final val loss is below this share of the val split's unigram entropy
-PLATEAU = 0.9
 # a summary.json that sweep.py cannot read back is left as it is, not overwritten
 REBUILD = ("this summary.json is not a summary sweep.py wrote: move it away and run again to rebuild it from the "
            "runs' logs")
