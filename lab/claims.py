@@ -169,7 +169,7 @@ def design(recipe_record, model_cfg, tc):
             "eval_windows": {"eval_iters": tc.eval_iters, "batch_size": tc.batch_size, "windows": windows,
                              "block_size": model_cfg.block_size, "tokens": windows * model_cfg.block_size},
             "metrics": list(dict.fromkeys(c["metric"] for c in claims)), "test": TEST,
-            "family": f"the recipe's {len(claims)} claims, Holm-adjusted together",
+            "family": f"the recipe's {len(claims)} claim{'s' if len(claims) > 1 else ''}, Holm-adjusted together",
             "alpha": ALPHA, "power_alpha": ALPHA / max(len(claims), 1), "target_power": TARGET_POWER,
             "effects": [{"variant": c["variant"], "metric": c["metric"], "effect": c["effect"],
                          "relative": c["relative"], "source": c["effect_source"]} for c in claims]}

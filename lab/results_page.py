@@ -18,7 +18,7 @@ from engine.flags import UsageError
 from lab import schema
 from lab.claims import FIELDS, RATIO_STEPS
 from lab.figures import FP16_MAX, legend_outside, log_lr_axis, make_folder, plt, save_png
-from lab.tables import interval_text, p_value_text, power_text, value_text, verdict_text
+from lab.tables import interval_text, mde_text, p_value_text, power_text, value_text, verdict_text
 
 LINE_STYLES = ("-", "--", ":", "-.")
 FIGURE_SIZE = (8, 4.5)  # inches, at FIGURE_DPI: readable at the page's width
@@ -174,12 +174,14 @@ def figure_grad_ratio(summary, axes):
         if steps:
             axes[1].plot(steps, [statistics.median(v) for v in at], style, color=color, label=variant)
     axes[0].set_xticks(range(len(styles)), list(styles), rotation=20, ha="right")
-    axes[0].set(yscale="log", ylabel=metric_label(metric))
+    axes[0].set(ylabel=metric_label(metric))
     axes[1].axvspan(*RATIO_STEPS, color="gray", alpha=0.1, lw=0)
-    axes[1].set(yscale="log", xlabel="step (shaded: the steps averaged)", ylabel="the ratio, median over seeds")
+    axes[1].set(xlabel="step (shaded: the steps averaged)", ylabel="the ratio, median over seeds")
     for ax in axes:
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-        ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        if ax.has_data() and ax.lines:  # a log axis needs a ratio to show: runs that diverged early have none
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+            ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
 
 
 def figure_metric(summary, ax):
@@ -283,7 +285,7 @@ def claims_table(summary):
         lines.append(f"| {comparison_text(c)} | {metric_label(c['metric'])} | {c['paper_number']} | {to_detect}: "
                      f"{c['effect_source']} | {interval_text(c['effect'], c['effect_ci'])} | "
                      f"{interval_text(c['difference'], c['difference_ci'])} | {c['n']} | {p_value_text(c['p'])} | "
-                     f"{p_value_text(c['p_holm'])} | {power_text(c['power'])} | {value_text(c['mde'])} | "
+                     f"{p_value_text(c['p_holm'])} | {power_text(c['power'])} | {mde_text(c['mde'])} | "
                      f"{c['verdict']} |")
     return "\n".join(lines)
 

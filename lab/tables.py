@@ -49,3 +49,10 @@ def verdict_text(claim):
     if math.isinf(claim["mde"]):
         return "not detected (too few pairs to detect any effect)"
     return f"not detected (MDE {value_text(claim['mde'])})"
+
+
+def mde_text(mde):
+    """The minimum detectable effect; inf where too few pairs can reach the level at all."""
+    if mde is not None and math.isinf(mde):
+        return "none reachable"
+    return value_text(mde)
