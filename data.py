@@ -340,18 +340,51 @@ def bin_dtype(folder):
     return load_meta(folder)["dtype"]
 
 
-def get_batch(folder, split, batch_size, block_size, generator, device):
-    """x: batch_size random windows of block_size tokens from split; y: the same windows one token later."""
+def windows(folder, split, starts, block_size, device):
+    """x: the windows of block_size tokens of split that begin at starts; y: the same windows one token later."""
     import torch  # here, not at the top: python data.py never needs it and starts in a tenth of the time
     dtype = bin_dtype(str(folder))
     # a fresh memmap every call, as in nanoGPT: a long-lived one grows the process's memory
     data = np.memmap(os.path.join(folder, f"{split}.bin"), dtype=dtype, mode="r")
-    ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator).tolist()
-    x = torch.from_numpy(np.stack([data[i:i + block_size] for i in ix]).astype(np.int64))
-    y = torch.from_numpy(np.stack([data[i + 1:i + 1 + block_size] for i in ix]).astype(np.int64))
+    x = torch.from_numpy(np.stack([data[i:i + block_size] for i in starts]).astype(np.int64))
+    y = torch.from_numpy(np.stack([data[i + 1:i + 1 + block_size] for i in starts]).astype(np.int64))
     if torch.device(device).type == "cuda":
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x.to(device), y.to(device)
+
+
+def get_batch(folder, split, batch_size, block_size, generator, device):
+    """x: batch_size random windows of block_size tokens from split; y: the same windows one token later."""
+    import torch
+    ix = torch.randint(split_tokens(folder, split) - block_size, (batch_size,), generator=generator).tolist()
+    return windows(folder, split, ix, block_size, device)
+
+
+def split_tokens(folder, split):
+    """The number of tokens in split, from its file's size."""
+    return os.path.getsize(os.path.join(folder, f"{split}.bin")) // np.dtype(bin_dtype(str(folder))).itemsize
+
+
+def eval_starts(n_tokens, block_size, count):
+    """The start offsets of `count` evaluation windows of block_size + 1 tokens (x, and y one token later),
+    evenly spaced over a split of n_tokens from its first token to its last: a function of the split and the
+    sizes alone, so every seed, variant and number of processes is scored on the same windows, and two runs'
+    losses can be compared window for window (paired by seed) instead of over their own random samples."""
+    last = n_tokens - block_size - 1  # the last start whose y still fits in the split
+    if last < 0:
+        raise ValueError(f"a split of {n_tokens} tokens holds no window of {block_size} + 1 tokens")
+    return [i * last // (count - 1) for i in range(count)] if count > 1 else [0]
+
+
+def eval_batches(starts, batch_size, rank, world_size):
+    """This process's share of the evaluation windows, in batches of at most batch_size starts: window i goes to
+    process i mod world_size, so the processes' shares are disjoint and together are every window once, whatever
+    world_size. Every process gets the same number of batches (the last ones may be short or empty) so that they
+    can agree on a stop request before each batch."""
+    mine = starts[rank::world_size]
+    per_process = -(-len(starts) // world_size)  # the largest share, process 0's
+    n_batches = -(-per_process // batch_size)
+    return [mine[b * batch_size:(b + 1) * batch_size] for b in range(n_batches)]
 
 
 @dataclass

@@ -44,6 +44,24 @@ def tokens(x):
     return x.reshape(-1, x.shape[-1])
 
 
+def mean_var(u):
+    """mu_B and the biased sigma_B^2 of PowerNorm Alg. 1, per channel over all tokens of the batch."""
+    var, mean = torch.var_mean(tokens(u), dim=0, correction=0)
+    return mean, var
+
+
+def quadratic_mean(u):
+    """psi_B^2 of PowerNorm Def. 1: the mean of x^2 per channel over all tokens of the batch."""
+    return tokens(u).square().mean(0)
+
+
+def distance(batch, running):
+    """dist(s_B, s) = ||s_B - s|| / d, the "average Euclidean distance" between a batch statistic and its running
+    value over the d channels (PowerNorm §3, Fig. 2; Fig. 4 for sigma^2 and psi^2): in eval a token is
+    normalized with the running value, in training with the batch's, and this is how far apart they are."""
+    return torch.linalg.vector_norm((batch - running).float()) / batch.numel()
+
+
 class LayerNorm(nn.Module):
     """y = (x - E[x]) / sqrt(Var[x] + eps) * g + b over the C features of each token
     (Ba et al. 2016; NormFormer eq. (1))."""
@@ -115,6 +133,7 @@ class BatchNorm(nn.Module):
     normalized with statistics of the whole batch, future tokens included.
     Under DDP the statistics are per rank, and DDP's buffer broadcast makes rank 0's running buffers win.
     """
+    STATISTICS = ("mean", "var")  # batch_distance's keys
 
     def __init__(self, dim, eps=1e-5, affine="both", alpha=0.9):
         super().__init__()
@@ -126,12 +145,17 @@ class BatchNorm(nn.Module):
     def forward(self, x):
         u = tokens(upcast(x))
         if self.training:
-            var, mean = torch.var_mean(u, dim=0, correction=0)  # mu_B and the biased sigma_B^2 of Alg. 1
+            mean, var = mean_var(u)
             self.update_running(mean, var)
         else:
             var, mean = self.running_var, self.running_mean
         z = (u - mean) / torch.sqrt(var + self.eps)  # eq. (1), with eps
         return scale_shift(z, self.weight, self.bias).reshape(x.shape).to(x.dtype)  # eq. (2)
+
+    def batch_distance(self, x):
+        """dist(mu_B, mu) and dist(sigma_B^2, sigma^2) of PowerNorm Fig. 2 for the batch x."""
+        mean, var = mean_var(upcast(x))
+        return {"mean": distance(mean, self.running_mean), "var": distance(var, self.running_var)}
 
     @torch.no_grad()
     def update_running(self, mean, var):
@@ -148,6 +172,7 @@ class PNV(nn.Module):
     every token is normalized with statistics of the whole batch, future tokens included.
     Under DDP the statistics are per rank, and DDP's buffer broadcast makes rank 0's running buffer win.
     """
+    STATISTICS = ("psi2",)  # batch_distance's keys
 
     def __init__(self, dim, eps=1e-5, affine="both", alpha=0.9):
         super().__init__()
@@ -158,7 +183,7 @@ class PNV(nn.Module):
     def forward(self, x):
         u = upcast(x)
         if self.training:
-            psi2 = tokens(u).square().mean(0)  # psi_B^2 of Def. 1
+            psi2 = quadratic_mean(u)
             with torch.no_grad():
                 self.running_psi2.lerp_(psi2, 1 - self.alpha)
         else:
@@ -167,6 +192,10 @@ class PNV(nn.Module):
         # the whole batch, as in the reference code's x / (var + eps).sqrt() (sIncerass/powernorm, mask_powernorm.py)
         z = u / torch.sqrt(psi2 + self.eps)
         return scale_shift(z, self.weight, self.bias).to(x.dtype)  # eq. (5)
+
+    def batch_distance(self, x):
+        """dist(psi_B^2, psi^2) of PowerNorm Fig. 4 for the batch x."""
+        return {"psi2": distance(quadratic_mean(upcast(x)), self.running_psi2)}
 
 
 def group_scale(x, groups):
@@ -224,6 +253,7 @@ class PowerNorm(nn.Module):
     Eval uses running statistics only, so a token's output does not depend on the rest of the batch.
     Under DDP the statistics are per rank, and DDP's buffer broadcast makes rank 0's buffers win.
     """
+    STATISTICS = ("psi2",)  # batch_distance's keys
 
     def __init__(self, dim, eps=1e-5, affine="both", alpha_fwd=0.9, alpha_bwd=0.9, warmup=0, groups=0):
         super().__init__()
@@ -236,19 +266,25 @@ class PowerNorm(nn.Module):
         self.register_buffer("calls", torch.zeros((), dtype=torch.long))
 
     def forward(self, x):
-        u = upcast(x)
-        if self.groups:
-            u = group_scale(u, self.groups)
+        u = self.group_scaled(upcast(x))
         if self.training:
             z = self.train_forward(u)
         else:
             z = u / torch.sqrt(self.running_psi2 + self.eps)
         return scale_shift(z, self.weight, self.bias).to(x.dtype)  # eq. (9)
 
+    def group_scaled(self, u):
+        return group_scale(u, self.groups) if self.groups else u
+
+    def batch_distance(self, x):
+        """dist(psi_B^2, psi^2) of PowerNorm Fig. 4 for the batch x; after warmup training normalizes with the
+        running psi^2 too, so this is how far the batch is from what both use."""
+        return {"psi2": distance(quadratic_mean(self.group_scaled(upcast(x))), self.running_psi2)}
+
     def train_forward(self, u):
         # a tensor, not a Python branch, so the warmup switch costs no host sync on a GPU
         warm = self.calls < self.warmup
-        psi2_batch = tokens(u).square().mean(0)  # psi_B^2
+        psi2_batch = quadratic_mean(u)
         # eq. (8) divides by psi_(t-1), the running statistic from before this call and a constant for autograd,
         # so autograd's gradient through this line divides by psi_(t-1) too: that is eq. (12). Alg. 2, read line by
         # line, divides the gradient by the psi it has just updated, psi_t, and the reference code

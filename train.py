@@ -33,6 +33,7 @@ from engine import flags
 from engine import runtime
 from diagnostics.instruments import Instruments
 from model import GPT, GPTConfig, PRESETS, flops_per_token
+from norms import PNV, BatchNorm, PowerNorm
 
 
 @dataclass
@@ -57,7 +58,7 @@ class TrainConfig:
     # evaluation, logging, checkpoints
     out_dir: str = "out"
     eval_interval: int = 200
-    eval_iters: int = 10
+    eval_iters: int = 10  # eval_iters x batch_size fixed windows per split (data.eval_starts), on all processes
     log_interval: int = 25
     always_save_checkpoint: bool = True
     resume: bool = False
@@ -129,8 +130,10 @@ def train(model_cfg, tc, machine, checkpoint, events, folder, meta, stop):
             spread = runtime.rank_spread(raw_model) if machine.ddp else 0.0
             if machine.master:
                 print(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+                diagnostics = {key: value for key, value in losses.items() if key not in ("train", "val")}
                 run_folder.log_event(log_path, {"event": "eval", "step": step, "train_loss": losses["train"],
-                                                 "val_loss": losses["val"], "lr": lr, "rank_spread": spread})
+                                                 "val_loss": losses["val"], **diagnostics, "lr": lr,
+                                                 "rank_spread": spread})
             if not math.isfinite(losses["val"]):
                 return instruments.report(step, lr, f"non-finite validation loss ({losses['val']})")
             improved = losses["val"] < best_val
@@ -229,9 +232,6 @@ def configure_optimizer(model, tc, device_type):
     return torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), fused=fused)
 
 
-EVAL_STREAM = -1  # in place of the step: eval batches are the same at every eval, and differ from training's
-
-
 def batch_generator(*stream):
     """A fresh generator per batch, seeded from (seed, rank, step, micro-step). The batches of a step are
     then a function of the step alone, so the step is the data position a checkpoint needs to resume.
@@ -246,31 +246,78 @@ def get_batch(folder, split, tc, machine, *stream, shape):
                           machine.device)
 
 
+# the norms that normalize a training token with statistics of the whole batch (PowerNorm §3; PowerNorm in warmup)
+BATCH_STATISTIC_NORMS = (BatchNorm, PNV, PowerNorm)
+
+
 @torch.no_grad()
 def evaluate(model, raw_model, folder, tc, machine, autocast, block_size, stop):
-    """Mean loss over eval_iters fixed batches per split and process, in eval mode (running statistics); None
-    when a stop request (Ctrl-C) comes first: the processes agree on it before each batch."""
+    """Mean loss per split over the same eval_iters x batch_size windows at every evaluation, in every run
+    (data.eval_starts), shared among the processes, in eval mode (running statistics). None when a stop request
+    (Ctrl-C) comes first: the processes agree on it before each batch.
+    With a batch-statistic norm in the model, also "<split>_loss_batch_stats": the loss of the same batches with
+    those norms in training mode (batch statistics, where a token sees the rest of its batch, future tokens
+    included), and "batch_stat_dist", PowerNorm §3's distance between the val batches' statistics and the
+    running ones: together, how much a training loss gains from the batch, which an eval loss cannot."""
     if machine.ddp:
         # running statistics are per process; rank 0's win, as DDP's own broadcast does
         for buffer in raw_model.buffers():
             dist.broadcast(buffer, src=0)
     model.eval()
     eval_model = model.module if machine.ddp else model  # compiled if --compile; no DDP wrapper, as nothing syncs
+    norms = [m for m in raw_model.modules() if isinstance(m, BATCH_STATISTIC_NORMS)]
     losses = {}
     for split in ("train", "val"):
-        total = torch.zeros((), device=machine.device)
-        for i in range(tc.eval_iters):
+        starts = data.eval_starts(data.split_tokens(folder, split), block_size, tc.eval_iters * tc.batch_size)
+        # sums over windows: the loss in eval mode and with batch statistics, and PowerNorm §3's distances
+        sums = torch.zeros(1 + (1 + len(norms[0].STATISTICS) if norms else 0), device=machine.device)
+        for batch in data.eval_batches(starts, tc.batch_size, machine.rank, machine.world_size):
             if runtime.agree(stop.requested, machine):
                 model.train()
                 return None
-            x, y = get_batch(folder, split, tc, machine, EVAL_STREAM, i, shape=(block_size, tc.batch_size))
+            if not batch:
+                continue  # this process's share ran out before the others'
+            x, y = data.windows(folder, split, batch, block_size, machine.device)
             with autocast:
-                total += eval_model(x, y)[1].float()
+                sums[0] += eval_model(x, y)[1].float() * len(batch)  # the model's loss is a mean over its batch
+                if norms:
+                    sums[1:] += batch_statistics_loss(raw_model, norms, x, y) * len(batch)
         if machine.ddp:
-            dist.all_reduce(total)
-        losses[split] = total.item() / (tc.eval_iters * machine.world_size)
+            dist.all_reduce(sums)
+        means = (sums / len(starts)).tolist()
+        losses[split] = means[0]
+        if norms:
+            losses[f"{split}_loss_batch_stats"] = means[1]
+            if split == "val":
+                losses["batch_stat_dist"] = dict(zip(norms[0].STATISTICS, means[2:]))
     model.train()
     return losses
+
+
+def batch_statistics_loss(raw_model, norms, x, y):
+    """The loss of (x, y) with the batch-statistic norms in training mode and the rest in eval mode (no dropout),
+    and the mean over those norms of PowerNorm §3's distance between the batch's statistics and the running
+    ones (norms.distance). The norms' buffers (running statistics, PowerNorm's call count) are put back as
+    they were: an evaluation learns nothing."""
+    saved = [(module, name, buffer, buffer.clone()) for module in norms
+             for name, buffer in module.named_buffers(recurse=False)]
+    distances = []
+    hooks = [module.register_forward_pre_hook(lambda module, args: distances.append(module.batch_distance(args[0])))
+             for module in norms]
+    try:
+        for module in norms:
+            module.train()
+        loss = raw_model(x, y)[1].float()
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for module, name, buffer, value in saved:
+            # PowerNorm replaces its buffers by new tensors in training: the originals come back, with their values
+            buffer.copy_(value)
+            setattr(module, name, buffer)
+            module.eval()
+    per_statistic = torch.stack([torch.stack([d[key] for key in norms[0].STATISTICS]) for d in distances]).mean(0)
+    return torch.cat([loss.reshape(1), per_statistic])
 
 
 def build(model_cfg, tc, machine, checkpoint, autocast):

@@ -12,8 +12,8 @@ up). d_s is signed so that positive is the paper's expected direction. Then, per
            relative), at alpha = 0.05 / m (Holm's first step, the conservative case), n = the pairs, the differences'
            spread = their observed sd (the recipe's own spread)
   mde      the smallest effect the design detects with 80% power at that alpha and sd
-  verdict  "agrees" where p_holm < 0.05 and the mean of d is positive (the test's statistic), "disagrees" where
-           p_holm < 0.05 and it is negative, else "not detected"
+  verdict  "agrees" where p_holm < 0.05 and the effect is positive, "disagrees" where p_holm < 0.05 and it is
+           negative, else "not detected" with the MDE
 """
 
 import math
@@ -22,7 +22,7 @@ import statistics
 from lab import recipes
 from lab import stats
 
-ALPHA = 0.05
+ALPHA = stats.ALPHA
 CONFIDENCE = 0.95
 TARGET_POWER = 0.8
 # a claim's metric -> the run record's field holding it; a diverged run's final loss is capped at L_0
@@ -129,18 +129,19 @@ def judge_one(records, claim, reference, lrs, family):
               "arm_medians": {arm: statistics.median(values[arm][s] for s in seeds) if seeds else None
                               for arm in arms(claim, reference)},
               "p": None, "effect": None, "effect_ci": None, "difference": None, "difference_ci": None,
-              "mean": None, "sd": None, "power": None, "mde": None}
+              "ci_coverage": None, "mean": None, "sd": None, "power": None, "mde": None}
     if n == 0:
         return result
-    estimate, low, high = stats.hodges_lehmann(signed, CONFIDENCE)
+    hl = stats.hodges_lehmann_paired(signed, 1 - CONFIDENCE)
+    low, high = hl["low"], hl["high"]
     sign = expected_sign(claim.metric, claim.expect)
-    result.update(p=float(stats.sign_flip_p(signed)), effect=estimate, effect_ci=[low, high],
-                  difference=sign * estimate, difference_ci=sorted([sign * low, sign * high]),
-                  mean=statistics.fmean(signed))
+    result.update(p=float(stats.sign_flip_p(signed)), effect=hl["estimate"], effect_ci=[low, high],
+                  ci_coverage=hl["confidence"], difference=sign * hl["estimate"],
+                  difference_ci=sorted([sign * low, sign * high]), mean=statistics.fmean(signed))
     if n >= 2:
         sd = statistics.stdev(signed)
-        result.update(sd=sd, power=stats.power(n, sd, to_detect, alpha),
-                      mde=stats.mde(n, sd, alpha, TARGET_POWER))
+        result.update(sd=sd, power=stats.sign_flip_power(n, to_detect, sd, alpha),
+                      mde=stats.minimum_detectable_effect(n, sd, alpha, TARGET_POWER))
     return result
 
 
@@ -151,12 +152,12 @@ def run_counts(record, metric):
 
 
 def verdict(result):
-    """agrees / disagrees with the paper's direction where Holm's p < 0.05, else not detected."""
+    """agrees / disagrees with the paper's direction where Holm's p < 0.05 (by the sign of the Hodges-Lehmann
+    effect, positive the paper's direction), else not detected, with the MDE (stats.verdict)."""
     if result["p_holm"] is None:
         return "not run yet"
-    if result["p_holm"] >= ALPHA or result["mean"] == 0:
-        return "not detected"
-    return "agrees" if result["mean"] > 0 else "disagrees"
+    mde = result["mde"] if result["mde"] is not None else math.inf
+    return stats.verdict(result["p_holm"], result["effect"], "positive", mde, ALPHA)
 
 
 def design(recipe_record, model_cfg, tc):

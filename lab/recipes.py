@@ -9,64 +9,26 @@ A recipe states the paper's claim (quoted, with the paper's version and its tabl
 the variants it compares with a reference variant of the same model context, the metric and the direction the
 paper states, its seeds, flags and LRs, and how it departs from the paper's protocol (size, steps, dtype, data).
 
-The verdict on a claim comes from an exact two-sided permutation test of the seeds' values: "agrees" or
-"disagrees" with the paper's direction only at p < 0.05, else "inconclusive at this scale". With n seeds a side
-the smallest p is 2 / C(2n, n): 0.1 at 3 seeds, 0.029 at 4, 0.0079 at 5, so every recipe runs at least 4.
+A claim is judged by lab/claims.py as a contrast paired by seed: the exact sign-flip test of the per-seed
+differences, Holm-adjusted over the recipe's claims, with the Hodges-Lehmann effect and its interval, the power for
+the claim's effect and the minimum detectable effect (lab/stats.py). With n pairs the smallest p is 2 / 2^n, so a
+recipe's seeds must reach 0.05 / m at Holm's first step (8 seeds: 0.0078, enough for m up to 6). compare() below
+is the unpaired comparison of sweep.py's --reference, where the two sides did not run the same seeds.
 """
 
 import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Optional
-from fractions import Fraction
-from itertools import combinations
 
-ALPHA = 0.05
+from lab.stats import ALPHA, doubled_ranks, permutation_p, smallest_p  # noqa: F401 (used by callers as recipes.X)
+
 # the direction in which each metric is better (sweep.py's metric names, before the "@LR")
 # (lr_sensitivity: Wortsman et al. 2023 §3; grad_ratio, fc2_grad_ratio: layer 0's gradient over the last layer's,
 # which Spike No More Fig. 3 and NormFormer Fig. 3 show large for the baselines and evened out by the variants)
 BETTER = {"steps_survived": "higher", "peak_lr": "higher", "final_loss": "lower", "best_loss": "lower",
           "spikes": "lower", "attn_logit_max": "lower", "log_z": "lower", "lr_sensitivity": "lower",
           "grad_ratio": "lower", "fc2_grad_ratio": "lower"}
-
-
-def doubled_ranks(values):
-    """2 x the rank of each value among all (1-based), ties sharing their mean rank: 2 x a midrank is an
-    integer, so the rank sums below are compared exactly. inf ranks above every finite value and ties with inf."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0] * len(values)
-    start = 0
-    while start < len(order):
-        end = start
-        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
-            end += 1
-        for i in order[start:end + 1]:
-            ranks[i] = start + end + 2  # 2 x the mean of the 1-based ranks start+1 .. end+1
-        start = end + 1
-    return ranks
-
-
-def permutation_p(a, b):
-    """Exact two-sided p-value of the Mann-Whitney U test, as a Fraction: over all C(n+m, n) ways to relabel the
-    pooled values as n "a" and m "b", the share whose rank sum of a is at least as far from its mean under no
-    difference, n (n+m+1) / 2, as the observed one. Ties use midranks and stay in the relabelings as observed
-    (the exact conditional test), so two diverged runs with equal values are handled exactly."""
-    values = [float(v) for v in [*a, *b]]
-    if any(math.isnan(v) for v in values):
-        raise ValueError("a NaN has no rank; count a diverged run as inf (the worst value), not NaN")
-    n, total = len(a), len(values)
-    if n == 0 or n == total:
-        raise ValueError("each side needs at least one value")
-    ranks = doubled_ranks(values)
-    center = n * (total + 1)  # 2 x the mean rank sum of a
-    observed = abs(sum(ranks[:n]) - center)
-    hits = sum(abs(sum(ranks[i] for i in chosen) - center) >= observed for chosen in combinations(range(total), n))
-    return Fraction(hits, math.comb(total, n))
-
-
-def smallest_p(n, m):
-    """The smallest p the test can give with n and m values a side: the two complete separations."""
-    return Fraction(2, math.comb(n + m, n))
 
 
 def spread(values):

@@ -18,7 +18,7 @@ from engine.flags import UsageError
 from lab import schema
 from lab.claims import FIELDS, RATIO_STEPS
 from lab.figures import FP16_MAX, legend_outside, log_lr_axis, make_folder, plt, save_png
-from lab.tables import interval_text, mde_text, p_value_text, power_text, value_text, verdict_text
+from lab.tables import interval_text, mde_text, p_value_text, power_text, value_text
 
 LINE_STYLES = ("-", "--", ":", "-.")
 FIGURE_SIZE = (8, 4.5)  # inches, at FIGURE_DPI: readable at the page's width
@@ -261,7 +261,7 @@ def headline_rows(summary):
     recipe = summary["recipe"]
     return [f"| [{recipe['name']}](#{anchor(recipe)}) | {comparison_text(c)}: {metric_label(c['metric'])} | "
             f"{interval_text(c['effect'], c['effect_ci'])} | {p_value_text(c['p_holm'])} | {power_text(c['power'])} "
-            f"| {verdict_text(c)} |" for c in summary["claims"]]
+            f"| {c['verdict']} |" for c in summary["claims"]]
 
 
 def headline(summaries):
@@ -428,8 +428,8 @@ share of the reference's median), at alpha = 0.05 / m (Holm's first step, the co
 whose differences spread as this recipe's own did (their sd), by simulation.
 - **MDE**: the minimum detectable effect, the smallest true mean difference the design detects with 80% power at \
 that alpha and spread.
-- **verdict**: "agrees" where p (Holm) < 0.05 and the mean difference is in the paper's direction; "disagrees" \
-where p (Holm) < 0.05 and it is against it; otherwise "not detected", with the MDE: an effect smaller than the MDE \
+- **verdict**: "agrees" where p (Holm) < 0.05 and the effect is in the paper's direction; "disagrees" where \
+p (Holm) < 0.05 and it is against it; otherwise "not detected", with the MDE: an effect smaller than the MDE \
 could be there unseen, so "not detected" is not "no effect".
 
 Descriptive numbers (LR curves, leakage, plateau counts) are shown, not tested."""

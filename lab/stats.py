@@ -1,104 +1,246 @@
 """
-The paired statistics of a recipe's claims, over seeds: the exact two-sided sign-flip permutation test, Holm's
-step-down adjustment, the Hodges-Lehmann estimate with its confidence interval, and the power and minimum detectable
-effect of a design by Monte Carlo.
+The statistics that judge a claim: exact tests, Holm's correction, effect sizes with intervals, and power.
+
+Paired by seed (every run scored on the same evaluation windows, train.py): the seed-by-seed differences
+d_i = variant_i - reference_i go to an exact two-sided sign-flip permutation test (under no effect each d_i is
+as likely to be -d_i), cross-checked by the exact Wilcoxon signed-rank test, with the Hodges-Lehmann estimate
+and its distribution-free interval from the Walsh averages. Unpaired: the exact Mann-Whitney permutation test
+and the Hodges-Lehmann shift. The p-values of a recipe's claims are Holm-corrected together; a claim the test
+does not detect is reported with the minimum detectable effect of its design (Monte Carlo power of the sign-flip
+test). Exact p-values are Fractions. References: Hollander, Wolfe & Chicken, Nonparametric Statistical Methods
+(3rd ed.), §3.1-3.2 (signed-rank test, Hodges-Lehmann estimate and interval), §4.1-4.3 (rank-sum test, shift);
+Holm 1979, "A simple sequentially rejective multiple test procedure".
 """
 
-import functools
-import itertools
 import math
 import statistics
+from fractions import Fraction
+from itertools import combinations
 
 import numpy as np
 
-POWER_SIMULATIONS = 4000
-POWER_SEED = 0  # the simulated designs are the same at every call: a page generated twice shows the same power
+ALPHA = 0.05
+POWER = 0.8  # the power at which the minimum detectable effect is read
 
 
-@functools.lru_cache(maxsize=None)
-def sign_patterns(n):
-    """Every assignment of signs to n paired differences: a 2^n x n array of +-1."""
-    return np.array(list(itertools.product((1.0, -1.0), repeat=n)))
+def finite(values, what):
+    values = [float(v) for v in values]
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError(f"{what} must be finite (a diverged run's inf has no difference; compare it unpaired, "
+                         "by ranks)")
+    return values
 
 
-def sign_flip_p(diffs):
-    """Exact two-sided p of the paired sign-flip permutation test: the share of the 2^n sign assignments whose
-    |sum| is at least the observed |sum| (under no difference each difference is as likely negative as positive)."""
-    d = np.asarray(diffs, dtype=float)
-    if d.size == 0 or not np.all(np.isfinite(d)):
-        raise ValueError("the sign-flip test needs at least one difference, all finite")
-    sums = np.abs(sign_patterns(d.size) @ d)
-    # a relative tolerance: sums equal in exact arithmetic may differ in the last bits
-    return float(np.mean(sums >= abs(d.sum()) * (1 - 1e-12)))
+# Paired by seed
+
+def exact_integers(values):
+    """values (floats) as integers with one common scale: a float is a binary fraction, so these are exact and
+    the sign-flip sums below compare without rounding."""
+    fractions = [Fraction(v) for v in values]
+    scale = math.lcm(*(f.denominator for f in fractions)) if fractions else 1
+    return [int(f * scale) for f in fractions]
 
 
-def holm(ps):
-    """Holm's step-down adjusted p-values, in the order given: the k-th smallest p times (m - k + 1), kept
-    non-decreasing, at most 1."""
-    order = sorted(range(len(ps)), key=lambda i: ps[i])
-    adjusted, running = [0.0] * len(ps), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+def sign_flip_p(differences):
+    """Exact two-sided p of the paired sign-flip permutation test, as a Fraction: the share of the 2^n ways to
+    flip the signs of the n differences whose sum is at least as far from 0 as the observed sum. (A flip set S
+    turns the sum T into T - 2 sum_S d_i; the subset sums are enumerated, so n up to about 20.)"""
+    d = exact_integers(finite(differences, "paired differences"))
+    if not d:
+        raise ValueError("the sign-flip test needs at least one paired difference")
+    total = sum(d)
+    subset_sums = [0]
+    for value in d:
+        subset_sums += [s + value for s in subset_sums]
+    hits = sum(abs(total - 2 * s) >= abs(total) for s in subset_sums)
+    return Fraction(hits, 2 ** len(d))
+
+
+def smallest_sign_flip_p(n):
+    """The smallest p the sign-flip test gives with n pairs: all flipped or none, 2 / 2^n."""
+    return Fraction(2, 2 ** n)
+
+
+def wilcoxon_p(differences):
+    """Exact two-sided p of the Wilcoxon signed-rank test (scipy), for cross-checking the sign-flip test."""
+    from scipy.stats import wilcoxon  # lab only: train.py never needs scipy
+    return float(wilcoxon(finite(differences, "paired differences"), method="exact").pvalue)
+
+
+def signed_rank_counts(n):
+    """counts[t]: how many of the 2^n sign patterns give the signed-rank statistic T+ = t, t = 0 .. n(n+1)/2 (the
+    number of subsets of {1, .., n} summing to t)."""
+    counts = [1] + [0] * (n * (n + 1) // 2)
+    for rank in range(1, n + 1):
+        for t in range(len(counts) - 1, rank - 1, -1):
+            counts[t] += counts[t - rank]
+    return counts
+
+
+def order_statistic_interval(sorted_values, counts, alpha):
+    """[v_(k), v_(N+1-k)] of N sorted values, k the largest with P(S <= k - 1) <= alpha / 2 under the null
+    distribution counts of the matching rank statistic S (Hollander, Wolfe & Chicken §3.3 and §4.3), and its
+    exact coverage 1 - 2 P(S <= k - 1). Where even k = 1 is too wide for 1 - alpha, k = 1 and the coverage
+    it reaches is returned (the interval is then [min, max])."""
+    total, below, k = sum(counts), 0, 0  # below: total x P(S <= k - 1)
+    while 2 * (below + counts[k]) <= alpha * total:  # k + 1 is allowed too
+        below += counts[k]
+        k += 1
+    if k == 0:
+        k, below = 1, counts[0]  # even [min, max] covers less than 1 - alpha
+    return sorted_values[k - 1], sorted_values[-k], 1 - 2 * below / total
+
+
+def hodges_lehmann_paired(differences, alpha=ALPHA):
+    """The Hodges-Lehmann estimate of the paired difference, the median of the n(n+1)/2 Walsh averages
+    (d_i + d_j) / 2, i <= j, and its distribution-free interval from the sorted Walsh averages and the exact
+    signed-rank distribution: {"estimate", "low", "high", "confidence"} (confidence: the interval's exact
+    coverage, 1 - alpha or more where n allows it)."""
+    d = finite(differences, "paired differences")
+    walsh = sorted((d[i] + d[j]) / 2 for i in range(len(d)) for j in range(i, len(d)))
+    low, high, confidence = order_statistic_interval(walsh, signed_rank_counts(len(d)), alpha)
+    return {"estimate": statistics.median(walsh), "low": low, "high": high, "confidence": confidence}
+
+
+# Unpaired
+
+def doubled_ranks(values):
+    """2 x the rank of each value among all (1-based), ties sharing their mean rank: 2 x a midrank is an
+    integer, so the rank sums below are compared exactly. inf ranks above every finite value and ties with inf."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for i in order[start:end + 1]:
+            ranks[i] = start + end + 2  # 2 x the mean of the 1-based ranks start+1 .. end+1
+        start = end + 1
+    return ranks
+
+
+def permutation_p(a, b):
+    """Exact two-sided p-value of the Mann-Whitney U test, as a Fraction: over all C(n+m, n) ways to relabel the
+    pooled values as n "a" and m "b", the share whose rank sum of a is at least as far from its mean under no
+    difference, n (n+m+1) / 2, as the observed one. Ties use midranks and stay in the relabelings as observed
+    (the exact conditional test), so two diverged runs with equal values are handled exactly."""
+    values = [float(v) for v in [*a, *b]]
+    if any(math.isnan(v) for v in values):
+        raise ValueError("a NaN has no rank; count a diverged run as inf (the worst value), not NaN")
+    n, total = len(a), len(values)
+    if n == 0 or n == total:
+        raise ValueError("each side needs at least one value")
+    ranks = doubled_ranks(values)
+    center = n * (total + 1)  # 2 x the mean rank sum of a
+    observed = abs(sum(ranks[:n]) - center)
+    hits = sum(abs(sum(ranks[i] for i in chosen) - center) >= observed for chosen in combinations(range(total), n))
+    return Fraction(hits, math.comb(total, n))
+
+
+def smallest_p(n, m):
+    """The smallest p the test can give with n and m values a side: the two complete separations."""
+    return Fraction(2, math.comb(n + m, n))
+
+
+def rank_sum_counts(n, m):
+    """counts[u]: how many of the C(n+m, n) labelings give the Mann-Whitney statistic U = u, u = 0 .. nm
+    (the coefficients of the Gaussian binomial [n+m choose n], by the recurrence on the largest value's side)."""
+    table = {(0, j): [1] for j in range(m + 1)}
+    for i in range(1, n + 1):
+        table[(i, 0)] = [1]
+        for j in range(1, m + 1):
+            # the largest value is an "a" (it beats all j b's: U grows by j) or a "b" (U unchanged)
+            with_a, with_b = [0] * j + table[(i - 1, j)], table[(i, j - 1)]
+            size = max(len(with_a), len(with_b))
+            table[(i, j)] = [(with_a[u] if u < len(with_a) else 0) + (with_b[u] if u < len(with_b) else 0)
+                             for u in range(size)]
+    return table[(n, m)]
+
+
+def hodges_lehmann_shift(a, b, alpha=ALPHA):
+    """The Hodges-Lehmann shift of a over b, the median of the n m differences a_i - b_j, and its
+    distribution-free interval from the sorted differences and the exact Mann-Whitney distribution:
+    {"estimate", "low", "high", "confidence"}, as hodges_lehmann_paired."""
+    a, b = finite(a, "values"), finite(b, "values")
+    if not a or not b:
+        raise ValueError("each side needs at least one value")
+    shifts = sorted(x - y for x in a for y in b)
+    low, high, confidence = order_statistic_interval(shifts, rank_sum_counts(len(a), len(b)), alpha)
+    return {"estimate": statistics.median(shifts), "low": low, "high": high, "confidence": confidence}
+
+
+# A family of claims
+
+def holm(p_values):
+    """Holm's step-down adjusted p-values, in the order given: sorted ascending, the i-th (from 1) of m becomes
+    max over j <= i of min(1, (m - j + 1) p_(j)), so they never decrease along the sorted order and a claim is
+    significant at level alpha after correction iff its adjusted p < alpha (Holm 1979)."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted, running = [None] * m, 0
+    for step, i in enumerate(order):
+        running = max(running, min(1, (m - step) * p_values[i]))
         adjusted[i] = running
     return adjusted
 
 
-def hodges_lehmann(diffs, confidence=0.95):
-    """The Hodges-Lehmann estimate of a paired shift (the median of the Walsh averages (d_i + d_j) / 2, i <= j) and
-    its confidence interval from the exact distribution of Wilcoxon's signed-rank statistic: (estimate, low, high).
-    With too few pairs for the confidence asked, the interval is the range of the Walsh averages."""
-    d = sorted(float(x) for x in diffs)
-    n = len(d)
-    walsh = sorted((d[i] + d[j]) / 2 for i in range(n) for j in range(i, n))
-    # the exact null distribution of W+ (the sum of the ranks with a positive sign): counts by subset sum
-    counts = [1] + [0] * (n * (n + 1) // 2)
-    for rank in range(1, n + 1):
-        for total in range(len(counts) - 1, rank - 1, -1):
-            counts[total] += counts[total - rank]
-    tail = (1 - confidence) / 2
-    k, cumulative = 0, counts[0] / 2 ** n
-    while cumulative <= tail:  # ends at the smallest k with P(W+ <= k) > tail
-        k += 1
-        cumulative += counts[k] / 2 ** n
-    # Hollander and Wolfe §3.3: drop the c = k - 1 smallest and largest Walsh averages, P(W+ <= c) <= tail
-    drop = min(max(k - 1, 0), (len(walsh) - 1) // 2)
-    return statistics.median(walsh), walsh[drop], walsh[-1 - drop]
+# Power of the paired design
+
+def sign_matrix(n):
+    """All 2^n sign patterns of n pairs, one a row, as a float array."""
+    bits = (np.arange(2 ** n)[:, None] >> np.arange(n)) & 1
+    return 1.0 - 2.0 * bits
 
 
-@functools.lru_cache(maxsize=None)
-def _power_of_standardized(n, shift, alpha):
-    """Power of the sign-flip test at level alpha for n pairs drawn from Normal(shift, 1)."""
-    rng = np.random.default_rng(POWER_SEED)
-    draws = rng.standard_normal((n, POWER_SIMULATIONS)) + shift
-    sums = np.abs(sign_patterns(n) @ draws)
-    p = np.mean(sums >= np.abs(draws.sum(0)) * (1 - 1e-12), axis=0)
-    return float(np.mean(p < alpha))
-
-
-def power(n, sd, delta, alpha):
-    """The probability that the exact sign-flip test at level alpha detects a true mean paired difference delta
-    with n pairs whose differences spread with standard deviation sd (normal), by Monte Carlo."""
-    if n < 1:
+def sign_flip_power(n, delta, sd, alpha=ALPHA, trials=2000, seed=0):
+    """The probability that the two-sided sign-flip test of n pairs finds p < alpha when the paired differences
+    are normal with mean delta and standard deviation sd (a pilot's), by Monte Carlo: `trials` designs drawn from
+    a fixed rng seed, the same standard normal draws for every delta, so power grows smoothly with delta. For a
+    claim among m Holm-corrected ones pass alpha / m: the level of Holm's first step, so the power it gives is
+    a lower bound for every claim. 0 where the smallest attainable p, 2 / 2^n, is not below alpha."""
+    if smallest_sign_flip_p(n) >= alpha:
         return 0.0
-    if sd == 0:
-        return 1.0 if delta != 0 and 2 / 2 ** n < alpha else 0.0
-    return _power_of_standardized(n, round(abs(delta) / sd, 6), alpha)
+    z = np.random.default_rng(seed).standard_normal((trials, n))
+    signs = sign_matrix(n)
+    hits = 0
+    for chunk in np.array_split(delta + sd * z, max(1, trials * 2 ** n // 2 ** 22)):  # 32 MB of sums at a time
+        sums = np.abs(chunk @ signs.T)  # every flip's |sum|, a row per design
+        observed = np.abs(chunk.sum(axis=1, keepdims=True))
+        # relative tolerance: the all-flipped pattern gives exactly -observed, summed in another order
+        p = (sums >= observed * (1 - 1e-9)).mean(axis=1)
+        hits += int((p < alpha).sum())
+    return hits / trials
 
 
-def mde(n, sd, alpha, target=0.8):
-    """The minimum detectable effect: the smallest true mean paired difference the design detects with
-    probability `target` (power), in the units of sd; inf where no effect can reach it (2 / 2^n >= alpha)."""
-    if n < 1 or 2 / 2 ** n >= alpha:
+def minimum_detectable_effect(n, sd, alpha=ALPHA, power=POWER, trials=2000, seed=0, tolerance=1e-3):
+    """The smallest mean paired difference delta whose sign-flip power with n pairs reaches `power`, by bisection
+    on delta (to tolerance x sd); inf where the test cannot reach alpha with n pairs."""
+    def powerful(delta):
+        return sign_flip_power(n, delta, sd, alpha, trials, seed) >= power
+
+    if smallest_sign_flip_p(n) >= alpha:
         return math.inf
     if sd == 0:
         return 0.0
-    low, high = 0.0, 1.0
-    while _power_of_standardized(n, round(high, 6), alpha) < target:
-        low, high = high, high * 2
-    for _ in range(16):  # to 1/2^16 of the bracket
+    low, high = 0.0, sd
+    while not powerful(high):
+        low, high = high, 2 * high
+    while high - low > tolerance * sd:
         middle = (low + high) / 2
-        if _power_of_standardized(n, round(middle, 6), alpha) < target:
-            low = middle
-        else:
-            high = middle
-    return high * sd
+        low, high = (low, middle) if powerful(middle) else (middle, high)
+    return high
+
+
+def verdict(p_holm, effect, expect, mde, alpha=ALPHA):
+    """A claim's verdict: "agrees" (Holm-adjusted p < alpha and the effect in the paper's direction), "disagrees"
+    (significant against it), else "not detected" with the minimum detectable effect of the design. effect: the
+    variant's estimated difference from the reference; expect: "positive" or "negative", its sign in the paper."""
+    if expect not in ("positive", "negative"):
+        raise ValueError(f"expect={expect!r}: the paper's direction is 'positive' or 'negative'")
+    if p_holm < alpha:
+        agrees = effect > 0 if expect == "positive" else effect < 0
+        return "agrees" if agrees else "disagrees"
+    if math.isinf(mde):
+        return "not detected (no effect is detectable with these seeds)"
+    return f"not detected (minimum detectable effect {mde:.3g})"

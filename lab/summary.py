@@ -343,8 +343,8 @@ def paired(ours, theirs, better, expect):
     side = "same" if mean == 0 else ("better" if (mean > 0) == (better == "higher") else "worse")
     a, b = recipes.spread([ours[s] for s in seeds]), recipes.spread([theirs[s] for s in seeds])
     return {"variant_values": a, "reference_values": b, "median_difference": a["median"] - b["median"],
-            "p": float(p), "p_exact": f"{round(float(p) * 2 ** len(seeds))}/{2 ** len(seeds)}",
-            "smallest_p": 2 / 2 ** len(seeds), "observed": side, "expect": expect,
+            "p": float(p), "p_exact": f"{p.numerator}/{p.denominator}",
+            "smallest_p": float(stats.smallest_sign_flip_p(len(seeds))), "observed": side, "expect": expect,
             "verdict": recipes.verdict(p, side, expect), "test": "paired sign-flip", "pairs": len(seeds)}
 
 

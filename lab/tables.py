@@ -42,15 +42,6 @@ def power_text(power):
     return "n/a" if power is None else f"{power:.0%}"
 
 
-def verdict_text(claim):
-    """The verdict, with the minimum detectable effect where nothing was detected: a smaller effect may be there."""
-    if claim["verdict"] != "not detected" or claim["mde"] is None:
-        return claim["verdict"]
-    if math.isinf(claim["mde"]):
-        return "not detected (too few pairs to detect any effect)"
-    return f"not detected (MDE {value_text(claim['mde'])})"
-
-
 def mde_text(mde):
     """The minimum detectable effect; inf where too few pairs can reach the level at all."""
     if mde is not None and math.isinf(mde):

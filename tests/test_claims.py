@@ -143,7 +143,7 @@ def test_holm_within_a_recipe_and_the_verdicts():
     a, b = claims.judge(records, two, "ref", ["1e-2"])
     assert (a["p"], b["p"]) == (pytest.approx(2 / 256), pytest.approx(18 / 256))
     assert (a["p_holm"], b["p_holm"]) == (pytest.approx(4 / 256), pytest.approx(18 / 256))
-    assert (a["verdict"], b["verdict"]) == ("agrees", "not detected")
+    assert a["verdict"] == "agrees" and b["verdict"].startswith("not detected (minimum detectable effect")
     assert a["family"] == 2 and a["alpha_first_step"] == 0.025
     # the same claim b alone: its own family, p = 18/256 = 0.07 still not below 0.05
     [alone] = claims.judge(records, two[1:], "ref", ["1e-2"])
@@ -153,13 +153,15 @@ def test_holm_within_a_recipe_and_the_verdicts():
                                                                               0.1, "")]
     results = claims.judge(records, four, "ref", ["1e-2"])
     assert [r["p_holm"] for r in results] == pytest.approx([8 / 256, 18 / 256, 8 / 256, 8 / 256])
-    assert [r["verdict"] for r in results] == ["agrees", "not detected", "disagrees", "disagrees"]
+    assert [r["verdict"].split(" (")[0] for r in results] == ["agrees", "not detected", "disagrees", "disagrees"]
 
 
 def test_effect_interval_power_and_mde_are_asked_with_the_designs_numbers(monkeypatch):
     asked = {"power": [], "mde": []}
-    monkeypatch.setattr(stats, "power", lambda n, sd, delta, alpha: asked["power"].append((n, sd, delta, alpha)) or 0.5)
-    monkeypatch.setattr(stats, "mde", lambda n, sd, alpha, target: asked["mde"].append((n, sd, alpha, target)) or 0.3)
+    monkeypatch.setattr(stats, "sign_flip_power",
+                        lambda n, delta, sd, alpha: asked["power"].append((n, sd, delta, alpha)) or 0.5)
+    monkeypatch.setattr(stats, "minimum_detectable_effect",
+                        lambda n, sd, alpha, power: asked["mde"].append((n, sd, alpha, power)) or 0.3)
     # differences (variant - reference) of a lower-is-better loss: -0.1 .. -0.8, i.e. +0.1 .. +0.8 in the paper's
     # direction; the reference's median 2.0 (relative effect: 25% of it, 0.5 nats)
     diffs = [0.1 * (k + 1) for k in range(PAIRS)]

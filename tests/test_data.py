@@ -455,3 +455,34 @@ def test_cli_help_lists_the_flags_with_prepares_defaults(capsys):
     lines = capsys.readouterr().out.splitlines()
     for name, param in inspect.signature(data.prepare).parameters.items():
         assert any(line.split()[:2] == [f"--{name}", str(param.default)] for line in lines), (name, lines)
+
+
+def test_eval_starts_are_evenly_spaced_over_the_split():
+    # 100 tokens, windows of 9 + 1: the last start is 90; 5 windows at 0, 90/4, 2 x 90/4, 3 x 90/4, 90, rounded down
+    assert data.eval_starts(100, 9, 5) == [0, 22, 45, 67, 90]
+    assert data.eval_starts(100, 9, 1) == [0]
+    assert data.eval_starts(10, 9, 3) == [0, 0, 0]  # a split of exactly one window: every window is that one
+    with pytest.raises(ValueError, match="no window"):
+        data.eval_starts(9, 9, 2)
+
+
+@pytest.mark.parametrize("count, batch_size", [(12, 4), (13, 4), (7, 3), (1, 4), (40, 16)])
+def test_eval_batches_share_the_same_windows_among_any_number_of_processes(count, batch_size):
+    starts = data.eval_starts(10_000, 32, count)
+    one = data.eval_batches(starts, batch_size, 0, 1)
+    assert one == [starts[b:b + batch_size] for b in range(0, count, batch_size)]
+    for world_size in (2, 3):
+        shares = [data.eval_batches(starts, batch_size, rank, world_size) for rank in range(world_size)]
+        assert len({len(share) for share in shares}) == 1  # as many batches on every process
+        assert all(len(batch) <= batch_size for share in shares for batch in share)
+        together = sorted(i for share in shares for batch in share for i in batch)
+        assert together == sorted(starts)  # every window exactly once
+
+
+def test_windows_are_the_tokens_at_the_starts(letters):
+    folder, corpus = letters
+    train = corpus[:len(corpus) * 9 // 10]
+    x, y = data.windows(folder, "train", [0, 7, len(train) - 11], 10, "cpu")
+    for row, start in enumerate([0, 7, len(train) - 11]):
+        assert bytes(x[row].tolist()) == train[start:start + 10]
+        assert bytes(y[row].tolist()) == train[start + 1:start + 11]

@@ -16,6 +16,7 @@ import time
 import pytest
 import torch
 
+import data
 from engine import run_folder
 from engine import files
 from engine import flags
@@ -416,16 +417,16 @@ def test_ctrl_c_during_an_evaluation_stops_between_its_batches_and_resume_evalua
     whole, split = tmp_path / "whole", tmp_path / "split"
     common = ["--max_iters=6", "--eval_interval=3", "--eval_iters=20", "--dropout=0.1"]
     assert train.main(flags_of(corpus, whole, *common)) == 0
-    generator, drawn = train.batch_generator, []
+    windows, drawn = data.windows, []
 
-    def hooked(*stream):
-        if stream[2] == train.EVAL_STREAM:
-            drawn.append(stream[3])
+    def hooked(*args):
+        if not torch.is_grad_enabled():  # an eval batch: training draws its batches with gradients on
+            drawn.append(args)
             if len(drawn) == 20 + 20 + 5:  # the 5th batch of step 3's evaluation
                 os.kill(os.getpid(), signal.SIGINT)
-        return generator(*stream)
+        return windows(*args)
 
-    monkeypatch.setattr(train, "batch_generator", hooked)
+    monkeypatch.setattr(data, "windows", hooked)
     assert train.main(flags_of(corpus, split, *common)) == 130
     assert len(drawn) == 45  # not the 40 - 5 batches left
     assert torch.load(split / "ckpt.pt", weights_only=True)["step"] == 3
@@ -437,15 +438,17 @@ def test_ctrl_c_during_an_evaluation_stops_between_its_batches_and_resume_evalua
 
 
 def test_a_second_ctrl_c_during_an_evaluation_is_one_line(corpus, tmp_path, monkeypatch, capsys):
-    generator = train.batch_generator
+    windows, drawn = data.windows, []
 
-    def hooked(*stream):
-        if stream[2:] == (train.EVAL_STREAM, 1):
-            os.kill(os.getpid(), signal.SIGINT)
-            os.kill(os.getpid(), signal.SIGINT)
-        return generator(*stream)
+    def hooked(*args):
+        if not torch.is_grad_enabled():  # an eval batch
+            drawn.append(args)
+            if len(drawn) == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGINT)
+        return windows(*args)
 
-    monkeypatch.setattr(train, "batch_generator", hooked)
+    monkeypatch.setattr(data, "windows", hooked)
     assert train.main(flags_of(corpus, tmp_path / "out", "--max_iters=4", "--eval_interval=2")) == 130
     err = capsys.readouterr().err
     assert err == "train.py: stopped at once by a second Ctrl-C; the checkpoints written so far are kept\n"

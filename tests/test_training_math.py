@@ -9,9 +9,10 @@
 - Clipping: the logged gradient norm is taken before clipping, the applied gradient is clipped to
   --grad_clip, and under float16 the GradScaler unscales before clipping; a loss-scale overflow skips the
   update and halves the scale, and only an overflow at every scale down to 1e-4 is a divergence.
-- Evaluation: in eval mode (no dropout, running statistics, no running-statistic update), the model
-  trains again afterwards, and under DDP the eval loss is the mean over the ranks; PowerNorm's warmup
-  default counts training forward calls.
+- Evaluation: in eval mode (no dropout, running statistics, no running-statistic update) over the same
+  windows in every run (whatever the seed, the variant or the number of processes), the model trains again
+  afterwards; batch-statistic norms also log the loss with batch statistics; PowerNorm's warmup default
+  counts training forward calls.
 - The objective: the logged losses are the plain cross-entropy, written out here in float64.
 
 Most tests run train.main in this process for one to three steps of a tiny model and read what it left
@@ -27,12 +28,14 @@ import subprocess
 import sys
 import typing
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
 
 import data
 import model
+import norms
 import train
 from model import GPT, GPTConfig
 
@@ -80,7 +83,7 @@ def total_norm(tensors):
 
 def record_batches(monkeypatch, training_batch=None):
     """Wraps data.get_batch and returns the list of (training, split, x, y) that train.py draws, in order.
-    training: drawn for an optimizer step, not for evaluate(), which runs under torch.no_grad().
+    training: drawn for an optimizer step (with gradients on), not for a divergence report.
     training_batch: an (x, y) handed out instead of every training batch."""
     drawn, get_batch = [], data.get_batch
 
@@ -296,24 +299,102 @@ def test_float16_overflow_at_any_scale_is_a_divergence(corpus, tmp_path, monkeyp
 
 # evaluation
 
-@pytest.mark.parametrize("norm", ["layernorm", "batchnorm"])
-def test_eval_loss_is_the_eval_mode_loss(corpus, tmp_path, monkeypatch, norm):
-    """The eval event after the last step == the mean loss of the saved model in eval mode (no dropout,
-    running statistics) on the batches evaluate() drew."""
-    drawn = record_batches(monkeypatch)
-    out = run(corpus, tmp_path, "--max_iters=1", "--dropout=0.3", f"--norm={norm}")
-    saved = checkpoint(out)
+def saved_model(out):
     gpt = GPT(GPTConfig(**json.loads((out / "config.json").read_text())["model"]))
-    gpt.load_state_dict(saved["model"])
-    gpt.eval()
-    last_eval = [d for d in drawn[::-1] if not d[0]][:4]  # eval_iters=2 per split, after the only step
-    with torch.no_grad():
-        expected = {split: sum(gpt(x, y)[1].item() for _, s, x, y in last_eval if s == split) / 2
-                    for split in ("train", "val")}
+    gpt.load_state_dict(checkpoint(out)["model"])
+    return gpt.eval()
+
+
+def eval_windows(corpus, out, split):
+    """(x, y) of each of the run's evaluation windows, read from the split's file with numpy, one window a row."""
+    config = json.loads((out / "config.json").read_text())
+    folder = data.prepare(str(corpus / "tiny.txt"), "byte", str(corpus / "data"))
+    tokens = np.fromfile(os.path.join(folder, f"{split}.bin"), dtype=np.uint16).astype(np.int64)
+    T = config["model"]["block_size"]
+    starts = data.eval_starts(len(tokens), T, config["train"]["eval_iters"] * config["train"]["batch_size"])
+    return [(torch.from_numpy(tokens[i:i + T])[None], torch.from_numpy(tokens[i + 1:i + 1 + T])[None])
+            for i in starts]
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "batchnorm"])
+def test_eval_loss_is_the_eval_mode_loss_over_the_fixed_windows(corpus, tmp_path, norm):
+    """The eval event after the last step == the mean over the evaluation windows (data.eval_starts) of the saved
+    model's eval-mode loss (no dropout, running statistics), each window on its own."""
+    out = run(corpus, tmp_path, "--max_iters=1", "--dropout=0.3", f"--norm={norm}")
+    gpt = saved_model(out)
     final = events(out, "eval")[-1]
     assert final["step"] == 1
-    assert final["train_loss"] == pytest.approx(expected["train"], rel=1e-5)
-    assert final["val_loss"] == pytest.approx(expected["val"], rel=1e-5)
+    with torch.no_grad():
+        for split in ("train", "val"):
+            per_window = [gpt(x, y)[1].item() for x, y in eval_windows(corpus, out, split)]
+            assert len(per_window) == 2 * 4  # eval_iters x batch_size
+            assert final[f"{split}_loss"] == pytest.approx(sum(per_window) / len(per_window), rel=1e-5)
+
+
+@pytest.mark.parametrize("flags", [["--seed=7"], ["--norm=rmsnorm", "--seed=7"], ["--norm=batchnorm"]])
+def test_eval_windows_do_not_depend_on_the_seed_or_the_variant(corpus, tmp_path, monkeypatch, flags):
+    """Every run is scored on the same windows: the starts each evaluation reads, per split, are those of a run
+    with the default seed and norm."""
+    def eval_reads(out, *more):
+        reads, windows = [], data.windows
+
+        def recording(folder, split, starts, block_size, device):
+            if not torch.is_grad_enabled():
+                reads.append((split, list(starts)))
+            return windows(folder, split, starts, block_size, device)
+
+        monkeypatch.setattr(data, "windows", recording)
+        run(corpus, out, "--max_iters=2", "--eval_interval=1", *more)
+        monkeypatch.undo()
+        return reads
+
+    reference = eval_reads(tmp_path / "reference")
+    assert len(reference) == 3 * 2 * 2  # 3 evaluations, 2 splits, eval_iters batches
+    assert [split for split, _ in reference[:4]] == ["train", "train", "val", "val"]
+    assert reference[:4] == reference[4:8] == reference[8:]  # the same at every evaluation
+    assert eval_reads(tmp_path / "other", *flags) == reference
+
+
+def test_eval_with_batch_statistics_is_logged_for_batchnorm_on_the_same_windows(corpus, tmp_path):
+    """batchnorm: the eval event also holds the loss of the same windows, in the same batches of batch_size, with
+    the norms in training mode (batch statistics; no dropout), and PowerNorm §3's distance ||s_B - s|| / d between
+    each val batch's mean and biased variance and the running ones, averaged over norms and batches; all by hand
+    here (float64 statistics) from the saved model."""
+    out = run(corpus, tmp_path, "--max_iters=1", "--dropout=0.3", "--norm=batchnorm")
+    gpt = saved_model(out)
+    running = {name: (m.running_mean.clone(), m.running_var.clone()) for name, m in gpt.named_modules()
+               if isinstance(m, norms.BatchNorm)}
+    seen = []
+    for name, m in gpt.named_modules():
+        if name in running:
+            m.train()
+            m.register_forward_pre_hook(lambda m, args, name=name: seen.append((name, args[0].detach().double())))
+    final = events(out, "eval")[-1]
+    with torch.no_grad():
+        for split in ("train", "val"):
+            windows = eval_windows(corpus, out, split)
+            batches = [windows[b:b + 4] for b in range(0, len(windows), 4)]  # batch_size 4, in order
+            seen.clear()
+            losses = [gpt(torch.cat([x for x, _ in batch]), torch.cat([y for _, y in batch]))[1].item()
+                      for batch in batches]
+            assert final[f"{split}_loss_batch_stats"] == pytest.approx(sum(losses) / len(losses), rel=1e-5)
+            assert abs(final[f"{split}_loss_batch_stats"] - final[f"{split}_loss"]) > 1e-4
+    assert len(seen) == len(running) * 2
+    mean_distance = var_distance = 0.0
+    for name, x in seen:
+        u = x.reshape(-1, x.shape[-1])
+        mu = u.mean(0)
+        var = ((u - mu) ** 2).mean(0)
+        d = u.shape[1]
+        mean_distance += (mu - running[name][0].double()).norm().item() / d / len(seen)
+        var_distance += (var - running[name][1].double()).norm().item() / d / len(seen)
+    assert final["batch_stat_dist"]["mean"] == pytest.approx(mean_distance, rel=1e-4)
+    assert final["batch_stat_dist"]["var"] == pytest.approx(var_distance, rel=1e-4)
+
+
+def test_eval_of_a_per_token_norm_logs_no_batch_statistics(corpus, tmp_path):
+    final = events(run(corpus, tmp_path, "--max_iters=1", "--norm=rmsnorm"), "eval")[-1]
+    assert set(final) == {"event", "step", "train_loss", "val_loss", "lr", "rank_spread"}
 
 
 def test_eval_does_not_update_running_statistics(corpus, tmp_path):
@@ -371,26 +452,20 @@ def test_logged_losses_are_cross_entropy_by_hand(corpus, tmp_path, monkeypatch):
     assert abs(step["loss"] - math.log(vocab)) < 0.05
 
 
-def test_ddp_eval_averages_over_ranks(corpus, tmp_path):
-    """torchrun, 2 processes: each draws its own eval batches (batch_generator(seed, rank, EVAL_STREAM, i));
-    the logged eval loss is the mean over both ranks' eval-mode losses, not rank 0's alone."""
+def test_ddp_eval_is_the_one_process_eval_over_the_same_windows(corpus, tmp_path):
+    """torchrun, 2 processes: each evaluates its share of the windows (data.eval_batches), and the logged loss is
+    the mean over all of them, as one process computes it: the same windows whatever the number of processes.
+    3 x 3 windows: the shares (5 and 4) end in short batches (2 and 1), which count for their windows alone."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                os.path.join(HERE, "train.py"), f"--dataset={corpus / 'tiny.txt'}", f"--data_dir={corpus / 'data'}",
-               f"--out_dir={tmp_path}", *TINY, "--max_iters=1", "--grad_accum=2", "--dropout=0.3"]
+               f"--out_dir={tmp_path}", *TINY, "--max_iters=1", "--grad_accum=2", "--dropout=0.3", "--batch_size=3",
+               "--eval_iters=3"]
     result = subprocess.run(command, capture_output=True, text=True, cwd=HERE, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    config = json.loads((tmp_path / "config.json").read_text())
-    gpt = GPT(GPTConfig(**config["model"]))
-    gpt.load_state_dict(checkpoint(tmp_path)["model"])
-    gpt.eval()
-    folder = data.prepare(str(corpus / "tiny.txt"), "byte", str(corpus / "data"))
-    seed, batch_size, block_size = config["train"]["seed"], config["train"]["batch_size"], config["model"]["block_size"]
-    per_rank = []
+    gpt = saved_model(tmp_path)
+    final = events(tmp_path, "eval")[-1]
     with torch.no_grad():
-        for rank in (0, 1):
-            batches = [data.get_batch(folder, "val", batch_size, block_size,
-                                      train.batch_generator(seed, rank, train.EVAL_STREAM, i), "cpu") for i in range(2)]
-            per_rank.append(sum(gpt(x, y)[1].item() for x, y in batches) / 2)
-    assert abs(per_rank[0] - per_rank[1]) > 1e-3  # the ranks saw different batches
-    assert events(tmp_path, "eval")[-1]["val_loss"] == pytest.approx(sum(per_rank) / 2, rel=1e-5)
+        for split in ("train", "val"):
+            per_window = [gpt(x, y)[1].item() for x, y in eval_windows(corpus, tmp_path, split)]
+            assert final[f"{split}_loss"] == pytest.approx(sum(per_window) / len(per_window), rel=1e-5)
