@@ -5,7 +5,8 @@ into out_dir/<variant>/<lr>/<seed>/, --jobs at a time; any other flag goes to ev
         --jobs=2 --out_dir=sweeps/lr --max_iters=300
 A variant is a preset name (model.PRESETS) or flags without their dashes, several joined by "+":
     normformer    norm=powernorm    preset=normformer+qk_norm=True    normformer+z_loss=1e-4
-Seeds are 0 .. --seeds-1. Sweep flags take the form --key=value (a bare --dry_run is True).
+Seeds are --first_seed .. --first_seed + --seeds - 1 (0 .. --seeds-1 by default). Sweep flags take the form
+--key=value (a bare --dry_run is True).
 
 Re-running the same command skips finished runs (a "done" or "diverged" event in the run's log.jsonl, or
 exit code 0 or 3 in <seed>.exit beside the run's folder), resumes interrupted ones that have a checkpoint
@@ -25,18 +26,22 @@ summary.json (a diverged run's loss is written as Infinity), summary.csv and a M
 
 --reference=VARIANT compares every other variant with it, seed by seed, on each metric: ramp mode
 steps_survived@LR and peak_lr@LR; lr mode final_loss@LR, spikes@LR (and attn_logit_max@LR, log_z@LR where the
-runs log telemetry) and best_loss, each variant at its own best LR. A diverged run counts as the worst value.
-Per comparison: median, [min, max] and n per side, the difference of medians, the exact two-sided permutation
-(Mann-Whitney) p and a verdict, "agrees" or "disagrees" only at p < 0.05 (recipes.py). A variant with the
+runs log telemetry) and best_loss, each variant at its own best LR. Per comparison: median, [min, max] and n per
+side, the difference of medians, p and a verdict, "agrees" or "disagrees" only at p < 0.05. Where both sides ran
+the same seeds, p is the exact two-sided sign-flip test of the per-seed differences (lab/stats.py; a diverged run's
+loss counts as L_0, its loss at initialization); otherwise the exact Mann-Whitney test of the two samples (a
+diverged run the worst value). A variant with the
 reference's preset and other +key=value overrides is a reference too: dn_deepnorm+n_layer=18 meets
 dn_postln+n_layer=18 when --reference=dn_postln+n_layer=6.
 
---recipe=NAME runs one paper's claim (recipes.RECIPES: its variants, LRs, seeds, mode, reference and flags) into
-sweeps/NAME; --scale=gpu is the same claim at a GPU size, into sweeps/NAME_gpu:
+--recipe=NAME runs one paper's claims (recipes.RECIPES: its variants, LRs, seeds, mode, reference and flags) into
+sweeps/NAME; --scale=gpu is the same claims at a GPU size, into sweeps/NAME_gpu:
     python sweep.py --recipe=normformer_stability --jobs=2
     python sweep.py --recipe=normformer_stability --scale=gpu --dry_run
-Its summary.json also holds the recipe and the claims' verdicts, from which `python plot.py --experiments=sweeps
---out=docs` writes docs/experiments.md.
+A recipe's design is fixed before its runs: --seeds and --first_seed are refused with it. Its summary.json also
+holds the design and each claim judged (lab/claims.py: paired sign-flip p, Holm within the recipe, Hodges-Lehmann
+effect and CI, power for the paper's effect, minimum detectable effect, verdict), from which `python plot.py
+--experiments=sweeps --out=docs` writes docs/experiments.md.
 """
 
 import dataclasses
@@ -68,7 +73,8 @@ MAX_COUNT = 10_000  # --seeds and --jobs: larger is a typo, and 1e11 threads wou
 class SweepOptions:
     variants: str = help_of("comma-separated: preset names, or flags without dashes joined by +", default="")
     lrs: str = help_of("comma-separated peak LRs (as written, each names a folder)", default="")
-    seeds: int = help_of("seeds 0 .. seeds-1 per variant and LR", default=1)
+    seeds: int = help_of("seeds first_seed .. first_seed+seeds-1 per variant and LR", default=1)
+    first_seed: int = help_of("the first seed", default=0)
     mode: Literal["lr", "ramp"] = help_of("lr: the runs' own schedule; ramp: the LR stability test", default="lr")
     jobs: int = help_of("runs at a time", default=1)
     out_dir: str = help_of("the sweep's folder: <variant>/<lr>/<seed>/ per run, and the summaries", default="sweep")
@@ -84,6 +90,7 @@ class Plan:
     variants: list
     lrs: list
     seeds: int
+    first_seed: int
     mode: str
     jobs: int
     out_dir: str
@@ -101,8 +108,9 @@ def parse_args(argv):
     given = flags.parse(own, SweepOptions, choices={"recipe": list(recipes.RECIPES)})
     opts = flags.build(SweepOptions, given)
     plan = Plan(variants=[v for v in opts.variants.split(",") if v], lrs=[lr for lr in opts.lrs.split(",") if lr],
-                seeds=opts.seeds, mode=opts.mode, jobs=opts.jobs, out_dir=opts.out_dir, dry_run=opts.dry_run,
-                train_argv=train_argv, reference=opts.reference or None, recipe=opts.recipe or None, scale=opts.scale)
+                seeds=opts.seeds, first_seed=opts.first_seed, mode=opts.mode, jobs=opts.jobs, out_dir=opts.out_dir,
+                dry_run=opts.dry_run, train_argv=train_argv, reference=opts.reference or None,
+                recipe=opts.recipe or None, scale=opts.scale)
     if plan.recipe:
         plan = apply_recipe(plan, given)
     elif "scale" in given:
@@ -113,6 +121,9 @@ def parse_args(argv):
     for name in ("seeds", "jobs"):
         if not 1 <= getattr(opts, name) <= MAX_COUNT:
             raise UsageError(f"--{name}={getattr(opts, name)} must be an integer from 1 to {MAX_COUNT}")
+    if not 0 <= opts.first_seed < 2 ** 63 - MAX_COUNT:
+        raise UsageError(f"--first_seed={opts.first_seed} must be an integer from 0 to {2 ** 63 - MAX_COUNT - 1} "
+                         "(train.py's --seed is below 2^63)")
     check_lrs(lrs)
     check_variants(variants, plan.mode)
     check_out_dir(plan.out_dir)
@@ -179,18 +190,19 @@ def variant_flags(variant):
 def apply_recipe(plan, given):
     """The plan of --recipe=NAME: the recipe's variants, LRs, seeds, mode, reference, claims and every run's flags
     (recipes.settings, --scale=gpu for the GPU-sized ones); the command line's own train.py flags come after the
-    recipe's, so they win. --out_dir defaults to sweeps/NAME (sweeps/NAME_gpu), --seeds may raise the recipe's.
-    given: the names of the sweep options the command line set."""
+    recipe's, so they win. --out_dir defaults to sweeps/NAME (sweeps/NAME_gpu). Its seeds are part of its design,
+    fixed before the runs: --seeds and --first_seed are refused. given: the names of the sweep options the command
+    line set."""
+    if "seeds" in given or "first_seed" in given:
+        raise UsageError("a recipe's seeds are part of its design; edit lab/recipes.py and re-run the whole recipe")
     taken = [f"--{name}" for name in ("variants", "lrs", "mode", "reference") if name in given]
     if taken:
         raise UsageError(f"{', '.join(taken)} come from the recipe; run without them, or without --recipe")
     recipe = recipes.settings(plan.recipe, plan.scale)
-    if "seeds" in given and plan.seeds < recipe["seeds"]:
-        raise UsageError(f"--seeds={plan.seeds} is fewer than the recipe's {recipe['seeds']}; a verdict needs them")
     out_dir = plan.out_dir if "out_dir" in given else os.path.join(
         "sweeps", plan.recipe + ("_gpu" if plan.scale == "gpu" else ""))
-    return dataclasses.replace(plan, **{**recipe, "seeds": plan.seeds if "seeds" in given else recipe["seeds"],
-                                        "out_dir": out_dir, "train_argv": [*recipe["train_argv"], *plan.train_argv]})
+    return dataclasses.replace(plan, **{**recipe, "out_dir": out_dir,
+                                        "train_argv": [*recipe["train_argv"], *plan.train_argv]})
 
 
 def check_reference(plan):
@@ -202,7 +214,8 @@ def check_reference(plan):
 
 def grid(plan):
     return [Run(variant, lr, seed, os.path.join(plan.out_dir, variant, lr, str(seed)))
-            for variant in plan.variants for lr in plan.lrs for seed in range(plan.seeds)]
+            for variant in plan.variants for lr in plan.lrs
+            for seed in range(plan.first_seed, plan.first_seed + plan.seeds)]
 
 
 def train_flags(run, plan):

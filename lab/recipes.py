@@ -9,20 +9,26 @@ A recipe states the paper's claim (quoted, with the paper's version and its tabl
 the variants it compares with a reference variant of the same model context, the metric and the direction the
 paper states, its seeds, flags and LRs, and how it departs from the paper's protocol (size, steps, dtype, data).
 
-The verdict on a claim comes from an exact two-sided permutation test of the seeds' values (lab/stats.py): "agrees" or
-"disagrees" with the paper's direction only at p < 0.05, else "inconclusive at this scale". With n seeds a side
-the smallest p is 2 / C(2n, n): 0.1 at 3 seeds, 0.029 at 4, 0.0079 at 5, so every recipe runs at least 4.
+A claim is judged by lab/claims.py as a contrast paired by seed: the exact sign-flip test of the per-seed
+differences, Holm-adjusted over the recipe's claims, with the Hodges-Lehmann effect and its interval, the power for
+the claim's effect and the minimum detectable effect (lab/stats.py). With n pairs the smallest p is 2 / 2^n, so a
+recipe's seeds must reach 0.05 / m at Holm's first step (8 seeds: 0.0078, enough for m up to 6). compare() below
+is the unpaired comparison of sweep.py's --reference, where the two sides did not run the same seeds.
 """
 
 import math
 import statistics
 from dataclasses import dataclass, field
+from typing import Optional
 
 from lab.stats import ALPHA, doubled_ranks, permutation_p, smallest_p  # noqa: F401 (used by callers as recipes.X)
 
 # the direction in which each metric is better (sweep.py's metric names, before the "@LR")
+# (lr_sensitivity: Wortsman et al. 2023 §3; grad_ratio, fc2_grad_ratio: layer 0's gradient over the last layer's,
+# which Spike No More Fig. 3 and NormFormer Fig. 3 show large for the baselines and evened out by the variants)
 BETTER = {"steps_survived": "higher", "peak_lr": "higher", "final_loss": "lower", "best_loss": "lower",
-          "spikes": "lower", "attn_logit_max": "lower", "log_z": "lower"}
+          "spikes": "lower", "attn_logit_max": "lower", "log_z": "lower", "lr_sensitivity": "lower",
+          "grad_ratio": "lower", "fc2_grad_ratio": "lower"}
 
 
 def spread(values):
@@ -56,39 +62,58 @@ def verdict(p, side, expect):
 
 @dataclass
 class Claim:
-    """One comparison the paper makes: variant against the recipe's reference on a metric, in a direction."""
+    """One comparison the paper makes, fixed before the runs: the per-seed difference variant - reference of a
+    metric (paired by seed: the arms share seeds, data order and evaluation windows), in the paper's direction.
+    With `minus`, the claim is an interaction: (variant - reference) - (minus[0] - minus[1]), per seed (DeepNet:
+    the gap grows with depth). `effect` is the size the design is powered for, in the metric's units (or, with
+    `relative`, as a fraction of the reference's median), and `effect_source` says where it comes from: the
+    paper's number, or the effect its mechanism predicts where the paper gives none."""
     variant: str
-    metric: str  # a sweep.py metric: steps_survived@LR, final_loss@LR, best_loss, attn_logit_max@LR, log_z@LR
+    metric: str  # final_loss@LR, lr_sensitivity, steps_survived@LR, grad_ratio@LR, fc2_grad_ratio@LR, spikes@LR
     expect: str  # "better" or "worse" than the reference, as the paper states
     paper_number: str  # the paper's own figures for this comparison, with where they are
+    effect: float  # the effect the design must detect (> 0, in the expected direction)
+    effect_source: str
+    relative: bool = False  # effect is a fraction of the reference's median
+    reference: Optional[str] = None  # None: the recipe's reference
+    minus: Optional[tuple] = None  # (variant, reference) of a second contrast subtracted per seed
 
 
 @dataclass
 class Recipe:
     """A claim, the paper's protocol for it shrunk to 2 CPU cores, and the same at GPU size (`gpu_flags` and
-    `gpu_lrs` replace `flags` and `lrs`)."""
+    `gpu_lrs` replace `flags` and `lrs`). The design (variants, LRs, seeds, metric, test, direction, effect) is
+    fixed here before the runs; changing any of it means running the whole recipe again."""
     title: str
     paper: str  # the paper, its version, and the table or figure the claim is in
     quote: str  # the paper's words
     mode: str  # sweep.py --mode: ramp or lr
     variants: list
-    reference: str  # compared with every other variant (with its +key=value overrides where one exists: sweep.py)
+    reference: str
     claims: list
     lrs: list
     flags: list
-    seeds: int = 5
+    seeds: int = 8
+    first_seed: int = 0  # seeds first_seed .. first_seed + seeds - 1
     gpu_lrs: list = field(default_factory=list)
     gpu_flags: list = field(default_factory=list)
     deviations: str = ""
     gpu_deviations: str = ""
-    figure: str = "metric"  # ramp (loss along the LR ramp), loss_vs_lr, logits (over steps), metric (seed values)
+    figure: str = "metric"  # ramp, loss_vs_lr (with a band over seeds), depth, grad_ratio, metric (seed values)
 
 
-def cpu(n_layer=4, n_embd=64, n_head=4):
+# Every CPU recipe scores its runs on the same fixed windows of the validation split (train.py's evaluation does
+# not depend on the seed): 40 x 8 windows of 64 tokens = 20,480 tokens for the LR curves, whose effects are
+# large, and 80 x 8 = 40,960 for loss claims.
+CURVE_EVAL = "--eval_iters=40"
+LOSS_EVAL = "--eval_iters=80"
+
+
+def cpu(n_layer=4, n_embd=64, n_head=4, batch_size=8):
     """Every CPU recipe's data, size and logging: the builtin corpus (the Python standard library's source, byte
     tokens) and a tiny model, so that a recipe runs its seeds in minutes on 2 cores."""
     return ["--dataset=builtin", f"--n_layer={n_layer}", f"--n_embd={n_embd}", f"--n_head={n_head}",
-            "--block_size=64", "--batch_size=8", "--eval_iters=5", "--log_interval=10"]
+            "--block_size=64", f"--batch_size={batch_size}", "--log_interval=10"]
 
 
 def gpu(n_layer=12, n_embd=768, n_head=12):
@@ -98,6 +123,18 @@ def gpu(n_layer=12, n_embd=768, n_head=12):
             f"--n_head={n_head}", "--block_size=1024", "--batch_size=16", "--grad_accum=4", "--eval_iters=20",
             "--log_interval=10"]
 
+
+# Wortsman et al. 2023 §2-3: final loss against LR over at least three decades, and the LR sensitivity
+# E_lr[min(L(lr), L_0) - min_lr L(lr)] (L_0: the loss at initialization) as the statistic; here per seed.
+LR_GRID = ["1e-3", "3e-3", "1e-2", "3e-2", "1e-1", "3e-1", "1"]
+GPU_LR_GRID = ["1e-4", "3e-4", "1e-3", "3e-3", "1e-2", "3e-2"]
+CURVE_TRAINING = ["--max_iters=250", "--eval_interval=250", "--warmup_iters=25", "--min_lr=0", "--dropout=0",
+                  CURVE_EVAL]
+GPU_CURVE_TRAINING = ["--max_iters=2000", "--eval_interval=2000", "--warmup_iters=200", "--min_lr=0",
+                      "--dropout=0"]
+# an effect the paper states no number for: nanonorm powers its design for a quarter of the reference's median
+QUARTER = ("no number in the paper: the design is powered for a quarter of the reference's median "
+           "(nanonorm's choice, fixed before the runs)")
 
 # The variants are model.py's paper-context presets: each paper's baseline and variants in the model it used
 NF_BASELINE = "nf_baseline"
@@ -112,13 +149,20 @@ SNM_EMBED_LN = "snm_embed_ln"
 SNM_TRAINING = ["--beta2=0.999", "--weight_decay=0.01", "--dropout=0.1"]
 DN_POSTLN = "dn_postln"
 DN_DEEPNORM = "dn_deepnorm"
+DN_DEPTHS = (6, 18, 36)
 PN_LAYERNORM = "pn_layernorm"
 PN_BATCHNORM = "pn_batchnorm"
 PN_PNV = "pn_pnv"
 PN_POWERNORM = "pn_powernorm"
 QK_BASELINE = "baseline"
 QK_NORM = "qk_norm=True"
-Z_LOSS = "z_loss=1e-4"
+WD0_BASELINE = "baseline+weight_decay=0"
+WD0_Z_LOSS = "z_loss=1e-4+weight_decay=0"
+
+
+def depth(variant, n):
+    return f"{variant}+n_layer={n}"
+
 
 RECIPES = {
     "normformer_stability": Recipe(
@@ -130,9 +174,11 @@ RECIPES = {
         mode="ramp", variants=[NF_BASELINE, NF_NORMFORMER], reference=NF_BASELINE,
         claims=[Claim(NF_NORMFORMER, "steps_survived@1.0", "better",
                       "arXiv v1 Table 3: last step 550 vs 400, peak LR 0.0275 vs 0.02 (5e-5 a step); final Table 8 "
-                      "(1.3B, 0 to 0.1 over 1,000 steps): 200 steps (row 31) vs 94 (row 14)")],
-        lrs=["1.0"], flags=[*cpu(), "--max_iters=500", "--eval_interval=500", "--attn_impl=manual", "--dropout=0",
-                            "--fp16_overflow_fails=True"],
+                      "(1.3B, 0 to 0.1 over 1,000 steps): 200 steps (row 31) vs 94 (row 14)",
+                      effect=0.375, relative=True,
+                      effect_source="arXiv v1 Table 3: 150 more steps than the baseline's 400, i.e. 37.5% more")],
+        lrs=["1.0"], flags=[*cpu(), "--max_iters=500", "--eval_interval=500", "--eval_iters=5", "--attn_impl=manual",
+                            "--dropout=0", "--fp16_overflow_fails=True"],
         gpu_lrs=["0.05"], gpu_flags=[*gpu(), "--max_iters=1000", "--eval_interval=1000", "--attn_impl=manual",
                                      "--dropout=0", "--dtype=float16"],
         deviations=NF_DEVIATIONS + "; the LR rises by 2e-3 a step, 0 to 1.0 over 500 steps (the paper: 5e-5 a step), "
@@ -143,136 +189,199 @@ RECIPES = {
                        "as in final Fig. 5; 65K tokens a step (the paper: 524K); the builtin corpus unless "
                        "--dataset names a larger one",
         figure="ramp"),
-    "normformer_loss": Recipe(
-        title="NormFormer reaches a lower validation loss than the baseline at equal steps, each at its best LR",
-        paper="NormFormer arXiv v1 §5, Table 7 (final version: §7, Table 5)",
-        quote="NormFormer outperforms the baseline in all settings.",
+    "normformer_lr": Recipe(
+        title="NormFormer is less sensitive to the LR than the baseline (Wortsman et al.'s LR sensitivity)",
+        paper="NormFormer arXiv v1 §4 (final version: §6), measured as Wortsman et al. 2023 §2 do",
+        quote="NormFormer models [...] reach a higher peak learning rate than the baseline.",
         mode="lr", variants=[NF_BASELINE, NF_NORMFORMER], reference=NF_BASELINE,
-        claims=[Claim(NF_NORMFORMER, "best_loss", "better",
-                      "arXiv v1 Table 7, 125M at LR 0.003: valid PPL 15.98 vs 16.37 (final Table 5: 15.88 vs 16.37); "
-                      "both best at LR 3e-3 (final Table 1)")],
-        lrs=["3e-3", "6e-3", "1e-2", "2e-2", "4e-2"],
-        flags=[*cpu(), "--max_iters=600", "--eval_interval=600", "--warmup_iters=60", "--lr_schedule=linear",
-               "--min_lr=0", "--dropout=0"],
-        gpu_lrs=["1e-3", "3e-3", "6e-3"],
+        claims=[Claim(NF_NORMFORMER, "lr_sensitivity", "better",
+                      "no LR-sensitivity number in the paper; arXiv v1 Table 3: peak LR 0.0275 vs 0.02",
+                      effect=0.25, relative=True, effect_source=QUARTER)],
+        lrs=LR_GRID, flags=[*cpu(), *CURVE_TRAINING],
+        gpu_lrs=GPU_LR_GRID, gpu_flags=[*gpu(), *GPU_CURVE_TRAINING],
+        deviations=NF_DEVIATIONS + "; 250 steps at each of 7 LRs from 1e-3 to 1 (the paper reports the LR stability "
+                   "test, not an LR sweep; the sweep and its statistic are Wortsman et al.'s)",
+        gpu_deviations="12 x 768, 2,000 steps at each of 6 LRs from 1e-4 to 3e-2; the builtin corpus unless "
+                       "--dataset names a larger one",
+        figure="loss_vs_lr"),
+    "normformer_loss": Recipe(
+        title="NormFormer reaches a lower validation loss than the baseline at equal steps, and evens out the "
+              "gradients across layers early in training",
+        paper="NormFormer arXiv v1 §3 (Fig. 3) and §5, Table 7 (final version: §6, Fig. 3 and §7, Table 5)",
+        quote="NormFormer outperforms the baseline in all settings. [...] Pre-LN models have the opposite behavior, "
+              "with early layers instead receiving significantly larger gradients than later layers. NormFormer "
+              "brings the average gradient norms closer together for different layers in the network.",
+        mode="lr", variants=[NF_BASELINE, NF_NORMFORMER], reference=NF_BASELINE,
+        claims=[Claim(NF_NORMFORMER, "final_loss@1e-2", "better",
+                      "arXiv v1 Table 7, 125M at LR 0.003: valid PPL 15.98 vs 16.37 (final Table 5: 15.88 vs 16.37)",
+                      effect=0.024, effect_source="arXiv v1 Table 7: ln(16.37 / 15.98) = 0.024 nats"),
+                Claim(NF_NORMFORMER, "fc2_grad_ratio@1e-2", "better",
+                      "final Fig. 3 (arXiv v1 Fig. 3): mean |grad| of the second FC weight by layer, early in "
+                      "training; no number in the text",
+                      effect=0.25, relative=True, effect_source=QUARTER)],
+        lrs=["1e-2"], first_seed=10,
+        flags=[*cpu(batch_size=16), "--max_iters=800", "--eval_interval=800", LOSS_EVAL, "--warmup_iters=80",
+               "--lr_schedule=linear", "--min_lr=0", "--dropout=0", "--telemetry_interval=10"],
+        gpu_lrs=["3e-3"],
         gpu_flags=[*gpu(), "--max_iters=5000", "--eval_interval=500", "--warmup_iters=500", "--lr_schedule=linear",
-                   "--min_lr=0", "--dropout=0"],
-        deviations=NF_DEVIATIONS + "; 600 steps with 60 warmup steps (the paper: 100,000 updates, 500 warmup), "
-                   "equal steps (the paper compares equal GPU hours, where NormFormer gets 2-6% fewer steps); LRs "
-                   "3e-3 to 4e-2 (the paper's grid: six LRs, 6e-5, 3e-4, 6e-4, 1e-3, 3e-3 and 6e-3, arXiv v1 "
-                   "§2.2), as a model this small trains best higher",
+                   "--min_lr=0", "--dropout=0", "--telemetry_interval=50"],
+        deviations=NF_DEVIATIONS.replace("512 tokens", "1,024 tokens") + "; 800 steps with 80 warmup steps (the "
+                   "paper: 100,000 updates, 500 warmup), equal steps (the paper compares equal GPU hours, where "
+                   "NormFormer gets 2-6% fewer steps); one LR, 1e-2, for both: the best LR of each in nanonorm's "
+                   "earlier 600-step sweep on seeds 0-4 (1e-2 and 6e-3), so the tested seeds 10-19 did not pick it "
+                   "(the paper: both at 3e-3, its grid's best for both, final Table 1); the gradient ratio is layer "
+                   "0's over layer 3's mean |grad| of W_2, averaged over the telemetry steps 10-100",
         gpu_deviations="12 x 768 (the paper's 125M shape), bfloat16 where the GPU has it, 5,000 steps with 500 "
                        "warmup (the paper: 100,000), 65K tokens a step; the builtin corpus unless --dataset names a "
                        "larger one",
-        figure="loss_vs_lr"),
+        figure="grad_ratio",
+        seeds=10),
     "spike_no_more": Recipe(
-        title="Scaled Embed and Embed LN train at LRs where Vanilla (scaled init alone) fails",
-        paper="Spike No More (Takase et al.) §1, §4.3 (Fig. 4-5) and §5.1 (Fig. 6-7, Table 2)",
-        quote="Additionally, we demonstrate that a method satisfying the requirement enables LLMs to be pre-trained "
-              "with a comparatively larger learning rate, culminating in superior performance outcomes.",
-        mode="ramp", variants=[SNM_VANILLA, SNM_SCALED_EMBED, SNM_EMBED_LN], reference=SNM_VANILLA,
-        claims=[Claim(SNM_SCALED_EMBED, "steps_survived@1.0", "better",
-                      "§5.1, Table 2 (1.7B): Vanilla N/A (its gradient exploded) at the largest LR, where Scaled "
-                      "Embed reaches WikiText PPL 20.95; Table 1 (1.7B): 21.29 vs Vanilla 22.58"),
-                Claim(SNM_EMBED_LN, "steps_survived@1.0", "better",
-                      "§4.3, Fig. 4-5: Vanilla spikes, Embed LN does not; Table 1 (1.7B): WikiText PPL 21.29 vs "
-                      "Vanilla 22.58")],
-        lrs=["1.0"], flags=[*cpu(), *SNM_TRAINING, "--max_iters=500", "--eval_interval=500", "--attn_impl=manual",
-                            "--fp16_overflow_fails=True"],
-        gpu_lrs=["0.05"], gpu_flags=[*gpu(24, 1024, 16), *SNM_TRAINING,
-                                     "--max_iters=1000", "--eval_interval=1000", "--attn_impl=manual",
-                                     "--dtype=float16"],
+        title="Scaled Embed and Embed LN keep the first layers' gradients from growing, and spike less than "
+              "Vanilla at a high LR",
+        paper="Spike No More (Takase et al.) §3.2 (Fig. 3), §4.3 (Fig. 4-5)",
+        quote="This figure indicates that the gradient exponentially increases especially in shallow layers in "
+              "Vanilla that uses the scaled initialization [...] our modifications prevent the exploding gradients. "
+              "[...] Vanilla and Embed Detach faced loss and gradient spikes. In contrast, Embed LN and Scaled Embed "
+              "did not face spikes.",
+        mode="lr", variants=[SNM_VANILLA, SNM_SCALED_EMBED, SNM_EMBED_LN], reference=SNM_VANILLA,
+        claims=[Claim(v, "grad_ratio@1e-3", "better",
+                      "Fig. 3: the gradient norms of Vanilla grow toward the shallow layers, the modified ones stay "
+                      "flat; no number in the text",
+                      effect=0.25, relative=True, effect_source=QUARTER) for v in (SNM_SCALED_EMBED, SNM_EMBED_LN)]
+        + [Claim(v, "spikes@1e-1", "better", "Fig. 4-5: Vanilla spikes, Embed LN and Scaled Embed do not",
+                 effect=1.0, effect_source="Fig. 4-5: spikes against none; the design is powered for one spike "
+                                           "fewer a run (nanonorm's choice)")
+           for v in (SNM_SCALED_EMBED, SNM_EMBED_LN)],
+        lrs=["1e-3", "1e-1"],
+        flags=[*cpu(), *SNM_TRAINING, "--max_iters=400", "--eval_interval=400", CURVE_EVAL, "--warmup_iters=40",
+               "--telemetry_interval=10", "--spike_window=50"],
+        gpu_lrs=["5e-4", "5e-3"], gpu_flags=[*gpu(24, 1024, 16), *SNM_TRAINING, "--max_iters=5000",
+                                             "--eval_interval=1000", "--warmup_iters=500", "--telemetry_interval=50",
+                                             "--dtype=float16"],
         deviations="4 layers x 64 wide, where the init sigma sqrt(2/5d) = 0.079 (the paper: 24 x 1024 and 24 x 2304, "
                    "sigma 0.020 and 0.013, so its embeddings are smaller still), 64 byte tokens of the Python standard "
-                   "library a sequence (the paper: 2,048 GPT-2 BPE tokens of C4), 512 tokens a step, float32 on CPU "
-                   "failing at the first op output above 65504 (the paper: float16); the paper trains at fixed LRs "
-                   "for 35,000 steps and watches for spikes, here an LR ramp 0 to 1.0 over 500 steps (NormFormer's "
-                   "stability test) measures the LR each survives",
-        gpu_deviations="24 x 1024 (the paper's 350M shape), float16 with GradScaler, an LR ramp 0 to 0.05 over "
-                       "1,000 steps (the paper: fixed LRs, 35,000 steps); the builtin corpus unless --dataset names "
-                       "a larger one",
-        figure="ramp"),
+                   "library a sequence (the paper: 2,048 GPT-2 BPE tokens of C4), 512 tokens a step, float32 on CPU, "
+                   "400 steps (the paper: 35,000); the gradient ratio is layer 0's over layer 3's gradient L2 norm "
+                   "(every parameter of the layer), averaged over the telemetry steps 10-100, at LR 1e-3 (the "
+                   "paper's Fig. 3 reads it at initialization); spikes are the spike monitor's (z above 5 over a "
+                   "50-step window) at LR 1e-1, near where Vanilla failed in nanonorm's earlier LR ramp (about 0.2)",
+        gpu_deviations="24 x 1024 (the paper's 350M shape), float16 with GradScaler, 5,000 steps at LRs 5e-4 and "
+                       "5e-3; the builtin corpus unless --dataset names a larger one",
+        figure="grad_ratio"),
     "deepnorm_depth": Recipe(
-        title="DeepNorm survives a higher LR than Post-LN, the more so the deeper the model",
+        title="Deep Post-LN fails to train where DeepNorm trains, and the gap grows with depth",
         paper="DeepNet (Wang et al. 2022), as the annotated implementation in papers/ states it",
         quote="The paper proposes a method to stabilize extremely deep transformers through a new normalizing function "
               "to replace LayerNorm and a weight initialization scheme. This combines the performance of "
               "Post-LayerNorm and the stability of Pre-LayerNorm.",
-        mode="ramp", variants=[f"{v}+n_layer={n}" for n in (6, 18, 36) for v in (DN_POSTLN, DN_DEEPNORM)],
-        reference=f"{DN_POSTLN}+n_layer=6",
-        claims=[Claim(f"{DN_DEEPNORM}+n_layer={n}", "steps_survived@1.5", "better",
-                      "no number in papers/ (the folder holds the annotated implementation, not the paper's tables)")
-                for n in (6, 18, 36)],
-        lrs=["1.5"], flags=[*cpu(n_embd=32), "--max_iters=300", "--eval_interval=300", "--attn_impl=manual",
-                            "--fp16_overflow_fails=True"],
-        gpu_lrs=["0.05"], gpu_flags=[*gpu(n_embd=256, n_head=8), "--max_iters=1000", "--eval_interval=1000",
-                                     "--attn_impl=manual", "--dtype=float16"],
-        deviations="a decoder-only language model 32 wide at 6, 18 and 36 layers (the paper: encoder-decoder "
+        mode="lr", variants=[depth(v, n) for n in DN_DEPTHS for v in (DN_POSTLN, DN_DEEPNORM)],
+        reference=depth(DN_POSTLN, 6),
+        claims=[Claim(depth(DN_DEEPNORM, n), "final_loss@4e-3", "better",
+                      "no number in papers/ (the folder holds the annotated implementation, not the paper's tables)",
+                      effect=0.5, reference=depth(DN_POSTLN, n),
+                      effect_source="the mechanism: a Post-LN model that fails stays on the unigram plateau "
+                                    "(about 3.1 nats here) where a trained one is below 2.6; 0.5 nats is nanonorm's "
+                                    "choice")
+                for n in DN_DEPTHS]
+        + [Claim(depth(DN_DEEPNORM, 36), "final_loss@4e-3", "better",
+                 "the paper's claim is about depth: Post-LN degrades as depth grows, DeepNorm does not",
+                 effect=0.25, reference=depth(DN_POSTLN, 36), minus=(depth(DN_DEEPNORM, 6), depth(DN_POSTLN, 6)),
+                 effect_source="nanonorm's choice: half of the per-depth effect")],
+        lrs=["4e-3"],
+        flags=[*cpu(n_embd=64), "--max_iters=300", "--eval_interval=300", LOSS_EVAL, "--warmup_iters=50",
+               "--dropout=0"],
+        gpu_lrs=["1e-3"], gpu_flags=[*gpu(n_embd=256, n_head=8), "--max_iters=2000", "--eval_interval=1000",
+                                     "--warmup_iters=400"],
+        deviations="a decoder-only language model 64 wide at 6, 18 and 36 layers (the paper: encoder-decoder "
                    "translation models of up to 1,000 layers), 64 byte tokens of the Python standard library a "
-                   "sequence, float32 on CPU failing at the first op output above 65504 (float16's range); "
-                   "stability measured by an LR ramp 0 to 1.5 over 300 steps (NormFormer's test), not by training "
-                   "at the paper's LR and warmup",
-        gpu_deviations="a decoder-only model 256 wide at 6, 18 and 36 layers, float16 with GradScaler, an LR ramp "
-                       "0 to 0.05 over 1,000 steps; the builtin corpus unless --dataset names a larger one",
-        figure="metric"),
+                   "sequence, float32 on CPU, 300 steps at one LR, 4e-3 with 50 warmup steps (nanonorm's quickstart "
+                   "LR; the paper: 5e-4 with 4,000 warmup steps for its translation models); a run has left the "
+                   "unigram plateau when its final val loss is below 0.9 x the val split's unigram entropy",
+        gpu_deviations="a decoder-only model 256 wide at 6, 18 and 36 layers, 2,000 steps at LR 1e-3 with 400 "
+                       "warmup; the builtin corpus unless --dataset names a larger one",
+        figure="depth"),
     "powernorm": Recipe(
         title="PowerNorm beats LayerNorm; BatchNorm and PN-V fall behind it (pre-norm, the same hyperparameters)",
-        paper="PowerNorm (Shen et al. 2020) abstract, §5, Tables 1-2",
+        paper="PowerNorm (Shen et al. 2020) abstract, §3 (Fig. 2-3), §5, Tables 1-2",
         quote="We extensively test PN for transformers on a range of NLP tasks, and we show that it significantly "
               "outperforms both LN and BN. [...] Using PN-V instead of BN significantly improves the performance, "
               "but LN still outperforms.",
         mode="lr", variants=[PN_LAYERNORM, PN_BATCHNORM, PN_PNV, PN_POWERNORM], reference=PN_LAYERNORM,
         claims=[Claim(PN_POWERNORM, "final_loss@3e-3", "better",
                       "Table 1: BLEU 35.9 vs LN 35.5 (IWSLT14), 30.1 vs 29.5 (WMT14); Table 2: test PPL 47.6 vs 53.2 "
-                      "(PTB), 17.9 vs 20.9 (WikiText-103)"),
+                      "(PTB), 17.9 vs 20.9 (WikiText-103)",
+                      effect=0.111, effect_source="Table 2, PTB: ln(53.2 / 47.6) = 0.111 nats"),
                 Claim(PN_BATCHNORM, "final_loss@3e-3", "worse",
                       "Table 1: BLEU 34.4 vs LN 35.5 (IWSLT14), 28.1 vs 29.5 (WMT14); Table 2: test PPL 60.7 vs 53.2 "
-                      "(PTB), 27.2 vs 20.9 (WikiText-103)"),
+                      "(PTB), 27.2 vs 20.9 (WikiText-103)",
+                      effect=0.132, effect_source="Table 2, PTB: ln(60.7 / 53.2) = 0.132 nats"),
                 Claim(PN_PNV, "final_loss@3e-3", "worse",
                       "Table 1: BLEU 35.5 = LN 35.5 (IWSLT14), 28.5 vs 29.5 (WMT14); Table 2: test PPL 55.3 vs 53.2 "
-                      "(PTB), 21.3 vs 20.9 (WikiText-103)")],
-        lrs=["3e-3"], flags=[*cpu(), "--max_iters=400", "--eval_interval=400", "--warmup_iters=40"],
-        gpu_lrs=["1e-3"], gpu_flags=[*gpu(), "--max_iters=5000", "--eval_interval=500", "--warmup_iters=500"],
+                      "(PTB), 21.3 vs 20.9 (WikiText-103)",
+                      effect=0.039, effect_source="Table 2, PTB: ln(55.3 / 53.2) = 0.039 nats")],
+        lrs=["1e-3", "3e-3", "1e-2"],
+        flags=[*cpu(), "--max_iters=400", "--eval_interval=400", LOSS_EVAL, "--warmup_iters=40"],
+        gpu_lrs=["3e-4", "1e-3", "3e-3"],
+        gpu_flags=[*gpu(), "--max_iters=5000", "--eval_interval=500", "--warmup_iters=500"],
         deviations="a decoder-only language model, 4 layers x 64 wide, on 64 byte tokens of the Python standard "
                    "library a sequence and 8 sequences a step (the paper: translation models on IWSLT14 and WMT14, "
-                   "and a tensorized-transformer LM on PTB and WikiText-103), 400 steps, float32 on CPU; batch "
-                   "statistics in a causal LM let a token's training normalizer see other tokens of the batch, "
-                   "future ones included (validation uses the running statistics); one LR for every norm, as the "
-                   "paper keeps LN's hyperparameters",
-        gpu_deviations="12 x 768 decoder-only LM, 5,000 steps with 500 warmup, one LR for every norm; batch "
-                       "statistics see the batch's future tokens in training; the builtin corpus unless --dataset "
-                       "names a larger one",
-        figure="metric"),
-    "qk_norm_z_loss": Recipe(
-        title="qk-layernorm keeps the attention logits small, and z-loss keeps log Z near 0, at a high LR",
+                   "and a tensorized-transformer LM on PTB and WikiText-103), 400 steps, float32 on CPU; the claims "
+                   "are read at LR 3e-3, fixed before the runs (the paper keeps LN's hyperparameters for every "
+                   "norm), the other two LRs are shown, not tested; batch statistics in a causal LM let a token's "
+                   "training normalizer see other tokens of the batch, future ones included: the page shows each "
+                   "batch-statistic arm's validation loss with training-mode (batch) statistics beside its "
+                   "eval-mode (running) one, on the same windows, to separate that leakage from the paper's "
+                   "mechanism",
+        gpu_deviations="12 x 768 decoder-only LM, 5,000 steps with 500 warmup; batch statistics see the batch's "
+                       "future tokens in training; the builtin corpus unless --dataset names a larger one",
+        figure="loss_vs_lr"),
+    "qk_norm_lr": Recipe(
+        title="qk-layernorm lowers the LR sensitivity",
         paper="Wortsman et al. 2023, \"Small-scale proxies for large-scale Transformer training instabilities\" §3.1 "
-              "(attention-logit growth) and §3.2 (output-logit divergence); not in papers/, so paraphrased",
+              "(attention-logit growth, Fig. 1); not in papers/, so paraphrased",
         quote="(paraphrase) At high learning rates the attention logits of small models grow without bound and "
-              "training becomes unstable; qk-layernorm prevents it. The output logits drift until log Z is far "
-              "from 0; the z-loss (coefficient 1e-4, as PaLM) prevents it.",
-        mode="lr", variants=[QK_BASELINE, QK_NORM, Z_LOSS], reference=QK_BASELINE,
-        claims=[Claim(QK_NORM, "attn_logit_max@3e-2", "better", "no number quoted here (the paper is not in papers/)"),
-                Claim(Z_LOSS, "log_z@3e-2", "better", "no number quoted here (the paper is not in papers/)")],
-        lrs=["3e-2"], flags=[*cpu(), "--max_iters=400", "--eval_interval=400", "--warmup_iters=40",
-                             "--attn_impl=manual", "--telemetry_interval=50"],
-        gpu_lrs=["3e-2"], gpu_flags=[*gpu(), "--max_iters=5000", "--eval_interval=500", "--warmup_iters=500",
-                                     "--attn_impl=manual", "--telemetry_interval=100"],
+              "training becomes unstable; qk-layernorm prevents it, and so lowers the LR sensitivity.",
+        mode="lr", variants=[QK_BASELINE, QK_NORM], reference=QK_BASELINE,
+        claims=[Claim(QK_NORM, "lr_sensitivity", "better", "no number quoted here (the paper is not in papers/)",
+                      effect=0.25, relative=True, effect_source=QUARTER)],
+        lrs=LR_GRID, flags=[*cpu(), *CURVE_TRAINING],
+        gpu_lrs=GPU_LR_GRID, gpu_flags=[*gpu(), *GPU_CURVE_TRAINING],
         deviations="4 layers x 64 wide (the paper sweeps models of many sizes, far larger), 64 byte tokens of the "
-                   "Python standard library a sequence, 400 steps at one high LR (the paper: a grid of LRs and far "
-                   "longer runs), float32 on CPU; both logits read at the last telemetry step (every 50 steps)",
-        gpu_deviations="12 x 768, 5,000 steps with 500 warmup at one high LR (the paper: a grid of LRs); the "
-                       "builtin corpus unless --dataset names a larger one",
-        figure="logits"),
+                   "Python standard library a sequence, 250 steps at each of 7 LRs from 1e-3 to 1 (the paper: far "
+                   "longer runs), float32 on CPU, weight decay 0.1",
+        gpu_deviations="12 x 768, 2,000 steps at each of 6 LRs from 1e-4 to 3e-2; the builtin corpus unless "
+                       "--dataset names a larger one",
+        figure="loss_vs_lr"),
+    "z_loss_lr": Recipe(
+        title="z-loss lowers the LR sensitivity where weight decay is off",
+        paper="Wortsman et al. 2023, \"Small-scale proxies for large-scale Transformer training instabilities\" §3.2 "
+              "(output-logit divergence); not in papers/, so paraphrased",
+        quote="(paraphrase) Without weight decay the output logits drift until log Z is far from 0 and the loss "
+              "diverges at high LRs; the z-loss (coefficient 1e-4, as PaLM) prevents it.",
+        mode="lr", variants=[WD0_BASELINE, WD0_Z_LOSS], reference=WD0_BASELINE,
+        claims=[Claim(WD0_Z_LOSS, "lr_sensitivity", "better", "no number quoted here (the paper is not in papers/)",
+                      effect=0.25, relative=True, effect_source=QUARTER)],
+        lrs=LR_GRID, flags=[*cpu(), *CURVE_TRAINING],
+        gpu_lrs=GPU_LR_GRID, gpu_flags=[*gpu(), *GPU_CURVE_TRAINING],
+        deviations="4 layers x 64 wide (the paper sweeps models of many sizes, far larger), 64 byte tokens of the "
+                   "Python standard library a sequence, 250 steps at each of 7 LRs from 1e-3 to 1 (the paper: far "
+                   "longer runs), float32 on CPU; both arms without weight decay, where the paper sees the "
+                   "divergence",
+        gpu_deviations="12 x 768, 2,000 steps at each of 6 LRs from 1e-4 to 3e-2, no weight decay; the builtin "
+                       "corpus unless --dataset names a larger one",
+        figure="loss_vs_lr"),
 }
 
 
 def settings(name, scale="cpu"):
-    """What sweep.py runs for a recipe: variants, LRs, seeds, mode, reference, claims and every run's flags."""
+    """What sweep.py runs for a recipe: variants, LRs, seeds (first_seed .. first_seed + seeds - 1), mode,
+    reference, claims and every run's flags."""
     recipe = RECIPES[name]
     on_gpu = scale == "gpu"
     return dict(variants=list(recipe.variants), lrs=list(recipe.gpu_lrs if on_gpu else recipe.lrs),
-                seeds=recipe.seeds, mode=recipe.mode, reference=recipe.reference, claims=list(recipe.claims),
-                train_argv=list(recipe.gpu_flags if on_gpu else recipe.flags))
+                seeds=recipe.seeds, first_seed=recipe.first_seed, mode=recipe.mode, reference=recipe.reference,
+                claims=list(recipe.claims), train_argv=list(recipe.gpu_flags if on_gpu else recipe.flags))
 
 
 def command(name, scale="cpu", jobs=1):
@@ -288,4 +397,5 @@ def describe(name, scale="cpu", jobs=1):
             "title": recipe.title, "paper": recipe.paper, "quote": recipe.quote,
             "deviations": recipe.gpu_deviations if scale == "gpu" else recipe.deviations,
             "figure": recipe.figure, "command": command(name, scale, jobs),
+            "seed_list": list(range(recipe.first_seed, recipe.first_seed + recipe.seeds)),
             "claims": [vars(claim) for claim in recipe.claims]}

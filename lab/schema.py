@@ -37,19 +37,27 @@ LR_SWEEP = {"variants": [{"variant": str, "init_loss": NUMBER}],
             "runs": [{"variant": str, "lr": str, "status": str, "final_loss": MAYBE_NUMBER}]}
 # a recipe's summary.json as the results page reads it
 SIDE = {"median": None, "min": None, "max": None, "n": None}
+INTERVAL = (list, type(None))
+CLAIM = {"variant": str, "reference": str, "minus": (list, type(None)), "metric": str, "expect": str,
+         "paper_number": None, "effect_source": None, "relative": bool, "effect_claimed": NUMBER,
+         "effect_to_detect": MAYBE_NUMBER, "n": int, "p": MAYBE_NUMBER, "p_holm": MAYBE_NUMBER,
+         "effect": MAYBE_NUMBER, "effect_ci": INTERVAL, "difference": MAYBE_NUMBER, "difference_ci": INTERVAL,
+         "power": MAYBE_NUMBER, "mde": MAYBE_NUMBER, "verdict": str, "diverged": dict, "arm_medians": dict}
 RECIPE_SUMMARY = {
     "recipe": {"name": str, "title": str, "order": int, "scale": str, "paper": None, "quote": None, "reference": None,
-               "figure": {"ramp", "loss_vs_lr", "logits", "metric"}, "variants": [str], "lrs": [str], "seeds": int,
-               "claims": [{"variant": str, "metric": str, "expect": None, "paper_number": None}],
-               "deviations": None, "command": None, "train_argv": [str]},
+               "figure": {"ramp", "loss_vs_lr", "depth", "grad_ratio", "metric"}, "variants": [str], "lrs": [str],
+               "claims": [{"variant": str, "metric": str}], "deviations": None, "command": None, "train_argv": [str],
+               "design": {"variants": [str], "lrs": [str], "seeds": [int], "steps": int, "test": str, "family": str,
+                          "power_alpha": NUMBER,
+                          "eval_windows": {"eval_iters": int, "batch_size": int, "windows": int, "block_size": int,
+                                           "tokens": int}}},
+    "claims": [CLAIM],
     "machine": {"hardware": None, "load": NUMBER, "torch": None, "date": None},
     "wall_s": NUMBER,
-    "comparisons": [{"variant": str, "metric": str, "reference": None, "lr": None, "reference_lr": None,
-                     "variant_values": SIDE, "reference_values": SIDE, "p": NUMBER, "p_exact": None, "verdict": None}],
     "variants": [{"variant": str}],
-    "runs": [{"variant": str, "lr": str, "status": str, "final_loss": MAYBE_NUMBER, "peak_lr": MAYBE_NUMBER,
-              "steps_survived": MAYBE_NUMBER, "spikes": int, "attn_logit_max": MAYBE_NUMBER, "log_z": MAYBE_NUMBER,
-              "curve": [[NUMBER]], "logit_curve": [[MAYBE_NUMBER]]}],
+    "runs": [{"variant": str, "lr": str, "status": str, "final_loss": MAYBE_NUMBER,
+              "final_loss_capped": MAYBE_NUMBER, "peak_lr": MAYBE_NUMBER, "steps_survived": MAYBE_NUMBER,
+              "spikes": int, "curve": [[NUMBER]]}],
 }
 # a variant row that names how its runs ended (the results page's recipe section) also needs the counts:
 # named key -> what it needs

@@ -18,12 +18,16 @@ from dataclasses import dataclass
 
 import torch
 
+import train
 from diagnostics.instruments import criterion_of
 from engine import files
 from engine import runtime
 from engine.flags import UsageError
+from lab import claims as claims_lib
+from lab.claims import PLATEAU, RATIO_STEPS
 from lab import recipes
 from lab import schema
+from lab import stats
 from lab.tables import side_text, value_text
 
 FINISHED_CODES = (0, 3)  # train.py: 0 finished, 3 diverged
@@ -120,9 +124,23 @@ def run_record(run):
     # divergence)
     logits = [[e["step"], max((r["value"] for r in e["attn_logit_max"]), default=None),
                abs(e["logits"]["mean_log_z"])] for e in events if e["event"] == "telemetry"]
+    init_loss = next((e["val_loss"] for e in evals if e["step"] == 0), None)
+    final_loss = math.inf if status == "diverged" else final
+    telemetry = [e for e in events if e["event"] == "telemetry"]
+    batch_stats = evals[-1].get("val_loss_batch_stats") if evals else None
+    entropy = unigram_entropy(run)
     return {"variant": run.variant, "lr": run.lr, "seed": run.seed, "status": status,
-            "init_loss": next((e["val_loss"] for e in evals if e["step"] == 0), None),
-            "final_loss": math.inf if status == "diverged" else final,
+            "diverged": status == "diverged", "init_loss": init_loss, "final_loss": final_loss,
+            "final_loss_capped": capped_loss(final_loss, init_loss),
+            "grad_ratio": geometric_mean(grad_ratios(telemetry, None, "grad_l2")),
+            "fc2_grad_ratio": geometric_mean(grad_ratios(telemetry, "fc2", "grad_mean_abs")),
+            "ratio_curve": [[step, ratio] for step, ratio in grad_ratios(telemetry, None, "grad_l2", window=None)],
+            "fc2_ratio_curve": [[step, ratio] for step, ratio in grad_ratios(telemetry, "fc2", "grad_mean_abs",
+                                                                             window=None)],
+            "val_loss_batch_stats": batch_stats if status == "done" else None,
+            "leakage": final - batch_stats if status == "done" and batch_stats is not None else None,
+            "unigram_entropy": entropy,
+            "left_plateau": None if entropy is None or final_loss is None else final_loss < PLATEAU * entropy,
             "steps_survived": diverged["steps_survived"] if diverged else (evals[-1]["step"] if evals else None),
             "peak_lr": diverged["lr"] if diverged else (evals[-1]["lr"] if evals else None),
             "failed_op": op_text(failed) if failed else None,
@@ -133,6 +151,59 @@ def run_record(run):
             # for the results page's figures: [step, lr, train loss] and [step, attention logit, |log Z|]
             "curve": [[e["step"], e["lr"], e["loss"]] for e in events if e["event"] == "train"],
             "logit_curve": logits}
+
+
+def capped_loss(loss, init_loss):
+    """Wortsman et al. 2023 §3: min(L, L_0), a diverged run's loss (inf) counting as the loss at initialization,
+    so that a paired difference stays finite; None without both."""
+    if loss is None or init_loss is None:
+        return None
+    return min(loss, init_loss)
+
+
+def grad_ratios(telemetry, op, stat, window=RATIO_STEPS):
+    """[(step, layer 0's gradient over the last layer's)] per telemetry step in window (first, last; None: all):
+    with op None, the L2 norm over every parameter of the layer, sqrt(sum of grad_l2^2) (Spike No More Fig. 3);
+    with an op, the mean of stat over that op's weight rows (NormFormer Fig. 3: mean |grad| of the second FC
+    weight, op "fc2", stat "grad_mean_abs"). A step whose ratio is not a positive finite number is left out."""
+    ratios = []
+    for event in telemetry:
+        if window and not window[0] <= event["step"] <= window[1]:
+            continue
+        rows = [r for r in event["weights"] if isinstance(r["layer"], int)
+                and (op is None or r["op"] == op and r["name"].endswith("weight"))]
+        if not rows:
+            continue
+        last = max(r["layer"] for r in rows)
+        first_value, last_value = (layer_gradient([r for r in rows if r["layer"] == layer], op, stat)
+                                   for layer in (0, last))
+        ratio = first_value / last_value if last > 0 and last_value > 0 else math.nan
+        if math.isfinite(ratio) and ratio > 0:
+            ratios.append((event["step"], ratio))
+    return ratios
+
+
+def layer_gradient(rows, op, stat):
+    if op is None:
+        return math.sqrt(sum(r[stat] ** 2 for r in rows))
+    return statistics.fmean(r[stat] for r in rows)
+
+
+def geometric_mean(ratios):
+    """exp of the mean log ratio over the steps; None for none."""
+    return math.exp(statistics.fmean(math.log(ratio) for _, ratio in ratios)) if ratios else None
+
+
+def unigram_entropy(run):
+    """The val split's unigram entropy (nats a token) from the run's config.json, None without it."""
+    path = os.path.join(run.dir, "config.json")
+    try:
+        with open(path, "rb") as f:
+            config = json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    entropy = config.get("data", {}).get("unigram_entropy") if isinstance(config, dict) else None
+    return entropy if isinstance(entropy, (int, float)) else None
 
 
 def grew_most_text(grew):
@@ -233,22 +304,48 @@ def metric_values(records, variant, metric):
 
 def comparisons(records, mode, lrs, variants, reference, claims=()):
     """Each variant against its reference on every metric: medians, [min, max] and n per side, the difference of
-    medians, the exact permutation p and the verdict (recipes.compare). A recipe's claims give the paper's
-    direction for their (variant, metric), and for the variant's other metrics; a variant without a claim is read
-    against "the variant is better"."""
+    medians, p and the verdict. Where both sides ran the same seeds the test is paired by seed (the exact sign-flip
+    test of lab/stats.py on the per-seed differences, a diverged run's loss capped at L_0, as a claim's); else the
+    exact Mann-Whitney test of the two samples (recipes.compare, a diverged run the worst value). A recipe's claims
+    give the paper's direction for their (variant, metric), and for the variant's other metrics; a variant without
+    a claim is read against "the variant is better"."""
     expected = {(c.variant, c.metric): c.expect for c in claims}
     by_variant = {c.variant: c.expect for c in claims}
     rows = []
     for variant, ref in references(variants, reference).items():
         for metric in metric_names(mode, lrs, records):
-            ours, our_lr = metric_values(records, variant, metric)
-            theirs, their_lr = metric_values(records, ref, metric)
-            if ours and theirs:
-                result = recipes.compare(ours, theirs, recipes.BETTER[metric.split("@")[0]],
-                                         expected.get((variant, metric), by_variant.get(variant, "better")))
-                rows.append({"variant": variant, "reference": ref, "metric": metric, "lr": our_lr,
-                             "reference_lr": their_lr, "claim": (variant, metric) in expected, **result})
+            expect = expected.get((variant, metric), by_variant.get(variant, "better"))
+            better = recipes.BETTER[metric.split("@")[0]]
+            ours, theirs = (claims_lib.seed_values(records, v, metric, lrs) for v in (variant, ref))
+            if ours and set(ours) == set(theirs):
+                result = paired(ours, theirs, better, expect)
+            else:
+                ours_all, _ = metric_values(records, variant, metric)
+                theirs_all, _ = metric_values(records, ref, metric)
+                if not (ours_all and theirs_all):
+                    continue
+                result = {**recipes.compare(ours_all, theirs_all, better, expect), "test": "Mann-Whitney"}
+            _, our_lr = metric_values(records, variant, metric)
+            _, their_lr = metric_values(records, ref, metric)
+            rows.append({"variant": variant, "reference": ref, "metric": metric, "lr": our_lr,
+                         "reference_lr": their_lr, "claim": (variant, metric) in expected, **result})
     return rows
+
+
+def paired(ours, theirs, better, expect):
+    """A variant's per-seed values against its reference's on the same seeds ({seed: value} each): the sides'
+    spread, the difference of medians, the exact sign-flip p of the differences and the verdict, the direction read
+    from their mean (the statistic the p is about)."""
+    seeds = sorted(ours)
+    diffs = [ours[s] - theirs[s] for s in seeds]
+    p = stats.sign_flip_p(diffs)
+    mean = statistics.fmean(diffs)
+    side = "same" if mean == 0 else ("better" if (mean > 0) == (better == "higher") else "worse")
+    a, b = recipes.spread([ours[s] for s in seeds]), recipes.spread([theirs[s] for s in seeds])
+    return {"variant_values": a, "reference_values": b, "median_difference": a["median"] - b["median"],
+            "p": float(p), "p_exact": f"{p.numerator}/{p.denominator}",
+            "smallest_p": float(stats.smallest_sign_flip_p(len(seeds))), "observed": side, "expect": expect,
+            "verdict": recipes.verdict(p, side, expect), "test": "paired sign-flip", "pairs": len(seeds)}
 
 
 def comparison_markdown(rows):
@@ -303,10 +400,11 @@ def previous_summary(out_dir):
 
 
 def recipe_record(sweep):
-    """The recipe as the results page reads it, with the seeds and flags this sweep ran (--seeds or extra train.py
-    flags may add to the recipe's)."""
-    return {**recipes.describe(sweep.recipe, sweep.scale, sweep.jobs), "seeds": sweep.seeds,
-            "train_argv": sweep.train_argv}
+    """The recipe as the results page reads it, with the flags this sweep ran (extra train.py flags may follow the
+    recipe's) and its design (lab/claims.design)."""
+    record = {**recipes.describe(sweep.recipe, sweep.scale, sweep.jobs), "train_argv": sweep.train_argv}
+    model_cfg, tc = train.build_configs(train.parse_flags(sweep.train_argv))
+    return {**record, "design": claims_lib.design(record, model_cfg, tc)}
 
 
 def write_summary(sweep, runs, wall_s=0.0):
@@ -320,8 +418,9 @@ def write_summary(sweep, runs, wall_s=0.0):
                             sweep.claims) if sweep.reference else [])
     previous = previous_summary(sweep.out_dir)
     where = previous["machine"] if wall_s == 0 and "machine" in previous else machine()
+    judged = claims_lib.judge(records, sweep.claims, sweep.reference, sweep.lrs) if sweep.recipe else []
     summary = {"mode": sweep.mode, "reference": sweep.reference, "variants": rows, "comparisons": compared,
-               "recipe": recipe_record(sweep) if sweep.recipe else None, "machine": where,
+               "recipe": recipe_record(sweep) if sweep.recipe else None, "claims": judged, "machine": where,
                "wall_s": wall_s + previous.get("wall_s", 0.0), "runs": records}
     # inf (a diverged run's loss) is written as Infinity, which Python's json reads back
     files.write_atomic(os.path.join(sweep.out_dir, "summary.json"), json.dumps(summary, indent=1).encode())

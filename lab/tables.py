@@ -20,3 +20,30 @@ def value_text(value, plain=False):
 def side_text(side):
     """One side of a comparison: median [min, max], n seeds."""
     return f"{value_text(side['median'])} [{value_text(side['min'])}, {value_text(side['max'])}], n = {side['n']}"
+
+
+def signed(value):
+    """A number to 3 significant digits with its sign: +0.0213, -1.2."""
+    return "n/a" if value is None else f"{value:+.3g}"
+
+
+def interval_text(estimate, interval):
+    """An estimate and its confidence interval: "+0.0213 [+0.004, +0.035]"."""
+    if estimate is None:
+        return "n/a"
+    return f"{signed(estimate)} [{signed(interval[0])}, {signed(interval[1])}]"
+
+
+def p_value_text(p):
+    return "n/a" if p is None else f"{p:.3g}"
+
+
+def power_text(power):
+    return "n/a" if power is None else f"{power:.0%}"
+
+
+def mde_text(mde):
+    """The minimum detectable effect; inf where too few pairs can reach the level at all."""
+    if mde is not None and math.isinf(mde):
+        return "none reachable"
+    return value_text(mde)

@@ -11,8 +11,10 @@ import matplotlib.image
 import numpy as np
 import pytest
 
+import lab.claims
 import lab.summary
 import plot
+from lab import recipes
 import sweep
 import train
 from test_sweep import TINY, corpus  # noqa: F401 (corpus is a fixture)
@@ -136,23 +138,27 @@ def hand_run(folder, *lines):
 
 def recipe_summary():
     """A ramp recipe's summary.json as sweep.py writes it, holding what the results page reads: 2 variants x 2 seeds,
-    every run diverged."""
-    variants, side = ["baseline", "norm=rmsnorm"], {"median": 35.0, "min": 30, "max": 40, "n": 2}
-    runs = [{"variant": variant, "lr": "0.5", "seed": seed, "status": "diverged", "final_loss": math.inf,
-             "peak_lr": 0.2, "steps_survived": 30 + 10 * seed, "spikes": 0, "attn_logit_max": None, "log_z": None,
+    every run diverged; the claim judged by lab/claims.py from the runs."""
+    variants = ["baseline", "norm=rmsnorm"]
+    runs = [{"variant": variant, "lr": "0.5", "seed": seed, "status": "diverged", "diverged": True,
+             "final_loss": math.inf, "init_loss": 5.5, "final_loss_capped": 5.5, "peak_lr": 0.2,
+             "steps_survived": 30 + 10 * seed + (5 if variant == "norm=rmsnorm" else 0), "spikes": 0,
+             "attn_logit_max": None, "log_z": None,
              "curve": [[step, step / 100, 5.0 - step / 50] for step in range(10, 50, 10)], "logit_curve": []}
             for variant in variants for seed in (0, 1)]
+    claim = recipes.Claim("norm=rmsnorm", "steps_survived@0.5", "better", "94 vs 200 steps", effect=0.375,
+                          effect_source="Table 3", relative=True)
+    design = {"variants": variants, "lrs": ["0.5"], "seeds": [0, 1], "steps": 50, "test": lab.claims.TEST,
+              "family": "the recipe's 1 claim", "power_alpha": 0.05,
+              "eval_windows": {"eval_iters": 5, "batch_size": 8, "windows": 40, "block_size": 64, "tokens": 2560}}
     return {"mode": "ramp", "reference": "baseline", "wall_s": 60.0, "runs": runs,
             "recipe": {"name": "tiny", "title": "a tiny ramp", "order": 1, "scale": "cpu", "paper": "A Paper §1",
                        "quote": "It is better.", "reference": "baseline", "figure": "ramp", "variants": variants,
                        "lrs": ["0.5"], "seeds": 2, "deviations": "tiny", "command": "python sweep.py --recipe=tiny",
-                       "train_argv": ["--max_iters=50"],
-                       "claims": [{"variant": "norm=rmsnorm", "metric": "steps_survived@0.5", "expect": "better",
-                                   "paper_number": "94 vs 200 steps"}]},
+                       "train_argv": ["--max_iters=50"], "claims": [vars(claim)], "design": design},
+            "claims": lab.claims.judge(runs, [claim], "baseline", ["0.5"]),
             "machine": {"hardware": "2-core CPU", "load": 1.0, "torch": "2.13.0+cpu", "date": "2026-11-24"},
-            "comparisons": [{"variant": "norm=rmsnorm", "reference": "baseline", "metric": "steps_survived@0.5",
-                             "lr": "0.5", "reference_lr": "0.5", "variant_values": side, "reference_values": side,
-                             "p": 1.0, "p_exact": "1/1", "verdict": "inconclusive at this scale"}],
+            "comparisons": [],
             "variants": [{"variant": variant, "lr": "0.5", "runs": 2, "diverged": 2, "criterion": "loss gap",
                           "criterion_count": 2, "failed_op": None, "failed_op_count": 0} for variant in variants]}
 

@@ -67,7 +67,8 @@ def test_ramp_summary_from_logs(tmp_path):
     logs = {0: [start, diverged(120, 0.06, "q@k", 0)],
             1: [start, {"event": "spike", "step": 30, "loss": 4.0, "grad_norm": 9.0, "z_loss_score": 6.0,
                         "z_grad_score": 7.0, "skipped": False}, diverged(80, 0.04, "fc2", 1)],
-            2: [start, {"event": "eval", "step": 200, "train_loss": 2.0, "val_loss": 2.1, "lr": 0.1, "rank_spread": 0.0},
+            2: [start, {"event": "eval", "step": 200, "train_loss": 2.0, "val_loss": 2.1, "lr": 0.1,
+                        "rank_spread": 0.0},
                 {"event": "done", "step": 200, "val_loss": 2.1}],
             3: [start, diverged(150, 0.075, "fc2", 1)]}
     runs = [lab.summary.Run("baseline", "0.1", seed, str(tmp_path / "baseline" / "0.1" / str(seed))) for seed in logs]
@@ -138,7 +139,8 @@ def test_dry_run_commands_parse_with_train_parser(tmp_path, capsys, mode):
         assert (tc.lr_schedule == "ramp") == (mode == "ramp")
         expect_norm = "rmsnorm" if variant == "norm=rmsnorm" else "layernorm"
         assert model_cfg.norm == expect_norm
-        assert (model_cfg.scale_attn, model_cfg.scale_heads) == ((True, False) if "normformer" in variant else (False, False))
+        normformer = "normformer" in variant
+        assert (model_cfg.scale_attn, model_cfg.scale_heads) == ((True, False) if normformer else (False, False))
         seen.add((variant, lr, seed))
     assert len(seen) == 12
 
@@ -242,33 +244,51 @@ def test_each_variant_meets_the_reference_of_its_own_context():
 
 def record(variant, lr, seed, status, **values):
     base = {"variant": variant, "lr": lr, "seed": seed, "status": status, "final_loss": None, "spikes": 0,
-            "steps_survived": None, "peak_lr": None, "attn_logit_max": None, "log_z": None}
-    return {**base, **values}
+            "steps_survived": None, "peak_lr": None, "attn_logit_max": None, "log_z": None, "init_loss": 4.0,
+            "diverged": status == "diverged"}
+    record = {**base, **values}
+    loss = record["final_loss"]
+    return {**record, "final_loss_capped": None if loss is None else min(loss, record["init_loss"])}
 
 
-def test_comparisons_count_a_diverged_run_as_the_worst_loss():
-    """lr mode: at 1e-2 the variant beats the reference on all 4 seeds (one reference seed diverged: inf);
-    best_loss takes each variant at its own best LR (by median)."""
-    records = [record("v", "1e-2", s, "done", final_loss=2.0 + s / 10) for s in range(4)]
-    records += [record("ref", "1e-2", s, "done", final_loss=3.0 + s / 10) for s in range(3)]
-    records += [record("ref", "1e-2", 3, "diverged", final_loss=math.inf)]
-    records += [record("v", "1e-3", s, "done", final_loss=2.5) for s in range(4)]
-    records += [record("ref", "1e-3", s, "done", final_loss=2.4 + s / 100) for s in range(4)]
+def test_comparisons_pair_runs_by_seed_and_count_a_diverged_run_at_its_initial_loss():
+    """lr mode, 6 seeds a side: at 1e-2 the variant beats the reference on every seed (one reference seed diverged:
+    its loss counts as L_0 = 4.0), so the sign-flip p is 2/64; best_loss takes each variant at its own best LR."""
+    seeds = range(6)
+    records = [record("v", "1e-2", s, "done", final_loss=2.0 + s / 10) for s in seeds]
+    records += [record("ref", "1e-2", s, "done", final_loss=3.0 + s / 10) for s in seeds[:5]]
+    records += [record("ref", "1e-2", 5, "diverged", final_loss=math.inf)]
+    records += [record("v", "1e-3", s, "done", final_loss=2.5) for s in seeds]
+    records += [record("ref", "1e-3", s, "done", final_loss=2.4 + s / 100) for s in seeds]
     rows = {row["metric"]: row for row in lab.summary.comparisons(records, "lr", ["1e-3", "1e-2"], ["ref", "v"], "ref")}
     assert set(rows) == {"final_loss@1e-3", "spikes@1e-3", "final_loss@1e-2", "spikes@1e-2", "best_loss"}
     row = rows["final_loss@1e-2"]
-    assert row["reference_values"] == {"median": pytest.approx(3.15), "min": 3.0, "max": math.inf, "n": 4}
-    assert (row["p_exact"], row["verdict"]) == ("1/35", "agrees")  # complete separation, 2 of C(8, 4)
-    # 2.5 on all 4 seeds against 2.40-2.43: the variant is worse on every seed, p = 1/35
+    assert row["reference_values"] == {"median": pytest.approx(3.25), "min": 3.0, "max": 4.0, "n": 6}
+    assert (row["test"], row["pairs"], row["p_exact"], row["verdict"]) == ("paired sign-flip", 6, "1/32", "agrees")
+    # 2.5 on all 6 seeds against 2.40-2.45: the variant is worse on every seed
     assert (rows["final_loss@1e-3"]["observed"], rows["final_loss@1e-3"]["verdict"]) == ("worse", "disagrees")
     assert (rows["best_loss"]["lr"], rows["best_loss"]["reference_lr"]) == ("1e-2", "1e-3")
-    assert rows["spikes@1e-2"]["reference_values"]["max"] == math.inf  # the diverged run is the worst for spikes too
+    assert rows["spikes@1e-2"]["p"] == 1.0  # no spikes on either side: every difference 0
+
+
+def test_comparisons_without_shared_seeds_fall_back_to_the_unpaired_test():
+    # the reference's seed 3 did not finish: the sides' seeds differ, so no pairs; Mann-Whitney with inf as the worst
+    records = [record("v", "1e-2", s, "done", final_loss=2.0 + s / 10) for s in range(4)]
+    records += [record("ref", "1e-2", s, "diverged", final_loss=math.inf) for s in range(3)]
+    records += [record("ref", "1e-2", 3, "unfinished")]
+    [row] = [r for r in lab.summary.comparisons(records, "lr", ["1e-2"], ["ref", "v"], "ref")
+             if r["metric"] == "final_loss@1e-2"]
+    assert row["test"] == "Mann-Whitney" and row["reference_values"]["median"] == math.inf
+    assert row["p_exact"] == "2/35"  # complete separation, 2 of C(7, 3) relabelings
 
 
 @pytest.mark.parametrize("flags, expected", [
     (["--recipe=normformer"], "--recipe=normformer is not allowed; choose one of normformer_stability"),
     (["--recipe=powernorm", "--variants=baseline"], "--variants come from the recipe"),
-    (["--recipe=powernorm", "--seeds=3"], "--seeds=3 is fewer than the recipe's 5"),
+    (["--recipe=powernorm", "--seeds=9"], "a recipe's seeds are part of its design; edit lab/recipes.py and re-run "
+                                          "the whole recipe"),
+    (["--recipe=powernorm", "--first_seed=2"], "a recipe's seeds are part of its design"),
+    (["--variants=baseline", "--lrs=1e-2", "--first_seed=-1"], "--first_seed=-1 must be an integer from 0"),
     (["--variants=baseline", "--lrs=1e-2", "--scale=gpu"], "--scale sizes a recipe"),
     (["--variants=baseline,postln", "--lrs=1e-2", "--reference=normformer"], "--reference=normformer is not one of"),
 ])
@@ -280,12 +300,19 @@ def test_recipe_and_reference_bad_input_is_one_line(tmp_path, capsys, flags, exp
     assert not os.path.exists(tmp_path / "sweep")
 
 
-def test_a_recipe_takes_more_seeds_and_extra_flags_after_its_own():
-    args = sweep.parse_args(["--recipe=powernorm", "--seeds=6", "--device=cpu", "--max_iters=50"])
-    assert args.seeds == 6 and args.out_dir == os.path.join("sweeps", "powernorm")
+def test_a_recipe_takes_extra_flags_after_its_own_and_runs_its_own_seeds():
+    args = sweep.parse_args(["--recipe=powernorm", "--device=cpu", "--max_iters=50"])
+    assert args.seeds == 8 and args.out_dir == os.path.join("sweeps", "powernorm")
     assert args.train_argv[-2:] == ["--device=cpu", "--max_iters=50"]  # after the recipe's --max_iters: they win
     assert train.parse_flags(args.train_argv)["max_iters"] == 50
     assert sweep.parse_args(["--recipe=powernorm", "--scale=gpu"]).out_dir == os.path.join("sweeps", "powernorm_gpu")
+    # normformer_loss runs seeds 10-19, which did not pick its LR
+    assert {run.seed for run in sweep.grid(sweep.parse_args(["--recipe=normformer_loss"]))} == set(range(10, 20))
+
+
+def test_a_plain_sweep_runs_seeds_from_first_seed():
+    plan = sweep.parse_args(["--variants=baseline", "--lrs=1e-2", "--seeds=3", "--first_seed=5"])
+    assert [run.seed for run in sweep.grid(plan)] == [5, 6, 7]
 
 
 @pytest.mark.parametrize("event, expected", [
