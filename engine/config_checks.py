@@ -70,6 +70,9 @@ def check_train_config(tc, given):
     for name, ok, allowed in ranges:
         if not ok:
             raise UsageError(f"--{name}={getattr(tc, name)} must be {allowed}")
+    if tc.resume and tc.overwrite:
+        raise UsageError("--resume and --overwrite together: --resume continues the run in --out_dir, --overwrite "
+                         "replaces it; give one of them")
     if not re.fullmatch(r"auto|(cpu|cuda|mps)(:[0-9]+)?", tc.device):
         raise UsageError(f"--device={tc.device} is not a device; choose auto, cpu, cuda, cuda:N or mps")
     if not tc.out_dir.strip():

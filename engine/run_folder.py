@@ -29,6 +29,7 @@ from engine import runtime
 from engine.files import WriteError
 from engine.flags import UsageError
 
+ENDS = ("diverged", "done")  # the events that end a run
 CHECKPOINT_KEYS = ("model", "optimizer", "scaler", "step", "best_val", "rng", "model_config", "train_config")
 
 
@@ -206,27 +207,50 @@ def read_checkpoint(path):
     return checkpoint
 
 
+def same_file(path, other):
+    """Whether two paths name one file (ckpt-<step>.pt is a hard link to ckpt.pt); False where either is gone."""
+    try:
+        return os.path.samefile(path, other)
+    except OSError:
+        return False
+
+
 def newest_checkpoint(out_dir, master):
-    """The newest checkpoint that loads: ckpt.pt, else the ckpt-<step>.pt files from the newest down (process 0
-    says which it skipped)."""
+    """The newest checkpoint that loads: ckpt.pt, unless a ckpt-<step>.pt of a later step loads (a ckpt.pt put
+    back from a copy, say), else the ckpt-<step>.pt files from the newest down. A missing ckpt.pt is passed over; one
+    that does not load (a symlink to nowhere, a FIFO, a damaged file) too, and process 0 says which it skipped."""
     newest = os.path.join(out_dir, "ckpt.pt")
-    candidates = [newest] if os.path.exists(newest) else []
-    for _, path in sorted(numbered_checkpoints(out_dir).items(), reverse=True):
-        if not candidates or not os.path.samefile(path, newest):
-            candidates.append(path)
-    if not candidates:
+    numbered = [(step, path) for step, path in sorted(numbered_checkpoints(out_dir).items(), reverse=True)
+                if not same_file(path, newest)]
+    if not numbered and not os.path.lexists(newest):
         raise UsageError(f"--resume: no checkpoint in {out_dir} (start without --resume to train from scratch)")
     problems = []
-    for path in candidates:
-        try:
-            checkpoint = read_checkpoint(path)
-        except UsageError as e:
-            problems.append(str(e))
-            continue
-        for problem in problems if master else []:
-            print(f"train.py: note: {problem}; resuming from {path}", file=sys.stderr)
-        return checkpoint
-    raise UsageError(f"--resume: {problems[0]}" + (f" (and {len(problems) - 1} older ones)" if problems[1:] else ""))
+    main = loadable(newest, problems) if os.path.lexists(newest) else None
+    chosen = (newest, main) if main else None
+    for step, path in numbered:
+        if main and step <= main["step"]:
+            break
+        checkpoint = loadable(path, problems)
+        if checkpoint and (not main or checkpoint["step"] > main["step"]):
+            if main:
+                problems.append(f"{newest} is at step {main['step']}, older than {path}")
+            chosen = (path, checkpoint)
+            break
+    if not chosen:
+        raise UsageError(f"--resume: {problems[0]}" + (f" (and {len(problems) - 1} older ones)" if problems[1:] else
+                                                       ""))
+    for problem in problems if master else []:
+        print(f"train.py: note: {problem}; resuming from {chosen[0]}", file=sys.stderr)
+    return chosen[1]
+
+
+def loadable(path, problems):
+    """read_checkpoint(path), or None with why it does not load appended to problems."""
+    try:
+        return read_checkpoint(path)
+    except UsageError as e:
+        problems.append(str(e))
+        return None
 
 
 def restore(checkpoint, model, optimizer, scaler, tc, machine):
@@ -275,7 +299,9 @@ def write_run_files(model_cfg, tc, machine, resumed_step, events, meta):
                 os.remove(os.path.join(tc.out_dir, name))
             except OSError as e:
                 raise WriteError(f"cannot remove {os.path.join(tc.out_dir, name)} ({e.strerror})") from None
-    kept = [e for e in events if resumed_step is not None and e.get("step", 0) <= resumed_step]
+    # a run's end (diverged, done) at its checkpoint's step is not kept: the resumed run logs its own end
+    kept = [e for e in events if resumed_step is not None and e["step"] <= resumed_step
+            and not (e["step"] == resumed_step and e["event"] in ENDS)]
     files.write_atomic(os.path.join(tc.out_dir, "log.jsonl"), "".join(json.dumps(e) + "\n" for e in kept).encode())
     sequences = tc.batch_size * tc.grad_accum * machine.world_size
     config = {"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(tc), "world_size": machine.world_size,
