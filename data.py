@@ -16,7 +16,9 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
+import signal
 import sys
 import sysconfig
 import urllib.request
@@ -37,6 +39,34 @@ TOKENIZERS = ("byte", "gpt2")
 
 class DataError(Exception):
     """A problem with the data that a person can fix; the message is one line saying what and how."""
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (a kill, a closed terminal) during a preparation: it unwinds as a Ctrl-C does, so the
+    temporary folder is removed, and the script exits with 128 + the signal's number."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def raise_stopped(signum, frame):
+    raise Stopped(signum)
+
+
+def stop_on_signals():
+    """SIGTERM and SIGHUP raise Stopped from here on, as SIGINT raises KeyboardInterrupt; returns the handlers they
+    had, for the caller to put back."""
+    return {sig: signal.signal(sig, raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
+
+
+def exit_code(stop):
+    """The exit code of a KeyboardInterrupt or Stopped: 128 + the signal's number (130 for Ctrl-C)."""
+    return 128 + getattr(stop, "signum", signal.SIGINT)
+
+
+def stopped_by(stop):
+    return signal.Signals(stop.signum).name if isinstance(stop, Stopped) else "Ctrl-C"
 
 
 def get_tokenizer(name):
@@ -236,6 +266,44 @@ def write_prepared(folder, enc, text, source, tokenizer):
         raise
 
 
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process
+    return True
+
+
+def locked(lock_path):
+    """Whether some process holds the flock on lock_path (one that does not exist is held by none)."""
+    try:
+        fd = os.open(lock_path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def remove_leftovers(data_dir, held):
+    """The temporary folders (<folder>.<pid>.tmp) that preparations left when their process was killed (SIGKILL, a
+    power cut): removed when that process is gone and nobody holds the folder's lock (held: the folder whose lock
+    this process holds), so a preparation on another machine sharing data_dir keeps its own."""
+    for tmp in Path(data_dir).glob("*.tmp"):
+        match = re.fullmatch(r"(.+)\.([0-9]+)\.tmp", tmp.name)
+        if not match or not tmp.is_dir() or alive(int(match[2])):
+            continue
+        folder = tmp.parent / match[1]
+        if folder == held or not locked(f"{folder}.lock"):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def prepared_with(data_dir, prefix, files_stamp):
     """The prepared folder <data_dir>/<prefix><content> whose meta.json records this stamp, or None."""
     for meta_path in sorted(Path(data_dir).glob(glob.escape(prefix) + "*/meta.json")):
@@ -276,6 +344,7 @@ def prepare(dataset="builtin", tokenizer="byte", data_dir="data", url=None):
             # file stays: removing it would let a third process lock a new file while the first holds the old one
             with open(f"{folder}.lock", "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
+                remove_leftovers(data_dir, held=folder)
                 if not (folder / "meta.json").exists():  # another process may have prepared it while this one waited
                     write_prepared(folder, enc, text, source, tokenizer)
     except OSError as e:
@@ -367,6 +436,7 @@ def main(argv):
     if wants_help(argv):
         print_help(__doc__, PrepareOptions)
         return 0
+    handlers = stop_on_signals()
     try:
         opts = build(PrepareOptions, parse(argv, PrepareOptions))
         folder = prepare(opts.dataset, opts.tokenizer, opts.data_dir, opts.url)
@@ -376,10 +446,13 @@ def main(argv):
     except WriteError as e:
         print(f"data.py: {e}; nothing was prepared", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("data.py: stopped by Ctrl-C; nothing was prepared (a prepared folder is complete or absent)",
-              file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:
+        print(f"data.py: stopped by {stopped_by(stop)}; nothing was prepared (a prepared folder is complete or "
+              "absent)", file=sys.stderr)
+        return exit_code(stop)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     print(f"{folder}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens ({meta['dtype']}), "
           f"vocab {meta['vocab_size']}, {meta['source']['files']} files read")
     print(f"unigram entropy of val: {meta['unigram_entropy']:.4f} nats/token")
