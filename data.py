@@ -35,6 +35,7 @@ from engine.flags import UsageError, build, fail, help_of, parse, print_help, wa
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TOKENIZERS = ("byte", "gpt2")
+VOCAB_SIZES = {"byte": 256, "gpt2": 50257}  # what get_tokenizer's encodings have (n_vocab): test_data checks it
 
 
 class DataError(Exception):
@@ -134,9 +135,16 @@ def folder_files(root):
 
 
 def download(url, path):
-    """url's text into path, unless path exists. A failed download, an empty one or one that is not UTF-8 text
-    (a binary file, an error page in another encoding) is refused and leaves nothing behind, so it is never reused."""
+    """url's text into path, unless path exists; the URL goes beside it (path.url), and a path downloaded from
+    another URL is refused (a file put there by hand has no .url, and serves any URL). A failed download, an empty
+    one or one that is not UTF-8 text (a binary file, an error page in another encoding) is refused and leaves
+    nothing behind, so it is never reused."""
+    source = Path(f"{path}.url")
     if path.exists():
+        cached = source.read_text(errors="replace").strip() if source.exists() else url
+        if cached != url:
+            raise DataError(f"--url={url}: {path} was downloaded from {cached}; give that --url, or delete {path} "
+                            "to download this one")
         return
     try:
         with urllib.request.urlopen(url, timeout=30) as r:
@@ -150,6 +158,7 @@ def download(url, path):
         raise DataError(f"{url} sent {what}; give a --url that serves tiny Shakespeare's input.txt, or put that file "
                         f"at {path} by hand")
     path.parent.mkdir(parents=True, exist_ok=True)  # after the download: a failed one leaves nothing behind
+    write_atomic(source, url.encode())  # first: a text without its .url would pass for one put there by hand
     write_atomic(path, raw)
 
 
@@ -379,6 +388,11 @@ def load_meta(folder):
                             f"{' >= 0' if kind is int else ''})")
     if not isinstance(meta["source"].get("sha256"), str):
         raise DataError(f"{damaged} meta.json's source has no sha256 of the text (an older nanonorm prepared it)")
+    if meta["tokenizer"] not in VOCAB_SIZES:
+        raise DataError(f"{damaged} meta.json's tokenizer is {meta['tokenizer']!r}, not one of {', '.join(TOKENIZERS)}")
+    if meta["vocab_size"] != VOCAB_SIZES[meta["tokenizer"]]:
+        raise DataError(f"{damaged} meta.json's vocab_size is {meta['vocab_size']}, but the {meta['tokenizer']} "
+                        f"tokenizer's is {VOCAB_SIZES[meta['tokenizer']]}")
     dtype = np.dtype(token_dtype(meta["vocab_size"])).name
     if meta["dtype"] != dtype:
         raise DataError(f"{damaged} meta.json's dtype is {meta['dtype']}, but a vocab of {meta['vocab_size']} is "
@@ -392,7 +406,25 @@ def load_meta(folder):
         if size != expected:
             raise DataError(f"{damaged} {split}.bin has {size} bytes, but meta.json's {meta[f'{split}_tokens']} "
                             f"{dtype} tokens take {expected}")
+        largest = largest_id(str(Path(folder) / f"{split}.bin"), dtype, *file_version(Path(folder) / f"{split}.bin"))
+        if largest >= meta["vocab_size"]:
+            raise DataError(f"{damaged} {split}.bin holds token id {largest}, but the vocabulary has "
+                            f"{meta['vocab_size']} (ids 0 to {meta['vocab_size'] - 1})")
     return meta
+
+
+def file_version(path):
+    info = path.stat()
+    return info.st_size, info.st_mtime_ns, info.st_ino
+
+
+@functools.cache
+def largest_id(path, dtype, *version):
+    """The largest token id in a .bin file, read once per version of the file (version: its size, modification time
+    and inode): a full pass over the memmap, which load_meta's every call would otherwise repeat."""
+    if version[0] == 0:
+        return -1
+    return int(np.max(np.memmap(path, dtype=dtype, mode="r")))
 
 
 def check_length(meta, block_size):

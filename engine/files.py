@@ -203,6 +203,7 @@ def claim(out_dir):
         lock.write(f"{os.getpid()} {socket.gethostname()}\n")
         lock.flush()
     except OSError as e:
-        lock.close()
+        with contextlib.suppress(OSError):  # close flushes the text that failed again, and fails again
+            lock.close()
         raise cannot_write(path, e) from None
     return lock

@@ -108,13 +108,36 @@ def on_every_process(failure, machine):
         raise failure or WriteError("process 0 stopped the run")
 
 
+class RecordedWrites:
+    """A file's writes, keeping the OSError of one that fails: torch.save reports a write that fails after its
+    first as a RuntimeError of its own ("unexpected pos 768 vs 662"), which does not say that the disk is full."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, data):
+        return self.recorded(self.f.write, data)
+
+    def flush(self):
+        return self.recorded(self.f.flush)
+
+    def recorded(self, operation, *args):
+        try:
+            return operation(*args)
+        except OSError as e:
+            self.error = e
+            raise
+
+
 def write_atomically(path, state):
     """Write to path.tmp, flush it to the disk, then rename it over path; a failed or interrupted write (a second
     Ctrl-C) removes the partial tmp."""
     tmp = path + ".tmp"
+    writes = None
     try:
         with open(tmp, "wb") as f:
-            torch.save(state, f)
+            writes = RecordedWrites(f)
+            torch.save(state, writes)
             f.flush()
             os.fsync(f.fileno())
         pause_for_tests(f"save@{state['step']}")
@@ -129,6 +152,7 @@ def write_atomically(path, state):
             os.remove(tmp)
         if not isinstance(e, (OSError, RuntimeError)):
             raise
+        e = writes.error if writes and writes.error else e
         cause = getattr(e, "strerror", None) or str(e).splitlines()[0]
         raise WriteError(f"cannot write {path} ({cause}); the previous checkpoint is kept") from None
 

@@ -377,6 +377,20 @@ def test_shakespeare_downloads_once(tmp_path, monkeypatch):
     assert meta["train_tokens"] + meta["val_tokens"] == len(expected.encode())
 
 
+def test_the_shakespeare_cache_refuses_another_url(tmp_path):
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    first.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 10)
+    second.write_text("Second Citizen:\nSpeak, speak.\n" * 10)
+    data_dir = tmp_path / "data"
+    data.prepare("shakespeare", data_dir=str(data_dir), url=first.as_uri())
+    with pytest.raises(data.DataError) as e:
+        data.prepare("shakespeare", data_dir=str(data_dir), url=second.as_uri())
+    assert f"--url={second.as_uri()}: " in str(e.value) and f"downloaded from {first.as_uri()}" in str(e.value)
+    (data_dir / "shakespeare" / "input.txt").unlink()
+    folder = data.prepare("shakespeare", data_dir=str(data_dir), url=second.as_uri())
+    assert data.load_meta(folder)["train_tokens"] + data.load_meta(folder)["val_tokens"] == len(second.read_bytes())
+
+
 @pytest.mark.parametrize("served, says", [(b"", "sent nothing"), (b"  \n", "sent nothing"),
                                           (b"\x89PNG\r\n\x1a\n\x00\x00 binary", "not UTF-8 text"),
                                           ("caf\xe9\n".encode("latin-1") * 10, "not UTF-8 text")])
@@ -498,3 +512,7 @@ def test_cli_help_lists_the_flags_with_prepares_defaults(capsys):
     lines = capsys.readouterr().out.splitlines()
     for name, param in inspect.signature(data.prepare).parameters.items():
         assert any(line.split()[:2] == [f"--{name}", str(param.default)] for line in lines), (name, lines)
+
+
+def test_the_vocabulary_sizes_load_meta_checks_are_the_tokenizers(gpt2_ranks):
+    assert {name: data.get_tokenizer(name).n_vocab for name in data.TOKENIZERS} == data.VOCAB_SIZES
