@@ -334,6 +334,9 @@ def prepare(dataset="builtin", tokenizer="byte", data_dir="data", url=None):
     if not dataset.strip():
         raise DataError("--dataset is empty (it would read the current folder); use builtin, shakespeare, "
                         "or a path to a text file or a folder of text files")
+    if not str(data_dir).strip():
+        raise DataError("--data_dir is empty (it would prepare into the current folder); give a folder for the "
+                        "prepared data, such as data")
     enc = get_tokenizer(tokenizer)  # before reading the corpus, so a bad name fails at once
     prefix = f"{corpus_name(dataset)}-{tokenizer}-"
     try:

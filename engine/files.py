@@ -87,6 +87,24 @@ def not_a_file(path):
     return None
 
 
+def too_long(path):
+    """Why the filesystem would refuse path as too long (a name past NAME_MAX, the whole past PATH_MAX, less room for
+    the names a run writes in it), or None: said before any work, not at the first write."""
+    path = os.path.abspath(path)
+    where = nearest_existing(path)
+    room = len("/ckpt-000000000.pt.000000000.tmp")  # the longest name a run writes in its folder
+    try:
+        name_max, path_max = os.pathconf(where, "PC_NAME_MAX"), os.pathconf(where, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    longest = max(path.split(os.sep), key=len)
+    if len(longest.encode()) > name_max:
+        return f"a name in it is {len(longest.encode())} bytes long, and this filesystem allows {name_max}"
+    if len(path.encode()) + room > path_max:
+        return f"the path is {len(path.encode())} bytes long, and this filesystem allows {path_max - room} for a folder"
+    return None
+
+
 def nearest_existing(path):
     """path itself where anything is there (a symlink that leads nowhere counts), else the nearest path above it
     that exists: what decides whether path is, or can become, a folder (train.py's --out_dir, sweep.py's, plot.py's

@@ -43,6 +43,9 @@ def pause_for_tests(point):
 def check_out_dir(out_dir, fresh):
     """out_dir is a folder, or can become one, and can be written; no run is using it; for a fresh run (not
     --resume or --overwrite) it holds no other run. Checked before anything is written."""
+    too_long = files.too_long(out_dir)
+    if too_long:
+        raise UsageError(f"--out_dir={out_dir[:60]}...: {too_long}; choose a shorter --out_dir")
     existing = files.nearest_existing(os.path.abspath(out_dir))
     if not os.path.exists(existing):  # a symlink that leads nowhere (or into a loop): makedirs would fail on it
         raise UsageError(f"--out_dir={out_dir}: {existing} is {files.not_a_file(existing)}; choose another --out_dir")
