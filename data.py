@@ -241,8 +241,12 @@ def encode(enc, text):
 def decode(enc, ids):
     """The text of token ids. An id past the tokenizer's vocabulary (train.py pads the model's vocab to a multiple
     of 64) decodes to U+FFFD, as a byte sequence that is not UTF-8 does."""
-    pieces = [enc.decode_single_token_bytes(i) if i < enc.n_vocab else "\ufffd".encode() for i in ids]
-    return b"".join(pieces).decode("utf-8", errors="replace")
+    return token_bytes(enc, ids).decode("utf-8", errors="replace")
+
+
+def token_bytes(enc, ids):
+    """The bytes of token ids; an id past the tokenizer's vocabulary is the bytes of U+FFFD."""
+    return b"".join(enc.decode_single_token_bytes(i) if i < enc.n_vocab else "\ufffd".encode() for i in ids)
 
 
 def write_prepared(folder, enc, text, source, tokenizer):
