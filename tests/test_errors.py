@@ -15,7 +15,7 @@ import torch
 import data
 
 HERE = Path(__file__).resolve().parent.parent  # the repository root
-# an embedding no machine can allocate: a bench case that gets past the checks fails at once with a traceback
+# a model no machine can hold: a bench case that gets past the check it names is refused by the memory check instead
 HUGE = ["--vocab_size=2000000000", "--n_embd=1000000"]
 MODULES = {"bench.py": "lab.bench"}  # the lab's commands run as modules from the root
 
