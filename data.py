@@ -16,7 +16,9 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
+import signal
 import sys
 import sysconfig
 import urllib.request
@@ -33,10 +35,39 @@ from engine.flags import UsageError, build, fail, help_of, parse, print_help, wa
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TOKENIZERS = ("byte", "gpt2")
+VOCAB_SIZES = {"byte": 256, "gpt2": 50257}  # what get_tokenizer's encodings have (n_vocab): test_data checks it
 
 
 class DataError(Exception):
     """A problem with the data that a person can fix; the message is one line saying what and how."""
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (a kill, a closed terminal) during a preparation: it unwinds as a Ctrl-C does, so the
+    temporary folder is removed, and the script exits with 128 + the signal's number."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def raise_stopped(signum, frame):
+    raise Stopped(signum)
+
+
+def stop_on_signals():
+    """SIGTERM and SIGHUP raise Stopped from here on, as SIGINT raises KeyboardInterrupt; returns the handlers they
+    had, for the caller to put back."""
+    return {sig: signal.signal(sig, raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
+
+
+def exit_code(stop):
+    """The exit code of a KeyboardInterrupt or Stopped: 128 + the signal's number (130 for Ctrl-C)."""
+    return 128 + getattr(stop, "signum", signal.SIGINT)
+
+
+def stopped_by(stop):
+    return signal.Signals(stop.signum).name if isinstance(stop, Stopped) else "Ctrl-C"
 
 
 def get_tokenizer(name):
@@ -104,9 +135,16 @@ def folder_files(root):
 
 
 def download(url, path):
-    """url's text into path, unless path exists. A failed download, an empty one or one that is not UTF-8 text
-    (a binary file, an error page in another encoding) is refused and leaves nothing behind, so it is never reused."""
+    """url's text into path, unless path exists; the URL goes beside it (path.url), and a path downloaded from
+    another URL is refused (a file put there by hand has no .url, and serves any URL). A failed download, an empty
+    one or one that is not UTF-8 text (a binary file, an error page in another encoding) is refused and leaves
+    nothing behind, so it is never reused."""
+    source = Path(f"{path}.url")
     if path.exists():
+        cached = source.read_text(errors="replace").strip() if source.exists() else url
+        if cached != url:
+            raise DataError(f"--url={url}: {path} was downloaded from {cached}; give that --url, or delete {path} "
+                            "to download this one")
         return
     try:
         with urllib.request.urlopen(url, timeout=30) as r:
@@ -120,6 +158,7 @@ def download(url, path):
         raise DataError(f"{url} sent {what}; give a --url that serves tiny Shakespeare's input.txt, or put that file "
                         f"at {path} by hand")
     path.parent.mkdir(parents=True, exist_ok=True)  # after the download: a failed one leaves nothing behind
+    write_atomic(source, url.encode())  # first: a text without its .url would pass for one put there by hand
     write_atomic(path, raw)
 
 
@@ -202,8 +241,12 @@ def encode(enc, text):
 def decode(enc, ids):
     """The text of token ids. An id past the tokenizer's vocabulary (train.py pads the model's vocab to a multiple
     of 64) decodes to U+FFFD, as a byte sequence that is not UTF-8 does."""
-    pieces = [enc.decode_single_token_bytes(i) if i < enc.n_vocab else "\ufffd".encode() for i in ids]
-    return b"".join(pieces).decode("utf-8", errors="replace")
+    return token_bytes(enc, ids).decode("utf-8", errors="replace")
+
+
+def token_bytes(enc, ids):
+    """The bytes of token ids; an id past the tokenizer's vocabulary is the bytes of U+FFFD."""
+    return b"".join(enc.decode_single_token_bytes(i) if i < enc.n_vocab else "\ufffd".encode() for i in ids)
 
 
 def write_prepared(folder, enc, text, source, tokenizer):
@@ -233,6 +276,44 @@ def write_prepared(folder, enc, text, source, tokenizer):
         raise
 
 
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process
+    return True
+
+
+def locked(lock_path):
+    """Whether some process holds the flock on lock_path (one that does not exist is held by none)."""
+    try:
+        fd = os.open(lock_path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def remove_leftovers(data_dir, held):
+    """The temporary folders (<folder>.<pid>.tmp) that preparations left when their process was killed (SIGKILL, a
+    power cut): removed when that process is gone and nobody holds the folder's lock (held: the folder whose lock
+    this process holds), so a preparation on another machine sharing data_dir keeps its own."""
+    for tmp in Path(data_dir).glob("*.tmp"):
+        match = re.fullmatch(r"(.+)\.([0-9]+)\.tmp", tmp.name)
+        if not match or not tmp.is_dir() or alive(int(match[2])):
+            continue
+        folder = tmp.parent / match[1]
+        if folder == held or not locked(f"{folder}.lock"):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def prepared_with(data_dir, prefix, files_stamp):
     """The prepared folder <data_dir>/<prefix><content> whose meta.json records this stamp, or None."""
     for meta_path in sorted(Path(data_dir).glob(glob.escape(prefix) + "*/meta.json")):
@@ -254,6 +335,9 @@ def prepare(dataset="builtin", tokenizer="byte", data_dir="data", url=None):
     if not dataset.strip():
         raise DataError("--dataset is empty (it would read the current folder); use builtin, shakespeare, "
                         "or a path to a text file or a folder of text files")
+    if not str(data_dir).strip():
+        raise DataError("--data_dir is empty (it would prepare into the current folder); give a folder for the "
+                        "prepared data, such as data")
     enc = get_tokenizer(tokenizer)  # before reading the corpus, so a bad name fails at once
     prefix = f"{corpus_name(dataset)}-{tokenizer}-"
     try:
@@ -273,6 +357,7 @@ def prepare(dataset="builtin", tokenizer="byte", data_dir="data", url=None):
             # file stays: removing it would let a third process lock a new file while the first holds the old one
             with open(f"{folder}.lock", "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
+                remove_leftovers(data_dir, held=folder)
                 if not (folder / "meta.json").exists():  # another process may have prepared it while this one waited
                     write_prepared(folder, enc, text, source, tokenizer)
     except OSError as e:
@@ -307,6 +392,11 @@ def load_meta(folder):
                             f"{' >= 0' if kind is int else ''})")
     if not isinstance(meta["source"].get("sha256"), str):
         raise DataError(f"{damaged} meta.json's source has no sha256 of the text (an older nanonorm prepared it)")
+    if meta["tokenizer"] not in VOCAB_SIZES:
+        raise DataError(f"{damaged} meta.json's tokenizer is {meta['tokenizer']!r}, not one of {', '.join(TOKENIZERS)}")
+    if meta["vocab_size"] != VOCAB_SIZES[meta["tokenizer"]]:
+        raise DataError(f"{damaged} meta.json's vocab_size is {meta['vocab_size']}, but the {meta['tokenizer']} "
+                        f"tokenizer's is {VOCAB_SIZES[meta['tokenizer']]}")
     dtype = np.dtype(token_dtype(meta["vocab_size"])).name
     if meta["dtype"] != dtype:
         raise DataError(f"{damaged} meta.json's dtype is {meta['dtype']}, but a vocab of {meta['vocab_size']} is "
@@ -320,7 +410,25 @@ def load_meta(folder):
         if size != expected:
             raise DataError(f"{damaged} {split}.bin has {size} bytes, but meta.json's {meta[f'{split}_tokens']} "
                             f"{dtype} tokens take {expected}")
+        largest = largest_id(str(Path(folder) / f"{split}.bin"), dtype, *file_version(Path(folder) / f"{split}.bin"))
+        if largest >= meta["vocab_size"]:
+            raise DataError(f"{damaged} {split}.bin holds token id {largest}, but the vocabulary has "
+                            f"{meta['vocab_size']} (ids 0 to {meta['vocab_size'] - 1})")
     return meta
+
+
+def file_version(path):
+    info = path.stat()
+    return info.st_size, info.st_mtime_ns, info.st_ino
+
+
+@functools.cache
+def largest_id(path, dtype, *version):
+    """The largest token id in a .bin file, read once per version of the file (version: its size, modification time
+    and inode): a full pass over the memmap, which load_meta's every call would otherwise repeat."""
+    if version[0] == 0:
+        return -1
+    return int(np.max(np.memmap(path, dtype=dtype, mode="r")))
 
 
 def check_length(meta, block_size):
@@ -397,6 +505,7 @@ def main(argv):
     if wants_help(argv):
         print_help(__doc__, PrepareOptions)
         return 0
+    handlers = stop_on_signals()
     try:
         opts = build(PrepareOptions, parse(argv, PrepareOptions))
         folder = prepare(opts.dataset, opts.tokenizer, opts.data_dir, opts.url)
@@ -406,10 +515,13 @@ def main(argv):
     except WriteError as e:
         print(f"data.py: {e}; nothing was prepared", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("data.py: stopped by Ctrl-C; nothing was prepared (a prepared folder is complete or absent)",
-              file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:
+        print(f"data.py: stopped by {stopped_by(stop)}; nothing was prepared (a prepared folder is complete or "
+              "absent)", file=sys.stderr)
+        return exit_code(stop)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     print(f"{folder}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens ({meta['dtype']}), "
           f"vocab {meta['vocab_size']}, {meta['source']['files']} files read")
     print(f"unigram entropy of val: {meta['unigram_entropy']:.4f} nats/token")

@@ -123,8 +123,11 @@ class GPTConfig:
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"--{name}={getattr(self, name)} must be > 0")
         for name in ("attn_softcap", "logit_softcap"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"--{name}={getattr(self, name)} must be >= 0 (0 turns it off)")
+            # c * tanh(s / c) bounds the logits to +-c: below MIN_SOFTCAP every softmax is uniform to within 0.1%,
+            # and a subnormal c makes s / c overflow to inf (a "divergence" at step 0)
+            if not (getattr(self, name) == 0 or getattr(self, name) >= MIN_SOFTCAP):
+                raise ValueError(f"--{name}={getattr(self, name)} must be 0 (off) or >= {MIN_SOFTCAP} (a cap bounds "
+                                 "the logits to +-cap; a smaller one flattens every softmax)")
         if self.layer_norm_scaling and self.layout not in ("pre", "mix"):
             raise ValueError(f"--layer_norm_scaling scales the output of each pre-LN norm; --layout={self.layout} has "
                              "none (use --layout=pre or mix)")
@@ -224,6 +227,9 @@ def subln_gain(cfg):
     """Magneto (Wang et al. 2022, "Foundation Transformers" §2.2): with SubLN, W_v, W_O, W_1 and W_2 are initialized
     with gain gamma = sqrt(log(2N)) for a decoder-only model of N layers (torchscale: decoder_layers * 2)."""
     return math.sqrt(math.log(2 * cfg.n_layer))
+
+
+MIN_SOFTCAP = 1e-3
 
 
 def softcap(x, cap):

@@ -6,6 +6,7 @@ compiled model or not) and prints --num_samples continuations of --start, decode
 softmax of the logits / --temperature over the --top_k most likely tokens (--top_k=None: all of them);
 --top_k=1 is greedy decoding. The same --seed gives the same samples on the same machine.
 """
+import codecs
 import os
 import sys
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from typing import Optional
 import torch
 
 import data
-from engine import flags, runtime
+from engine import files, flags, runtime
 from engine.run_folder import read_checkpoint
 from engine.flags import UsageError, help_of
 from model import GPT, GPTConfig
@@ -32,12 +33,16 @@ class SampleConfig:
     device: str = help_of("auto (cuda where there is a GPU), cpu, cuda or cuda:N", default="auto")
 
 
+MIN_TEMPERATURE = 1e-3  # float32 logits up to ~3e35 stay finite when divided by it
+
+
 def check(sc):
     """sc's values, or a UsageError saying which is wrong and what is allowed."""
     if sc.num_samples < 1 or sc.max_new_tokens < 1:
         raise UsageError(f"--num_samples={sc.num_samples} and --max_new_tokens={sc.max_new_tokens} must be >= 1")
-    if sc.temperature <= 0:
-        raise UsageError(f"--temperature={sc.temperature} must be > 0 (--top_k=1 samples greedily)")
+    if sc.temperature < MIN_TEMPERATURE:
+        # logits / temperature overflow to inf below this, and the softmax of infinities is NaN
+        raise UsageError(f"--temperature={sc.temperature} must be >= {MIN_TEMPERATURE} (--top_k=1 samples greedily)")
     if sc.top_k is not None and sc.top_k < 1:
         raise UsageError(f"--top_k={sc.top_k} must be >= 1, or None to sample from the whole vocabulary")
 
@@ -64,9 +69,14 @@ def load_model(out_dir):
         # a compiled model's state_dict prefixes every name with _orig_mod.
         model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in checkpoint["model"].items()})
         tokenizer = checkpoint["train_config"]["tokenizer"]
+        broken = [name for name, value in model.state_dict().items()
+                  if value.is_floating_point() and not torch.isfinite(value).all()]
     except (TypeError, ValueError, KeyError, RuntimeError, AttributeError) as e:
         cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UsageError(f"{path} does not hold a model this model.py can build ({cause})") from None
+    if broken:
+        raise UsageError(f"{path} holds non-finite weights ({broken[0]}{' and others' if broken[1:] else ''}); sample "
+                         "from a checkpoint of a run that had not diverged")
     return model, tokenizer
 
 
@@ -74,6 +84,9 @@ def start_text(start):
     """--start's text: itself, or the text of the UTF-8 file FILE:path names."""
     if start.startswith("FILE:"):
         path = start.removeprefix("FILE:")
+        problem = files.not_a_file(path)
+        if problem:  # a FIFO or a device would block the read, or never end
+            raise UsageError(f"--start=FILE:{path} is {problem}; give a regular UTF-8 text file")
         try:
             with open(path, "rb") as f:
                 start = f.read().decode("utf-8")
@@ -109,11 +122,26 @@ def main(argv):
     model.to(device)
     idx = torch.tensor(data.encode(enc, start).astype("int64"), device=device)[None]
     torch.manual_seed(sc.seed)  # every device's generator
-    for _ in range(sc.num_samples):
-        out = model.generate(idx, sc.max_new_tokens, temperature=sc.temperature, top_k=sc.top_k)
-        print(data.decode(enc, out[0].tolist()))
-        print("---------------")
+    try:
+        for _ in range(sc.num_samples):
+            stream(model, enc, idx, sc)
+            print("---------------", flush=True)
+    except KeyboardInterrupt:
+        print(flush=True)  # ends the sample's line
+        print("sample.py: stopped by Ctrl-C", file=sys.stderr)
+        return 130
     return 0
+
+
+def stream(model, enc, idx, sc):
+    """One sample, printed as it is drawn: --start, then each token's text as soon as it completes a character
+    (an incremental UTF-8 decoder, so the whole prints as data.decode prints it)."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    print(decoder.decode(data.token_bytes(enc, idx[0].tolist())), end="", flush=True)
+    for _ in range(sc.max_new_tokens):
+        idx = model.generate(idx, 1, temperature=sc.temperature, top_k=sc.top_k)
+        print(decoder.decode(data.token_bytes(enc, idx[0, -1:].tolist())), end="", flush=True)
+    print(decoder.decode(b"", final=True), flush=True)
 
 
 if __name__ == "__main__":

@@ -412,6 +412,7 @@ def main(argv):
         return 0
     machine = runtime.Machine.from_env()
     stop, handlers, lock = runtime.StopRequest(), {}, None
+    before = data.stop_on_signals()  # until training: SIGTERM and SIGHUP stop at once, as Ctrl-C does
     try:
         run, lock = setup(argv, machine)
         # SIGHUP: a closed terminal or ssh session stops the run as Ctrl-C does, with a checkpoint
@@ -432,15 +433,16 @@ def main(argv):
         print(f"train.py: process {machine.rank}: another process of the run stopped (its own line says why)",
               file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        # a second Ctrl-C, or one before training: every write is whole or absent (files.py), so no traceback
+    except KeyboardInterrupt as e:
+        # a second Ctrl-C, or a Ctrl-C, SIGTERM or SIGHUP before training: every write is whole or absent
+        # (files.py), so no traceback
         if machine.master:
             print("train.py: stopped at once by a second Ctrl-C; the checkpoints written so far are kept" if handlers
-                  else "train.py: stopped by Ctrl-C before training began; prepared data is complete or absent",
-                  file=sys.stderr)
-        return 130
+                  else f"train.py: stopped by {data.stopped_by(e)} before training began; prepared data is complete "
+                  "or absent", file=sys.stderr)
+        return data.exit_code(e)
     finally:
-        for sig, handler in handlers.items():
+        for sig, handler in {**handlers, **before}.items():
             signal.signal(sig, handler)
         if lock:
             lock.close()

@@ -70,10 +70,17 @@ def check_train_config(tc, given):
     for name, ok, allowed in ranges:
         if not ok:
             raise UsageError(f"--{name}={getattr(tc, name)} must be {allowed}")
-    if not re.fullmatch(r"auto|(cpu|cuda|mps)(:[0-9]+)?", tc.device):
-        raise UsageError(f"--device={tc.device} is not a device; choose auto, cpu, cuda, cuda:N or mps")
+    if tc.resume and tc.overwrite:
+        raise UsageError("--resume and --overwrite together: --resume continues the run in --out_dir, --overwrite "
+                         "replaces it; give one of them")
+    # an index of at most 4 digits: torch.device refuses one past a C int with a traceback of its own
+    if not re.fullmatch(r"auto|(cpu|cuda|mps)(:[0-9]{1,4})?", tc.device):
+        raise UsageError(f"--device={tc.device} is not a device; choose auto, cpu, cuda, cuda:N or mps (N < 10000)")
     if not tc.out_dir.strip():
         raise UsageError("--out_dir is empty; give a folder for config.json, log.jsonl and checkpoints")
+    if not tc.data_dir.strip():
+        raise UsageError("--data_dir is empty (it would prepare into the current folder); give a folder for the "
+                         "prepared data, such as data")
 
 
 def dataset_path(dataset):

@@ -104,6 +104,24 @@ def not_a_file(path):
     return None
 
 
+def too_long(path):
+    """Why the filesystem would refuse path as too long (a name past NAME_MAX, the whole past PATH_MAX, less room for
+    the names a run writes in it), or None: said before any work, not at the first write."""
+    path = os.path.abspath(path)
+    where = nearest_existing(path)
+    room = len("/ckpt-000000000.pt.000000000.tmp")  # the longest name a run writes in its folder
+    try:
+        name_max, path_max = os.pathconf(where, "PC_NAME_MAX"), os.pathconf(where, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    longest = max(path.split(os.sep), key=len)
+    if len(longest.encode()) > name_max:
+        return f"a name in it is {len(longest.encode())} bytes long, and this filesystem allows {name_max}"
+    if len(path.encode()) + room > path_max:
+        return f"the path is {len(path.encode())} bytes long, and this filesystem allows {path_max - room} for a folder"
+    return None
+
+
 def nearest_existing(path):
     """path itself where anything is there (a symlink that leads nowhere counts), else the nearest path above it
     that exists: what decides whether path is, or can become, a folder."""
@@ -113,11 +131,36 @@ def nearest_existing(path):
     return path
 
 
+# The fields every reader of a log relies on, by event name: each event has a step (an integer >= 0), and the
+# losses that resume, sweep.py and plot.py read are numbers (NaN and infinity included: a diverged run logs them).
+EVENT_NUMBERS = {"train": ("loss",), "eval": ("val_loss",), "done": ("val_loss",)}
+JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", type(None): "null",
+              list: "a list", dict: "an object"}
+
+
+def damaged_field(event):
+    """What is wrong with an event's step or losses ("step is null, not an integer"), or None."""
+    step = event.get("step")
+    if "step" not in event:
+        return "step is missing"
+    if type(step) is not int:
+        return f"step is {JSON_NAMES[type(step)]}, not an integer"
+    if step < 0:
+        return f"step is {step}, not an integer >= 0"
+    for name in EVENT_NUMBERS.get(event["event"], ()):
+        if name not in event:
+            return f"{name} is missing"
+        if type(event[name]) not in (int, float):
+            return f"{name} is {JSON_NAMES[type(event[name])]}, not a number"
+    return None
+
+
 def read_log(path):
     """(events, note) of a log.jsonl: one JSON object with an "event" per line. A last line without its newline
     was cut short by a killed run: it is left out, and note says so ("" otherwise). No file is no events.
-    Anything else (a line that is not such an object, text that is not UTF-8, a folder or a broken symlink in the
-    log's place) is a UsageError naming the file and the line: nothing is guessed, and the caller writes nothing."""
+    Anything else (a line that is not such an object, an event whose step or losses are missing or not numbers
+    (damaged_field), text that is not UTF-8, a folder or a broken symlink in the log's place) is a UsageError
+    naming the file and the line: nothing is guessed, and the caller writes nothing."""
     problem = not_a_file(path)
     if problem:
         raise UsageError(f"{path} is {problem}; a run's log.jsonl is a file of JSON lines")
@@ -138,6 +181,10 @@ def read_log(path):
             raise UsageError(f'{path}:{number}: not an event (a JSON object with an "event" name); it is not a log '
                              "nanonorm wrote")
         events.append(event)
+    for number, event in enumerate(events, 1):  # once every line is an event: a foreign line is named first
+        damage = damaged_field(event)
+        if damage:
+            raise UsageError(f"{path}:{number}: {event['event']} event: {damage}; it is not a log nanonorm wrote")
     note = f"{path}:{len(lines) + 1}: the last line was cut short (a killed run); left out" if torn else ""
     return events, note
 
@@ -190,6 +237,7 @@ def claim(out_dir):
         lock.write(f"{os.getpid()} {socket.gethostname()}\n")
         lock.flush()
     except OSError as e:
-        lock.close()
+        with contextlib.suppress(OSError):  # close flushes the text that failed again, and fails again
+            lock.close()
         raise cannot_write(path, e) from None
     return lock

@@ -1,8 +1,9 @@
 """
 The command line of every script: one parser and one UsageError. Each script declares its options as the fields
 of a dataclass; a flag is --key=value, --key value, or a bare --key for True, and its text becomes a value of the
-field's type: bool takes true/false/1/0/yes/no in any case and nothing else, int takes ASCII digits, float a
-finite number, a Literal (or a list of choices the script gives) one of its values, and Optional[X] also None.
+field's type: bool takes true/false/1/0/yes/no in any case and nothing else, int takes ASCII digits (at most
+2^31 - 1 in size, a seed 2^63 - 1), float a finite number of ASCII digits (no underscores), a Literal (or a list
+of choices the script gives) one of its values, and Optional[X] also None.
 An unknown flag gets the nearest names as a hint (difflib). Bad input is a UsageError, which the script prints
 as one line `script.py: what was wrong; what is allowed` on stderr before it exits with code 2 (`fail`).
 Imports only the standard library: python data.py starts without loading torch.
@@ -76,14 +77,33 @@ def convert(name, text, kind, choices=None):
         if text.lower() not in BOOLEANS:
             raise UsageError(f"--{name}={text} is not a boolean; use True or False (or 1/0, yes/no)")
         return BOOLEANS[text.lower()]
-    if kind is int and not re.fullmatch(r"[+-]?[0-9]+", text):  # int() also takes " 3", "1_0" and other scripts' digits
-        raise UsageError(f"--{name}={text} is not a valid int")
-    try:
-        value = kind(text)
-    except ValueError:
-        raise UsageError(f"--{name}={text} is not a valid {kind.__name__}") from None
-    if kind is float and not math.isfinite(value):
-        raise UsageError(f"--{name}={value} is not a finite number")
+    if kind in (int, float):
+        return number(name, text, kind)
+    return kind(text)
+
+
+# int() and float() also take " 3", "1_0" and other scripts' digits (Arabic-Indic, fullwidth): a number on a command
+# line is ASCII digits with an optional sign, point and exponent, the one grammar of every script's numbers
+INT_TEXT = re.compile(r"[+-]?[0-9]+")
+FLOAT_TEXT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+INT_LIMIT = 2 ** 31 - 1  # a C int: what torch, numpy and the OS take for a count, a size, an index or a length
+SEED_LIMIT = 2 ** 63 - 1  # a seed goes to torch.manual_seed, which takes an int64's range (and nanonorm's >= 0)
+
+
+def number(name, text, kind):
+    """The text of --name=text as an int or a finite float of the one grammar (INT_TEXT, FLOAT_TEXT); an int is at
+    most INT_LIMIT in size (SEED_LIMIT for a seed), so no huge count reaches a loop or an allocation."""
+    if kind is float and text.lower().lstrip("+-") in ("inf", "infinity", "nan"):
+        raise UsageError(f"--{name}={float(text)} is not a finite number")
+    if not (INT_TEXT if kind is int else FLOAT_TEXT).fullmatch(text):
+        what = "an int (ASCII digits)" if kind is int else "a number (ASCII digits, a point, an exponent: 3e-4)"
+        raise UsageError(f"--{name}={text} is not a valid {kind.__name__}; give {what}")
+    value = kind(text)
+    limit = SEED_LIMIT if name.endswith("seed") else INT_LIMIT
+    if kind is int and abs(value) > limit:
+        raise UsageError(f"--{name}={text} is too large; an integer flag is at most {limit:,} in size")
+    if kind is float and not math.isfinite(value):  # 1e999
+        raise UsageError(f"--{name}={text} is not a finite number")
     return value
 
 

@@ -28,12 +28,16 @@ from engine import runtime
 from engine.files import WriteError
 from engine.flags import UsageError
 
+ENDS = ("diverged", "done")  # the events that end a run
 CHECKPOINT_KEYS = ("model", "optimizer", "scaler", "step", "best_val", "rng", "model_config", "train_config")
 
 
 def check_out_dir(out_dir, fresh):
     """out_dir is a folder, or can become one, and can be written; no run is using it; for a fresh run (not
     --resume or --overwrite) it holds no other run. Checked before anything is written."""
+    too_long = files.too_long(out_dir)
+    if too_long:
+        raise UsageError(f"--out_dir={out_dir[:60]}...: {too_long}; choose a shorter --out_dir")
     existing = files.nearest_existing(os.path.abspath(out_dir))
     if not os.path.exists(existing):  # a symlink that leads nowhere (or into a loop): makedirs would fail on it
         raise UsageError(f"--out_dir={out_dir}: {existing} is {files.not_a_file(existing)}; choose another --out_dir")
@@ -105,18 +109,46 @@ def on_process_0(work, machine):
     return result
 
 
+class RecordedWrites:
+    """A file's writes, keeping the OSError of one that fails: torch.save reports a write that fails after its
+    first as a RuntimeError of its own ("unexpected pos 768 vs 662"), which does not say that the disk is full."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, data):
+        return self.recorded(self.f.write, data)
+
+    def flush(self):
+        return self.recorded(self.f.flush)
+
+    def recorded(self, operation, *args):
+        try:
+            return operation(*args)
+        except OSError as e:
+            self.error = e
+            raise
+
+
 def write_checkpoint(path, state):
     """state as the checkpoint at path, whole or not at all (files.write_atomic), or a WriteError that keeps the
     previous one. The temporary file has one name, path.tmp, not one per process: only the process holding the
     run folder's lock writes it, and a killed run's partial write is written over by the next save, not left
     behind."""
+    writes = []
+
+    def save(f):
+        writes.append(RecordedWrites(f))
+        torch.save(state, writes[0])
+
     try:
-        files.write_atomic(path, lambda f: torch.save(state, f), tmp=path + ".tmp")
+        files.write_atomic(path, save, tmp=path + ".tmp")
     except WriteError as e:
         raise WriteError(f"{e}; the previous checkpoint is kept") from None
-    except RuntimeError as e:  # torch.save's report of a failed write (a full disk)
-        raise WriteError(f"cannot write {path} ({str(e).splitlines()[0]}); the previous checkpoint is kept") \
-            from None
+    except RuntimeError as e:  # torch.save's report of a failed write: the OSError behind it says why
+        error = writes[0].error if writes and writes[0].error else None
+        cause = error.strerror if error else str(e).splitlines()[0]
+        raise WriteError(f"cannot write {path} ({cause}); the previous checkpoint is kept") from None
 
 
 def numbered_checkpoints(out_dir):
@@ -187,27 +219,50 @@ def read_checkpoint(path):
     return checkpoint
 
 
+def same_file(path, other):
+    """Whether two paths name one file (ckpt-<step>.pt is a hard link to ckpt.pt); False where either is gone."""
+    try:
+        return os.path.samefile(path, other)
+    except OSError:
+        return False
+
+
 def newest_checkpoint(out_dir, master):
-    """The newest checkpoint that loads: ckpt.pt, else the ckpt-<step>.pt files from the newest down (process 0
-    says which it skipped)."""
+    """The newest checkpoint that loads: ckpt.pt, unless a ckpt-<step>.pt of a later step loads (a ckpt.pt put
+    back from a copy, say), else the ckpt-<step>.pt files from the newest down. A missing ckpt.pt is passed over; one
+    that does not load (a symlink to nowhere, a FIFO, a damaged file) too, and process 0 says which it skipped."""
     newest = os.path.join(out_dir, "ckpt.pt")
-    candidates = [newest] if os.path.exists(newest) else []
-    for _, path in sorted(numbered_checkpoints(out_dir).items(), reverse=True):
-        if not candidates or not os.path.samefile(path, newest):
-            candidates.append(path)
-    if not candidates:
+    numbered = [(step, path) for step, path in sorted(numbered_checkpoints(out_dir).items(), reverse=True)
+                if not same_file(path, newest)]
+    if not numbered and not os.path.lexists(newest):
         raise UsageError(f"--resume: no checkpoint in {out_dir} (start without --resume to train from scratch)")
     problems = []
-    for path in candidates:
-        try:
-            checkpoint = read_checkpoint(path)
-        except UsageError as e:
-            problems.append(str(e))
-            continue
-        for problem in problems if master else []:
-            print(f"train.py: note: {problem}; resuming from {path}", file=sys.stderr)
-        return checkpoint
-    raise UsageError(f"--resume: {problems[0]}" + (f" (and {len(problems) - 1} older ones)" if problems[1:] else ""))
+    main = loadable(newest, problems) if os.path.lexists(newest) else None
+    chosen = (newest, main) if main else None
+    for step, path in numbered:
+        if main and step <= main["step"]:
+            break
+        checkpoint = loadable(path, problems)
+        if checkpoint and (not main or checkpoint["step"] > main["step"]):
+            if main:
+                problems.append(f"{newest} is at step {main['step']}, older than {path}")
+            chosen = (path, checkpoint)
+            break
+    if not chosen:
+        raise UsageError(f"--resume: {problems[0]}" + (f" (and {len(problems) - 1} older ones)" if problems[1:] else
+                                                       ""))
+    for problem in problems if master else []:
+        print(f"train.py: note: {problem}; resuming from {chosen[0]}", file=sys.stderr)
+    return chosen[1]
+
+
+def loadable(path, problems):
+    """read_checkpoint(path), or None with why it does not load appended to problems."""
+    try:
+        return read_checkpoint(path)
+    except UsageError as e:
+        problems.append(str(e))
+        return None
 
 
 def restore(checkpoint, model, optimizer, scaler, tc, machine):
@@ -256,7 +311,9 @@ def write_run_files(model_cfg, tc, machine, resumed_step, events, meta):
                 os.remove(os.path.join(tc.out_dir, name))
             except OSError as e:
                 raise WriteError(f"cannot remove {os.path.join(tc.out_dir, name)} ({e.strerror})") from None
-    kept = [e for e in events if resumed_step is not None and e.get("step", 0) <= resumed_step]
+    # a run's end (diverged, done) at its checkpoint's step is not kept: the resumed run logs its own end
+    kept = [e for e in events if resumed_step is not None and e["step"] <= resumed_step
+            and not (e["step"] == resumed_step and e["event"] in ENDS)]
     files.write_atomic(os.path.join(tc.out_dir, "log.jsonl"), "".join(json.dumps(e) + "\n" for e in kept).encode())
     sequences = tc.batch_size * tc.grad_accum * machine.world_size
     config = {"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(tc), "world_size": machine.world_size,

@@ -91,6 +91,8 @@ def parse(argv):
     check_train_config(tc, given)
     device, tc = runtime.resolve_device(tc)
     models = {name: model_cfg for name, (model_cfg, _) in configs.items()}
+    for model_cfg in models.values():  # train.py's memory check, before anything is allocated
+        runtime.check_memory(model_cfg, tc, device, runtime.Machine.from_env())
     return models, opts.rounds, opts.steps, opts.part, device, tc
 
 

@@ -18,12 +18,15 @@ import math
 import os
 import sys
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
 import data
 from engine.files import WriteError, write_atomic
-from engine.flags import UsageError, build, fail, help_of, parse, print_help, wants_help
+from engine import runtime
+from engine.flags import UsageError, build, fail, help_of, number, parse, print_help
+from engine.flags import wants_help
 from model import GPT, GPTConfig, PRESETS
 from norms import upcast
 from diagnostics.probe_points import probe_points
@@ -100,9 +103,10 @@ def coord_check(model, batches, lr):
 
 def parse_widths(text):
     try:
-        widths = [int(w) for w in text.split(",")]
-    except ValueError:
-        raise UsageError(f"--widths={text} is not a comma-separated list of integers") from None
+        widths = [number("widths", w, int) for w in text.split(",")]  # flags' grammar and bound for each
+    except UsageError:
+        raise UsageError(f"--widths={text} is not a comma-separated list of integers (each at most 2^31 - 1)") \
+            from None
     if not widths or min(widths) < 1:
         raise UsageError(f"--widths={text} must list positive integers")
     return widths
@@ -141,6 +145,10 @@ def run(opts, given):
     vocab_size = data.load_meta(folder)["vocab_size"]
     configs = model_configs(opts, given, vocab_size)
     block_size = next(iter(configs.values())).block_size
+    # train.py's checks of the data and the memory, before anything is allocated
+    data.check_length(data.load_meta(folder), block_size)
+    runtime.check_memory(configs[max(configs)], SimpleNamespace(batch_size=opts.batch_size, dtype="float32"), "cpu",
+                         runtime.Machine.from_env())
     generator = torch.Generator().manual_seed(opts.seed)
     batches = [data.get_batch(folder, "train", opts.batch_size, block_size, generator, "cpu")
                for _ in range(opts.steps + 1)]

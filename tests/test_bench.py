@@ -245,3 +245,11 @@ def test_bench_gives_the_guards_verdict_for_compiled_norms_only(monkeypatch, cap
     for argv in (["--compile=False"], ["--compile=True", "--variants=attention"]):
         assert bench.main([*argv, "--rounds=1", "--steps=1", *TINY]) == 0
         assert "guard" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, says", [(["--block_size=100000000"], "need about"),
+                                         (["--rounds=100000000000000000000"], "is too large")])
+def test_bench_refuses_what_cannot_fit_or_run_in_one_line(capsys, flags, says):
+    assert bench.main([*TINY, *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bench.py: ") and says in err and err.count("\n") == 1

@@ -335,8 +335,18 @@ def test_coord_check_command_writes_png_and_numbers(tmp_path):
     (["--widths=24", "--head_dim=16"], "--head_dim=16 must be >= 1 and divide every width"),
     (["--n_embd=64"], "--n_embd and --n_head are set by --widths and --head_dim"),
     (["--out=cc.jpg"], "--out=cc.jpg must be a .png path"),
+    (["--widths=1_6"], "--widths=1_6 is not a comma-separated list of integers"),
+    (["--widths=10000000", "--head_dim=10000000"], "need about"),
 ])
 def test_coord_check_bad_input_is_one_line_and_exit_code_2(argv, expected, capsys):
     assert coord_check.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("coord_check.py: ") and expected in err and err.count("\n") == 1
+
+
+def test_coord_check_refuses_a_corpus_shorter_than_its_block(tmp_path, capsys):
+    (tmp_path / "short.txt").write_text("too short for a block of 64 tokens\n" * 2)
+    argv = [f"--dataset={tmp_path / 'short.txt'}", f"--data_dir={tmp_path / 'data'}", f"--out={tmp_path / 'cc.png'}"]
+    assert coord_check.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("coord_check.py: ") and "too few for --block_size=64" in err and err.count("\n") == 1

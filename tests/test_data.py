@@ -315,6 +315,49 @@ def test_ctrl_c_in_data_py_is_one_line(tmp_path):
     assert [p.name for p in (tmp_path / "data").iterdir()] == [list(tmp_path.glob("data/*.lock"))[0].name]
 
 
+# the child sends itself the signal once train.bin is in the temporary folder: mid-preparation, every time
+SIGNAL_MID_WRITE = """
+import os, signal, sys
+sys.path.insert(0, os.getcwd())
+fsync = os.fsync
+def fsync_then_signal(fd):
+    fsync(fd)
+    os.kill(os.getpid(), signal.{signal})
+os.fsync = fsync_then_signal
+import {script}
+sys.exit({script}.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("script", ["data", "train"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_or_sighup_while_preparing_data_is_one_line_and_removes_the_tmp(tmp_path, script, sig):
+    (tmp_path / "corpus.txt").write_text("a corpus that nothing has prepared yet\n" * 200)
+    args = ["--dataset=" + str(tmp_path / "corpus.txt"), "--data_dir=" + str(tmp_path / "data")]
+    if script == "train":
+        args.append("--out_dir=" + str(tmp_path / "out"))
+    done = subprocess.run([sys.executable, "-c", SIGNAL_MID_WRITE.format(signal=sig.name, script=script), *args],
+                          cwd=HERE, capture_output=True, text=True, timeout=120)
+    stage = " before training began; prepared data is complete or absent" if script == "train" else \
+        "; nothing was prepared (a prepared folder is complete or absent)"
+    assert (done.returncode, done.stderr) == (128 + sig, f"{script}.py: stopped by {sig.name}{stage}\n")
+    assert [p.name for p in (tmp_path / "data").iterdir() if not p.name.endswith(".lock")] == []
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_dead_preparations_tmp_folder_is_removed_by_the_next_preparation(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    data_dir = tmp_path / "data"
+    leftovers = [data_dir / f"other-byte-0123456789ab.{int(dead.stdout)}.tmp",  # another corpus, its process gone
+                 data_dir / f"other-byte-0123456789ab.{os.getpid()}.tmp"]  # a live process: still preparing
+    for tmp in leftovers:
+        tmp.mkdir(parents=True)
+        (tmp / "train.bin").write_bytes(b"\0" * 1000)
+    (tmp_path / "corpus.txt").write_text("a corpus to prepare beside the leftovers\n" * 50)
+    data.prepare(str(tmp_path / "corpus.txt"), data_dir=str(data_dir))
+    assert not leftovers[0].exists() and leftovers[1].exists()
+
+
 def test_shakespeare_downloads_once(tmp_path, monkeypatch):
     src = tmp_path / "tiny.txt"
     src.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 10)
@@ -332,6 +375,20 @@ def test_shakespeare_downloads_once(tmp_path, monkeypatch):
     assert opened == [src.as_uri()]
     meta = data.load_meta(folder)
     assert meta["train_tokens"] + meta["val_tokens"] == len(expected.encode())
+
+
+def test_the_shakespeare_cache_refuses_another_url(tmp_path):
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    first.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 10)
+    second.write_text("Second Citizen:\nSpeak, speak.\n" * 10)
+    data_dir = tmp_path / "data"
+    data.prepare("shakespeare", data_dir=str(data_dir), url=first.as_uri())
+    with pytest.raises(data.DataError) as e:
+        data.prepare("shakespeare", data_dir=str(data_dir), url=second.as_uri())
+    assert f"--url={second.as_uri()}: " in str(e.value) and f"downloaded from {first.as_uri()}" in str(e.value)
+    (data_dir / "shakespeare" / "input.txt").unlink()
+    folder = data.prepare("shakespeare", data_dir=str(data_dir), url=second.as_uri())
+    assert data.load_meta(folder)["train_tokens"] + data.load_meta(folder)["val_tokens"] == len(second.read_bytes())
 
 
 @pytest.mark.parametrize("served, says", [(b"", "sent nothing"), (b"  \n", "sent nothing"),
@@ -486,3 +543,7 @@ def test_windows_are_the_tokens_at_the_starts(letters):
     for row, start in enumerate([0, 7, len(train) - 11]):
         assert bytes(x[row].tolist()) == train[start:start + 10]
         assert bytes(y[row].tolist()) == train[start + 1:start + 11]
+
+
+def test_the_vocabulary_sizes_load_meta_checks_are_the_tokenizers(gpt2_ranks):
+    assert {name: data.get_tokenizer(name).n_vocab for name in data.TOKENIZERS} == data.VOCAB_SIZES

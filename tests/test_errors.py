@@ -8,14 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 import data
 
 HERE = Path(__file__).resolve().parent.parent  # the repository root
-# an embedding no machine can allocate: a bench case that gets past the checks fails at once with a traceback
-HUGE = ["--vocab_size=10000000000000"]
+# a model no machine can hold: a bench case that gets past the check it names is refused by the memory check instead
+HUGE = ["--vocab_size=2000000000", "--n_embd=1000000"]
 MODULES = {"bench.py": "lab.bench"}  # the lab's commands run as modules from the root
 
 
@@ -93,6 +94,12 @@ def truncate(name, n_bytes):
     return damage
 
 
+def set_token(path, index, value):
+    tokens = np.fromfile(path, dtype=np.uint16)
+    tokens[index] = value
+    tokens.tofile(path)
+
+
 @pytest.mark.parametrize("damage, says", [
     (truncate("train.bin", -2), "train.bin has"),
     (truncate("train.bin", -1), "train.bin has"),  # half a token
@@ -107,6 +114,10 @@ def truncate(name, n_bytes):
     (damage_meta(lambda meta: meta.update(val_tokens=meta["val_tokens"] - 1)), "val.bin has"),
     (damage_meta(lambda meta: meta.update(dtype="uint32")), "stored as uint16"),
     (damage_meta(lambda meta: meta.update(dtype="float16")), "stored as uint16"),
+    (damage_meta(lambda meta: meta.update(vocab_size=300)), "vocab_size is 300, but the byte tokenizer's is 256"),
+    (damage_meta(lambda meta: meta.update(tokenizer="bpe")), "meta.json's tokenizer is 'bpe', not one of byte, gpt2"),
+    (lambda folder: set_token(folder / "train.bin", 5, 256), "train.bin holds token id 256, but the vocabulary has"),
+    (lambda folder: set_token(folder / "val.bin", 0, 65535), "val.bin holds token id 65535"),
 ])
 def test_damaged_prepared_dataset(corpora, damage, says):
     folder = Path(data.prepare(str(corpora / "corpus.txt"), "byte", str(corpora / "data")))

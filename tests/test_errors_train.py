@@ -86,6 +86,19 @@ BAD = [
     (["--vocab_size=100"], "smaller than the tokenizer's 256"),
     (["--dataset=/no/such/corpus"], "/no/such/corpus"),
     (["--resume"], "--resume: no checkpoint in"),
+    (["--grad_accum=100000000000000000000"], "--grad_accum=100000000000000000000 is too large; an integer flag is at "
+                                             "most 2,147,483,647"),
+    (["--spike_window=4294967296"], "--spike_window=4294967296 is too large"),
+    (["--pn_warmup=100000000000000000000"], "--pn_warmup=100000000000000000000 is too large"),
+    (["--seed=9223372036854775808"], "--seed=9223372036854775808 is too large; an integer flag is at most "
+                                     "9,223,372,036,854,775,807"),
+    (["--device=cpu:100000000000000000000"], "is not a device; choose auto, cpu, cuda, cuda:N or mps (N < 10000)"),
+    (["--lr=1_0e-3"], "--lr=1_0e-3 is not a valid float; give a number (ASCII digits"),
+    (["--lr=\u0661e-3"], "is not a valid float"),  # an Arabic-Indic 1: float() would take it
+    (["--attn_softcap=1e-310"], "--attn_softcap=1e-310 must be 0 (off) or >= 0.001"),
+    (["--logit_softcap=1e-300"], "--logit_softcap=1e-300 must be 0 (off) or >= 0.001"),
+    (["--data_dir="], "--data_dir is empty (it would prepare into the current folder)"),
+    (["--out_dir=" + "x" * 300], "a name in it is 300 bytes long"),
 ]
 if not torch.cuda.is_available():
     BAD.append((["--device=cuda"], "CUDA is not available"))

@@ -27,6 +27,7 @@ class Options:
     maybe: Optional[bool] = None
     limit: Optional[int] = 3
     kind: Literal["a", "b"] = "a"
+    seed: int = 0
 
 
 def test_each_syntax_gives_a_typed_value():
@@ -65,6 +66,12 @@ def test_a_bad_boolean_is_the_same_line_in_every_script(capsys, script, main, ar
     (["--rate=inf"], "--rate=inf is not a finite number"),
     (["--rate=nan"], "--rate=nan is not a finite number"),
     (["--rate=fast"], "--rate=fast is not a valid float"),
+    (["--rate=1_0e-3"], "--rate=1_0e-3 is not a valid float"),  # float() reads it as 0.01
+    (["--rate=\u0661.5"], "is not a valid float"),  # an Arabic-Indic 1: float() would take it
+    (["--rate= 1"], "is not a valid float"),
+    (["--count=2147483648"], "--count=2147483648 is too large; an integer flag is at most 2,147,483,647 in size"),
+    (["--count=-2147483648"], "is too large"),
+    (["--seed=9223372036854775808"], "--seed=9223372036854775808 is too large"),
     (["--on=2"], "--on=2 is not a boolean"),
     (["--kind=c"], "--kind=c is not allowed; choose one of a, b"),
     (["--limit"], "--limit needs a value (--limit=VALUE)"),
@@ -76,6 +83,12 @@ def test_bad_input_is_one_line(argv, expected):
     with pytest.raises(flags.UsageError) as error:
         flags.parse(argv, Options)
     assert expected in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_number_grammar_and_bounds_take_what_they_should():
+    given = flags.parse(["--rate=-.5e+3", "--count=-2147483647", "--seed=9223372036854775807"], Options)
+    assert given == {"rate": -500.0, "count": -2147483647, "seed": 2 ** 63 - 1}
+    assert flags.parse(["--rate=3", "--count=+7"], Options) == {"rate": 3.0, "count": 7}
 
 
 def test_choices_and_positionals():

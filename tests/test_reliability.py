@@ -5,6 +5,7 @@ input under a real 2-process torchrun."""
 
 import builtins
 import errno
+import io
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -22,6 +24,7 @@ from engine import files
 from engine import flags
 import model
 from engine import runtime
+import data
 import train
 from test_resume import PAUSED_TRAIN, corpus  # noqa: F401 (corpus: a fixture, the same tiny corpus)
 
@@ -134,6 +137,46 @@ class FailingWrites:
         if flags & (os.O_WRONLY | os.O_RDWR):
             self.check(path)
         return self.os_open(path, flags, *args, **kwargs)
+
+
+class FillingDisk(io.FileIO):
+    """A file on a disk that fills up after `budget` more bytes: a write past them fails with ENOSPC (after the
+    writes before it succeeded, unlike FailingWrites, whose open fails)."""
+
+    def __init__(self, path, mode, budget):
+        super().__init__(path, mode)
+        self.budget = budget
+
+    def write(self, data):
+        if len(data) > self.budget:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.name)
+        self.budget -= len(data)
+        return super().write(data)
+
+
+def disk_fills(monkeypatch, name, budget):
+    """Files whose names start with `name`, opened to write, are on a disk that fills after `budget` bytes."""
+    real = builtins.open
+
+    def patched_open(file, mode="r", *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and os.path.basename(file).startswith(name) and \
+                any(c in mode for c in "wax+"):
+            raw = FillingDisk(file, mode.replace("b", "").replace("t", ""), budget)
+            buffered = io.BufferedRandom(raw) if "+" in mode else io.BufferedWriter(raw)
+            return buffered if "b" in mode else io.TextIOWrapper(buffered)
+        return real(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", patched_open)
+
+
+@pytest.mark.parametrize("name, budget", [("run.lock", 0), ("ckpt.pt", 1000)])
+def test_a_disk_that_fills_during_a_write_names_the_full_disk(corpus, tmp_path, monkeypatch, capsys, name, budget):
+    out = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        disk_fills(patch, name, budget)
+        assert train.main(flags_of(corpus, out, "--max_iters=2", "--eval_interval=2")) == 1
+    one_line(capsys.readouterr().err, f"cannot write {out / name} (No space left on device)")
+    assert leftovers(tmp_path) == []
 
 
 def leftovers(root):
@@ -258,11 +301,13 @@ def test_read_log_names_the_file_and_line_of_a_foreign_log(tmp_path, content, sa
 
 def test_read_log_leaves_out_a_torn_last_line_and_says_so(tmp_path):
     path = tmp_path / "log.jsonl"
-    path.write_bytes(b'{"event": "train", "step": 1}\n{"event": "train", "step": 2}\n{"event": "tr')
-    assert files.read_log(str(path)) == ([{"event": "train", "step": 1}, {"event": "train", "step": 2}],
+    path.write_bytes(b'{"event": "train", "step": 1, "loss": 5}\n{"event": "train", "step": 2, "loss": 4}\n'
+                     b'{"event": "tr')
+    assert files.read_log(str(path)) == ([{"event": "train", "step": 1, "loss": 5}, {"event": "train", "step": 2,
+                                                                                   "loss": 4}],
                                          f"{path}:3: the last line was cut short (a killed run); left out")
-    path.write_bytes(b'{"event": "train", "step": 1}\n\xe2\x82')  # cut inside a UTF-8 character
-    assert files.read_log(str(path))[0] == [{"event": "train", "step": 1}]
+    path.write_bytes(b'{"event": "train", "step": 1, "loss": 5}\n\xe2\x82')  # cut inside a UTF-8 character
+    assert files.read_log(str(path))[0] == [{"event": "train", "step": 1, "loss": 5}]
     assert files.read_log(str(tmp_path / "absent.jsonl")) == ([], "")
 
 
@@ -550,3 +595,15 @@ def test_a_log_write_that_fails_mid_run_under_torchrun_is_one_line_per_process_a
     assert "process 1: another process of the run stopped" in ours[1]
     assert "[rank1]: Traceback" not in result.stderr and "Connection closed by peer" not in result.stderr, result.stderr
     assert files.read_log(str(out / "log.jsonl"))[1] == ""  # whole lines only
+
+
+def test_prepared_data_with_a_token_id_past_the_vocabulary_is_refused_before_anything_is_written(tmp_path, capsys):
+    text = tmp_path / "ids.txt"
+    text.write_text("a corpus whose prepared ids get damaged\n" * 50)
+    folder = data.prepare(str(text), data_dir=str(tmp_path / "data"))
+    tokens = np.fromfile(os.path.join(folder, "val.bin"), dtype=np.uint16)
+    tokens[3] = 300  # the byte tokenizer's ids are 0..255; the model's padded vocabulary (320) would embed it
+    tokens.tofile(os.path.join(folder, "val.bin"))
+    assert train.main(flags_of(str(text), tmp_path / "out", "--max_iters=2")) == 2
+    one_line(capsys.readouterr().err, "val.bin holds token id 300, but the vocabulary has 256")
+    assert not (tmp_path / "out").exists()

@@ -415,3 +415,67 @@ def test_a_short_run_with_the_default_warmup_extends(corpus, tmp_path):
     assert train.main([*short, "--max_iters=2", "--eval_interval=2"]) == 0
     assert train.main([*short, "--resume", "--max_iters=4"]) == 0
     assert [s for s, _ in losses(tmp_path / "out")] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("ckpt", ["deleted", "a symlink to nowhere"])
+def test_resume_without_ckpt_pt_takes_the_newest_numbered_checkpoint(corpus, tmp_path, reference, capsys, ckpt):
+    out = tmp_path / "out"
+    assert train.main(flags(corpus, out, "--max_iters=9", "--eval_interval=3", "--keep_checkpoints=2")) == 0
+    (out / "ckpt.pt").unlink()
+    if ckpt != "deleted":
+        os.symlink(out / "gone.pt", out / "ckpt.pt")
+    capsys.readouterr()
+    assert train.main(flags(corpus, out, "--resume", "--max_iters=12")) == 0
+    notes = capsys.readouterr().err.splitlines()
+    assert len(notes) == (ckpt != "deleted") and all(n.endswith(f"resuming from {out / 'ckpt-9.pt'}") for n in notes)
+    assert [s for s, _ in losses(out)] == list(range(1, 13)) and losses(out)[:9] == losses(reference)
+
+
+def test_an_older_ckpt_pt_than_a_numbered_checkpoint_gives_way_with_a_note(corpus, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert train.main(flags(corpus, out, "--max_iters=6", "--eval_interval=3", "--keep_checkpoints=2")) == 0
+    os.replace(out / "ckpt-3.pt", out / "ckpt.pt")  # ckpt.pt put back from an older copy; ckpt-6.pt is newer
+    capsys.readouterr()
+    assert train.main(flags(corpus, out, "--resume", "--max_iters=8")) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        f"train.py: note: {out / 'ckpt.pt'} is at step 3, older than {out / 'ckpt-6.pt'}; resuming from "
+        f"{out / 'ckpt-6.pt'}"]
+    assert [s for s, _ in losses(out)] == list(range(1, 9))
+
+
+def test_resuming_a_diverged_run_logs_one_diverged_event(corpus, tmp_path):
+    out = tmp_path / "out"
+    # above --diverge_loss three steps in a row: diverged at step 2, just after the step-2 checkpoint
+    diverging = flags(corpus, out, "--max_iters=4", "--eval_interval=2", "--diverge_loss=0.5")
+    assert train.main(diverging) == 3
+    assert [e["step"] for e in events(out, "diverged")] == [2]
+    assert torch.load(out / "ckpt.pt", weights_only=True)["step"] == 2
+    assert train.main([*diverging, "--resume"]) == 3
+    assert [e["step"] for e in events(out, "diverged")] == [2]
+
+
+def test_resume_with_overwrite_is_refused_in_one_line(corpus, checkpointed, capsys):
+    before = {p.name: p.read_bytes() for p in checkpointed.iterdir() if p.is_file()}
+    capsys.readouterr()
+    assert train.main(flags(corpus, checkpointed, "--resume", "--overwrite", "--max_iters=4")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--resume and --overwrite together" in err and "give one" in err
+    assert {p.name: p.read_bytes() for p in checkpointed.iterdir() if p.is_file()} == before
+
+
+@pytest.mark.parametrize("line, says", [
+    ({"event": "note", "step": None}, "note event: step is null, not an integer"),
+    ({"event": "eval", "step": 1, "train_loss": 5.0}, "eval event: val_loss is missing"),
+    ({"event": "train", "step": 1, "loss": "5"}, "train event: loss is a string, not a number"),
+    ({"event": "spike"}, "spike event: step is missing"),
+])
+def test_a_log_line_with_damaged_fields_is_refused_in_one_line(corpus, checkpointed, capsys, line, says):
+    log = checkpointed / "log.jsonl"
+    lines = log.read_text().splitlines(keepends=True)
+    log.write_text("".join(lines[:1] + [json.dumps(line) + "\n"] + lines[1:]))
+    before = {p.name: p.read_bytes() for p in checkpointed.iterdir() if p.is_file()}
+    capsys.readouterr()
+    assert train.main(flags(corpus, checkpointed, "--resume", "--max_iters=4")) == 2
+    err = capsys.readouterr().err
+    assert err == f"train.py: {log}:2: {says}; it is not a log nanonorm wrote\n"
+    assert {p.name: p.read_bytes() for p in checkpointed.iterdir() if p.is_file()} == before

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import data
+import model
 import sample
 import train
 from test_train import HERE, corpus  # noqa: F401 (a fixture)
@@ -136,7 +137,7 @@ def write(folder, content):
 
 
 BAD_FLAGS = [
-    (["--temperature=0"], "--temperature=0.0 must be > 0"),
+    (["--temperature=0"], "--temperature=0.0 must be >= 0.001"),
     (["--top_k=0"], "--top_k=0 must be >= 1"),
     (["--num_samples=0"], "--num_samples=0"),
     (["--max_new_tokens=-1"], "--max_new_tokens=-1"),
@@ -146,6 +147,9 @@ BAD_FLAGS = [
     (["--start=norm\udcff"], "--start is not valid UTF-8"),
     (["--start=FILE:/no/such/prompt.txt"], "cannot read it"),
     (["--temprature=0.5"], "--temprature"),
+    (["--temperature=1e-300"], "--temperature=1e-300 must be >= 0.001"),
+    (["--seed=9223372036854775808"], "--seed=9223372036854775808 is too large"),
+    (["--start=FILE:/dev/zero"], "--start=FILE:/dev/zero is not a regular file"),
 ]
 
 
@@ -177,7 +181,10 @@ def edited(**changes):
     (edited(model_config=lambda c: {**c, "n_layers": 1}), "can build (GPTConfig.__init__() got an unexpected"),
     (edited(model_config=lambda c: {**c, "n_layer": 0}), "can build (--n_layer=0 must be a positive integer)"),
     (edited(train_config={}), "can build ('tokenizer')"),
-], ids=["missing", "damaged", "no config", "a tensor", "no weights", "unknown field", "bad field", "no tokenizer"])
+    (edited(model=lambda m: {**m, "lm_head.weight": m["lm_head.weight"] * float("nan")}),
+     "holds non-finite weights ("),
+], ids=["missing", "damaged", "no config", "a tensor", "no weights", "unknown field", "bad field", "no tokenizer",
+        "NaN weights"])
 def test_bad_checkpoints_are_one_line_and_exit_code_2(out_dir, capsys, tmp_path, content, expected):
     if content is None:
         (tmp_path / "out").mkdir()
@@ -212,3 +219,25 @@ def test_a_truncated_checkpoint_from_the_shell_prints_no_traceback(out_dir, tmp_
         assert result.returncode == 2 and result.stdout == b""
         (line,) = result.stderr.decode().splitlines()
         assert line.startswith("sample.py: ") and expected in line
+
+
+def test_a_fifo_as_start_file_is_refused_unread(out_dir, tmp_path):
+    os.mkfifo(tmp_path / "prompt")
+    done = subprocess.run([sys.executable, "sample.py", f"--out_dir={out_dir}", f"--start=FILE:{tmp_path / 'prompt'}"],
+                          cwd=HERE, capture_output=True, text=True, timeout=60)  # a regression hangs: timeout
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "is not a regular file" in done.stderr
+
+
+def test_tokens_show_as_they_are_drawn_and_ctrl_c_is_one_line(out_dir, capsys, monkeypatch):
+    printed, generate = [], model.GPT.generate
+
+    def watched(self, idx, steps, **kwargs):
+        printed.append(capsys.readouterr().out)
+        if len(printed) == 4:
+            raise KeyboardInterrupt
+        return generate(self, idx, steps, **kwargs)
+
+    monkeypatch.setattr(model.GPT, "generate", watched)
+    assert sample.main([f"--out_dir={out_dir}", "--device=cpu", "--start=norm", "--max_new_tokens=9"]) == 130
+    assert printed[0] == "norm" and len("".join(printed[1:])) >= 1  # the start, then each token before the next
+    assert capsys.readouterr().err == "sample.py: stopped by Ctrl-C\n"
