@@ -1,6 +1,6 @@
 """Bad input to data.py and bench.py, each run as a real process: exit code 2, one line on stderr, no traceback,
 and every file under the working folder (data_dir included) exactly as it was. train.py's table is in
-test_errors_train.py."""
+test_train_errors.py."""
 
 import json
 import os
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import data
+from conftest import ROOT
 
-HERE = Path(__file__).resolve().parent.parent  # the repository root
 # an embedding no machine can allocate: a bench case that gets past the checks fails at once with a traceback
 HUGE = ["--vocab_size=10000000000000"]
 MODULES = {"bench.py": "lab.bench"}  # the lab's commands run as modules from the root
@@ -25,9 +25,10 @@ def snapshot(root):
 
 def run(tmp_path, script, args):
     before = snapshot(tmp_path)
-    command = [sys.executable, "-m", MODULES[script]] if script in MODULES else [sys.executable, str(HERE / script)]
+    path = os.path.join(ROOT, script)
+    command = [sys.executable, "-m", MODULES[script]] if script in MODULES else [sys.executable, path]
     r = subprocess.run([*command, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": str(HERE)})
+                       env={**os.environ, "PYTHONPATH": ROOT})
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     assert r.stderr.startswith(f"{script}: ") and r.stderr.count("\n") == 1, r.stderr
     assert "Traceback" not in r.stderr and r.stdout == ""
@@ -137,5 +138,5 @@ def test_bench_bad_input(tmp_path, args, says):
 
 @pytest.mark.parametrize("script", ["sweep.py", "plot.py"])
 def test_sweep_and_plot_help(script):
-    done = subprocess.run([sys.executable, os.path.join(HERE, script), "--help"], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, os.path.join(ROOT, script), "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "--out" in done.stdout and not done.stderr
