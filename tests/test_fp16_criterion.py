@@ -5,28 +5,18 @@ where no op crossed 65504, the op whose max |x| grew the most over the last step
 
 import json
 import math
-import random
 
 import pytest
 import torch
 
 import model
 import train
+from conftest import run_train, tiny
 
-TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4", "--eval_iters=1",
-        "--log_interval=1", "--warmup_iters=0", "--lr=3e-3", "--grad_accum=1", "--max_iters=6", "--eval_interval=3",
-        "--dtype=float32", "--device=cpu"]
+TINY = tiny(block_size=16, eval_iters=1, warmup_iters=0, grad_accum=1, max_iters=6, eval_interval=3,
+            dtype="float32", device="cpu")
 PLANTED_STEP = 4  # the step (0-based, as the diverged event counts) whose forward pass plants the value
 LAST_STEP = 12  # Grow: the loss bound ends the run here, after GROWTH_WINDOW = 10 steps of growth and more
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    rng = random.Random(2)
-    words = ["layer", "norm", "overflow", "float", "half", "range", "ramp", "head"]
-    path = tmp_path_factory.mktemp("corpus") / "words.txt"
-    path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(10)) for _ in range(300)))
-    return str(path)
 
 
 class Plant:
@@ -85,8 +75,7 @@ def train_planted(corpus, tmp_path, monkeypatch, hooks, flags):
         return gpt
 
     monkeypatch.setattr(train, "GPT", planted_gpt)
-    code = train.main([f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'out'}",
-                       *TINY, *flags])
+    code = run_train(corpus, tmp_path / "data", tmp_path / "out", *TINY, *flags)
     with open(tmp_path / "out" / "log.jsonl") as f:
         diverged = [e for e in map(json.loads, f) if e["event"] == "diverged"]
     return code, diverged
@@ -139,8 +128,7 @@ def test_other_rules_name_their_criterion(corpus, tmp_path, monkeypatch):
 
 def test_refused_with_compile(corpus, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(train, "GPT", model.GPT)
-    code = train.main([f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'out'}",
-                       *TINY, "--fp16_overflow_fails=True", "--compile=True"])
+    code = run_train(corpus, tmp_path / "data", tmp_path / "out", *TINY, "--fp16_overflow_fails=True", "--compile=True")
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err == ["train.py: --fp16_overflow_fails needs --compile=False: its forward hooks see "
                                  "nothing inside torch.compile"]

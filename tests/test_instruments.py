@@ -5,7 +5,6 @@ against a quantity computed here independently (from checkpoints, .grad, an expl
 import json
 import math
 import os
-import random
 
 import pytest
 import torch
@@ -15,23 +14,13 @@ import data
 import model
 from diagnostics import probes
 import train
+from conftest import run_train, tiny
 
-TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4", "--eval_iters=1",
-        "--log_interval=1", "--warmup_iters=0", "--lr=3e-3"]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    rng = random.Random(1)
-    words = ["psi", "nu", "gamma", "ramp", "spike", "overflow", "head", "residual"]
-    path = tmp_path_factory.mktemp("corpus") / "words.txt"
-    path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(10)) for _ in range(300)))
-    return str(path)
+TINY = tiny(block_size=16, eval_iters=1, warmup_iters=0)
 
 
 def run(corpus, tmp_path, *flags, out="out"):
-    return train.main([f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / out}",
-                       *TINY, *flags])
+    return run_train(corpus, tmp_path / "data", tmp_path / out, *TINY, *flags)
 
 
 def events(out_dir, kind=None):

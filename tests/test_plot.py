@@ -7,14 +7,12 @@ import math
 import os
 import random
 
-import matplotlib.image
-import numpy as np
 import pytest
 
 import plot
 import sweep
 import train
-from test_sweep import TINY, corpus  # noqa: F401 (corpus is a fixture)
+from conftest import SWEEP_TINY, check_png
 
 INSTRUMENTED = {"telemetry_interval", "fp16_headroom_interval"} <= set(train.TrainConfig.__dataclass_fields__)
 TELEMETRY_PLOTS = ("grad_norms", "gains", "attn_logits", "powernorm", "headroom")
@@ -50,14 +48,6 @@ def headroom(step):
     return {"event": "headroom", "step": step, "ops": ops, "fp16_max": 65504.0}
 
 
-def check_png(path):
-    with open(path, "rb") as f:
-        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    pixels = matplotlib.image.imread(path)
-    assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100 and pixels.shape[2] in (3, 4)
-    assert float(np.std(pixels[..., :3])) > 0
-
-
 @pytest.fixture(scope="module")
 def tiny_sweep(corpus, tmp_path_factory):
     """A real 2 variants x 2 LRs sweep layout (train.py in this process), then summarized by sweep.py.
@@ -65,7 +55,7 @@ def tiny_sweep(corpus, tmp_path_factory):
     log.jsonl schema."""
     root = tmp_path_factory.mktemp("plots")
     args = sweep.parse_args(["--variants=baseline,norm=rmsnorm", "--lrs=1e-2,1e-1", f"--out_dir={root / 'sweep'}",
-                             f"--dataset={corpus}", f"--data_dir={root / 'data'}", *TINY])
+                             f"--dataset={corpus}", f"--data_dir={root / 'data'}", *SWEEP_TINY])
     runs = sweep.grid(args)
     for run in runs:
         os.makedirs(os.path.dirname(run.dir), exist_ok=True)
@@ -103,7 +93,7 @@ def test_run_folders_overlaid(tiny_sweep):
 @pytest.mark.skipif(not INSTRUMENTED, reason="train.py has no --telemetry_interval/--fp16_headroom_interval yet")
 def test_telemetry_plots_from_a_real_instrumented_run(corpus, tmp_path):
     assert train.main([f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'run'}",
-                       *TINY, "--norm=powernorm", "--attn_impl=manual", "--telemetry_interval=2",
+                       *SWEEP_TINY, "--norm=powernorm", "--attn_impl=manual", "--telemetry_interval=2",
                        "--fp16_headroom_interval=2"]) == 0
     assert plot.main([str(tmp_path / "run"), f"--out={tmp_path / 'png'}"]) == 0
     for kind in TELEMETRY_PLOTS:

@@ -14,8 +14,7 @@ from lab import recipes
 import sweep
 import train
 from model import PRESETS
-from test_plot import check_png
-from test_sweep import TINY, corpus  # noqa: F401 (corpus is a fixture)
+from conftest import SWEEP_TINY, check_png
 
 
 def test_p_value_complete_separation_three_a_side():
@@ -141,7 +140,7 @@ def tiny_experiments(corpus, tmp_path_factory):
     """Two tiny recipes run for real (train.py in this process, 4 steps a run, 4 seeds a variant), summarized by
     sweep.py as `python sweep.py --recipe=NAME` does: a ramp and an lr sweep with telemetry."""
     root = tmp_path_factory.mktemp("experiments")
-    common = [*TINY, f"--dataset={corpus}", f"--data_dir={root / 'data'}"]
+    common = [*SWEEP_TINY, f"--dataset={corpus}", f"--data_dir={root / 'data'}"]
     tiny = {
         "tiny_ramp": tiny_recipe("ramp", "ramp", ["baseline", "norm=rmsnorm"], [*common, "--attn_impl=manual"],
                                  [recipes.Claim("norm=rmsnorm", "steps_survived@0.5", "better", "94 vs 200 steps")]),

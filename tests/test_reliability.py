@@ -3,7 +3,6 @@ or read-only disk, torn and foreign logs, models too big for the machine, a resu
 the instruments' bounds across a resume, stops in evaluations and by SIGHUP, a FIFO for a checkpoint, and bad
 input under a real 2-process torchrun."""
 
-import builtins
 import errno
 import json
 import os
@@ -22,15 +21,11 @@ from engine import flags
 import model
 from engine import runtime
 import train
-from test_resume import corpus  # noqa: F401 (a fixture: the same tiny corpus)
-
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
-TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
-        "--log_interval=1", "--warmup_iters=2", "--lr=3e-3"]
+from conftest import ROOT, prepared, TINY, FailingWrites, torchrun, train_argv, train_process
 
 
 def flags_of(corpus, out, *more):
-    return [f"--dataset={corpus}", f"--data_dir={os.path.dirname(corpus)}/data", f"--out_dir={out}", *TINY, *more]
+    return train_argv(corpus, prepared(corpus), out, *TINY, *more)
 
 
 def events(out):
@@ -53,7 +48,7 @@ def one_line(err, *pieces):
 
 def start(args, **env):
     return subprocess.Popen([sys.executable, "train.py", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, cwd=HERE, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+                            text=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
 
 
 def wait_for(process, printed):
@@ -75,8 +70,7 @@ def test_a_held_out_dir_refuses_a_second_run_and_a_killed_holder_releases_it(cor
         assert files.held_by(out) == f"PID {holder.pid} on {socket.gethostname()}"
         before = contents(out)
         for extra in (["--resume"], [], ["--overwrite"]):
-            second = subprocess.run([sys.executable, "train.py", *run, *extra], capture_output=True, text=True,
-                                    cwd=HERE, timeout=120)
+            second = train_process(*run, *extra, timeout=120)
             assert second.returncode == 2, second
             one_line(second.stderr, f"--out_dir={out} is in use by a run (PID {holder.pid} on "
                                     f"{socket.gethostname()})")
@@ -100,38 +94,6 @@ def test_claim_and_held_by_in_one_process(tmp_path):
 
 
 # Disk full or read-only, at every write site
-
-class FailingWrites:
-    """Writes to the files whose names start with `name` fail with `code`, after `after` that succeed (builtins.open
-    and os.open, with a mode or flags that write). name None: every write under `under` once `once` exists."""
-
-    def __init__(self, monkeypatch, code, name=None, after=0, under=None, once=None):
-        self.code, self.name, self.after, self.under, self.once, self.count = code, name, after, under, once, 0
-        self.open, self.os_open = builtins.open, os.open
-        monkeypatch.setattr(builtins, "open", self.patched_open)
-        monkeypatch.setattr(os, "open", self.patched_os_open)
-
-    def check(self, path):
-        path = str(path)
-        if self.name is not None:
-            hit = os.path.basename(path).startswith(self.name)
-        else:
-            hit = path.startswith(str(self.under)) and os.path.exists(self.once)
-        if hit:
-            self.count += 1
-            if self.count > self.after:
-                raise OSError(self.code, os.strerror(self.code), path)
-
-    def patched_open(self, file, mode="r", *args, **kwargs):
-        if isinstance(file, (str, os.PathLike)) and any(c in mode for c in "wax+"):
-            self.check(file)
-        return self.open(file, mode, *args, **kwargs)
-
-    def patched_os_open(self, path, flags, *args, **kwargs):
-        if flags & (os.O_WRONLY | os.O_RDWR):
-            self.check(path)
-        return self.os_open(path, flags, *args, **kwargs)
-
 
 def leftovers(root):
     return [str(p) for p in root.rglob("*") if ".tmp" in p.name]
@@ -370,8 +332,17 @@ def test_a_new_diverge_loss_given_with_resume_applies(corpus, tmp_path, capsys):
     assert [e["step"] for e in events(out) if e["event"] == "diverged"] == [5]  # steps 4, 5, 6 above it
 
 
-def test_a_new_spike_window_and_z_given_with_resume_apply(corpus, tmp_path):
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def periodic_corpus(tmp_path_factory):
+    """Lines that repeat with periods 7, 5 and 3: the resumed run below meets a spike on it (on the shared corpus
+    its loss after the resume gives none)."""
+    path = tmp_path_factory.mktemp("periodic") / "tiny.txt"
+    path.write_text("".join(f"the norm {i % 7} of layer {i % 5} scales residual {i % 3}\n" for i in range(400)))
+    return str(path)
+
+
+def test_a_new_spike_window_and_z_given_with_resume_apply(periodic_corpus, tmp_path):
+    out, corpus = tmp_path / "out", periodic_corpus
     assert train.main(flags_of(corpus, out, "--max_iters=3", "--eval_interval=3", "--spike_window=50")) == 0
     assert train.main(flags_of(corpus, out, "--resume", "--max_iters=6", "--spike_window=2", "--spike_z=1e-9",
                                "--diverge_gap=0")) == 0
@@ -479,8 +450,7 @@ def test_a_fifo_in_place_of_ckpt_pt_is_refused_and_an_older_checkpoint_resumes(c
     (checkpointed / "ckpt.pt").unlink()
     (checkpointed / "ckpt-4.pt").unlink()
     os.mkfifo(checkpointed / "ckpt.pt")
-    done = subprocess.run([sys.executable, "train.py", *flags_of(corpus, checkpointed, "--resume", "--max_iters=6")],
-                          capture_output=True, text=True, cwd=HERE, timeout=120)  # a regression hangs: timeout
+    done = train_process(*flags_of(corpus, checkpointed, "--resume", "--max_iters=6"), timeout=120)  # a hang fails
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines() == [f"train.py: note: cannot read {checkpointed / 'ckpt.pt'}: it is not a regular "
                                         "file (a FIFO, socket or device, which could block a read forever); resuming "
@@ -495,9 +465,7 @@ def test_a_fifo_in_place_of_ckpt_pt_is_refused_and_an_older_checkpoint_resumes(c
 def test_bad_input_under_torchrun_is_one_line_from_process_0_and_exit_code_2_on_every_process(corpus, tmp_path, bad,
                                                                                               says):
     out = tmp_path / "out"
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             "train.py", *flags_of(corpus, out, bad)], capture_output=True, text=True, cwd=HERE,
-                            timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = torchrun(2, *flags_of(corpus, out, bad))
     ours = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("train.py: ")]
     assert len(ours) == 1 and says in ours[0], result.stderr
     # what torchrun itself adds when a worker exits with a code other than 0 (docs/guarantees.md): its exit code 1,
@@ -505,7 +473,7 @@ def test_bad_input_under_torchrun_is_one_line_from_process_0_and_exit_code_2_on_
     # and none as killed by a signal
     assert result.returncode == 1
     assert result.stderr.count("exitcode  : 2") == 2 and "(SIGTERM)" not in result.stderr, result.stderr
-    assert 'File "' + os.path.join(HERE, "train.py") not in result.stderr  # no traceback of a worker
+    assert 'File "' + os.path.join(ROOT, "train.py") not in result.stderr  # no traceback of a worker
     assert not out.exists()
 
 
@@ -533,12 +501,9 @@ def test_a_log_write_that_fails_mid_run_under_torchrun_is_one_line_per_process_a
     """Process 0 cannot append a log line mid-run: it prints its one line and stops; process 1, left in the step's
     all-reduce, says in one line that another process stopped, instead of gloo's traceback."""
     script = tmp_path / "failing_log.py"
-    script.write_text(FAILING_LOG.format(here=HERE))
+    script.write_text(FAILING_LOG.format(here=ROOT))
     out = tmp_path / "out"
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             str(script), *flags_of(corpus, out, "--max_iters=20", "--eval_interval=10")],
-                            capture_output=True, text=True, cwd=HERE, timeout=300,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = torchrun(2, *flags_of(corpus, out, "--max_iters=20", "--eval_interval=10"), script=script)
     ours = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("train.py: ")]
     assert len(ours) == 2, result.stderr
     assert f"cannot write {out / 'log.jsonl'} (No space left on device)" in ours[0]

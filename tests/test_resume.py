@@ -15,21 +15,14 @@ import torch
 from engine import run_folder
 import model
 import train
+from conftest import ROOT, prepared, tiny, torchrun, train_argv
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
-TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
-        "--log_interval=1", "--warmup_iters=2", "--lr=3e-3", "--dropout=0.1"]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    path = tmp_path_factory.mktemp("corpus") / "tiny.txt"
-    path.write_text("".join(f"the norm {i % 7} of layer {i % 5} scales residual {i % 3}\n" for i in range(400)))
-    return str(path)
+TINY = tiny(dropout="0.1")
 
 
 def flags(corpus, out, *more):
-    return [f"--dataset={corpus}", f"--data_dir={os.path.dirname(corpus)}/data", f"--out_dir={out}", *TINY, *more]
+    """A tiny run in out on corpus, whose data is prepared once beside it."""
+    return train_argv(corpus, prepared(corpus), out, *TINY, *more)
 
 
 def events(out, kind=None):
@@ -233,7 +226,7 @@ def test_resume_in_another_dtype_is_allowed_with_a_note(corpus, tmp_path, capsys
 
 
 def start(command, out, **env):
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=HERE,
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                             env={**os.environ, "OMP_NUM_THREADS": "1", **env})
 
 
@@ -264,14 +257,6 @@ def test_kill_9_leaves_a_loadable_checkpoint_and_resume_continues_exactly(corpus
     assert not (out / "ckpt.pt.tmp").exists()
 
 
-def torchrun(n, *args, script="train.py"):
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", str(script),
-               *args]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=HERE, timeout=300,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    return result
-
-
 @pytest.mark.parametrize("n", [1, 3])
 def test_the_defaults_work_under_torchrun(corpus, tmp_path, n):
     """No --grad_accum: one micro-step per process; the log states the global batch."""
@@ -291,7 +276,7 @@ def test_a_finished_torchrun_process_has_torn_gloo_down_before_it_exits(corpus, 
     the group: torch.distributed.nn, when first imported after init_process_group, does."""
     script = tmp_path / "then_count_threads.py"
     script.write_text(
-        f"import os, sys\nsys.path.insert(0, {HERE!r})\nimport train\n"
+        f"import os, sys\nsys.path.insert(0, {ROOT!r})\nimport train\n"
         "code = train.main(sys.argv[1:])\n"
         "names = [open(f'/proc/self/task/{task}/comm').read().strip() for task in os.listdir('/proc/self/task')]\n"
         f"open(os.path.join({str(tmp_path)!r}, 'gloo-threads-' + os.environ['RANK']), 'w')"
@@ -342,7 +327,7 @@ def test_ctrl_c_under_torchrun_stops_every_process_at_the_same_step(corpus, tmp_
     out = tmp_path / "out"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
                *flags(corpus, out, "--max_iters=100000", "--eval_interval=1000")]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=HERE,
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                                env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
     workers = {}
     try:

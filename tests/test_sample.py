@@ -10,18 +10,15 @@ import torch
 
 import data
 import sample
-import train
-from test_train import HERE, corpus  # noqa: F401 (a fixture)
-from test_model import one_thread  # noqa: F401 (an autouse fixture: tiny models run on one thread)
+from conftest import ROOT, run_train, tiny
 
-
-TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--block_size=32", "--batch_size=4", "--max_iters=20",
-        "--eval_interval=10", "--eval_iters=1", "--log_interval=10"]
+pytestmark = pytest.mark.usefixtures("one_thread")
+TINY = tiny(n_layer=1, eval_iters=1, log_interval=10, warmup_iters=None, lr=None, max_iters=20, eval_interval=10)
 
 
 def gpt2_ranks(monkeypatch):
     """TIKTOKEN_CACHE_DIR set to GPT-2's cached BPE ranks (as test_train.py finds them), or the test skipped."""
-    shared = os.path.join(HERE, "..", "shared", "tiktoken")
+    shared = os.path.join(ROOT, "..", "shared", "tiktoken")
     if not os.environ.get("TIKTOKEN_CACHE_DIR") and not os.path.isdir(shared):
         pytest.skip("GPT-2's BPE ranks are not available offline (set TIKTOKEN_CACHE_DIR)")
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", os.environ.get("TIKTOKEN_CACHE_DIR") or shared)
@@ -29,14 +26,13 @@ def gpt2_ranks(monkeypatch):
 
 def trained_run(corpus, folder, *flags):
     """A tiny run's out_dir, trained by train.main in this process."""
-    code = train.main([f"--dataset={corpus}", f"--data_dir={folder / 'data'}", f"--out_dir={folder / 'out'}", *TINY,
-                       *flags])
+    code = run_train(corpus, folder / "data", folder / "out", *TINY, *flags)
     assert code == 0
     return folder / "out"
 
 
 @pytest.fixture(scope="module")
-def out_dir(corpus, tmp_path_factory):  # noqa: F811 (corpus is test_train's fixture)
+def out_dir(corpus, tmp_path_factory):
     return trained_run(corpus, tmp_path_factory.mktemp("run"))
 
 
@@ -102,7 +98,7 @@ def test_a_compiled_models_checkpoint_loads(out_dir, capsys, tmp_path):
     assert samples(capsys, tmp_path / "compiled", *flags) == samples(capsys, out_dir, *flags)
 
 
-def test_batch_statistic_norms_and_gpt2_tokens_sample_with_the_runs_tokenizer(corpus, tmp_path, capsys,  # noqa: F811
+def test_batch_statistic_norms_and_gpt2_tokens_sample_with_the_runs_tokenizer(corpus, tmp_path, capsys,
                                                                               monkeypatch):
     """A PowerNorm run with sinusoidal positions and the GPT-2 tokenizer (vocab padded to 50304): greedy samples
     are the argmax loop's tokens decoded with GPT-2's BPE, which the byte tokenizer would not give."""
@@ -207,8 +203,8 @@ def test_a_truncated_checkpoint_from_the_shell_prints_no_traceback(out_dir, tmp_
     write(tmp_path / "out", (out_dir / "ckpt.pt").read_bytes()[:5000])
     for flags, expected in [([f"--out_dir={tmp_path / 'out'}"], "it is damaged or not a checkpoint"),
                             ([f"--out_dir={out_dir}", b"--start=\xff\xfe"], "--start is not valid UTF-8")]:
-        result = subprocess.run([sys.executable, os.path.join(HERE, "sample.py"), *flags], capture_output=True,
-                                cwd=HERE)
+        result = subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), *flags], capture_output=True,
+                                cwd=ROOT)
         assert result.returncode == 2 and result.stdout == b""
         (line,) = result.stderr.decode().splitlines()
         assert line.startswith("sample.py: ") and expected in line

@@ -4,7 +4,6 @@ import errno
 import json
 import math
 import os
-import random
 import shlex
 import signal
 import subprocess
@@ -16,22 +15,11 @@ import pytest
 
 from engine import run_folder
 from engine import files
-from test_reliability import FailingWrites
 import sweep
 import train
+from conftest import SWEEP_TINY, FailingWrites
 
-TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--block_size=16", "--batch_size=4", "--max_iters=4",
-        "--eval_interval=2", "--eval_iters=1", "--log_interval=1", "--warmup_iters=0"]
 HAS_RAMP = "ramp" in typing.get_args(train.TrainConfig.__annotations__["lr_schedule"])
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    rng = random.Random(0)
-    words = ["norm", "layer", "gamma", "beta", "residual", "attention", "spike", "loss"]
-    path = tmp_path_factory.mktemp("corpus") / "tiny.txt"
-    path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(100)))
-    return str(path)
 
 
 def test_lr_sensitivity_by_hand():
@@ -182,7 +170,7 @@ def test_skip_and_resume_a_half_finished_sweep(corpus, tmp_path, capsys):
     """One run finished, one interrupted after its step-2 checkpoint, one never started: re-running the sweep
     runs nothing twice, loses nothing, and every run ends finished."""
     common = [f"--out_dir={tmp_path / 'sweep'}", "--lrs=1e-2", "--jobs=2", f"--dataset={corpus}",
-              f"--data_dir={tmp_path / 'data'}", *TINY]
+              f"--data_dir={tmp_path / 'data'}", *SWEEP_TINY]
     args = sweep.parse_args(["--variants=baseline,norm=rmsnorm,postln", *common])
     done, interrupted, fresh = sweep.grid(args)
     os.makedirs(os.path.dirname(done.dir))
@@ -317,7 +305,7 @@ def test_an_out_dir_that_cannot_be_a_folder_is_one_line(tmp_path, capsys, make, 
 
 def two_runs(tmp_path):
     """A two-seed sweep's args and runs (nothing run yet)."""
-    argv = ["--variants=baseline", "--lrs=1e-2", "--seeds=2", f"--out_dir={tmp_path / 'sweep'}", *TINY]
+    argv = ["--variants=baseline", "--lrs=1e-2", "--seeds=2", f"--out_dir={tmp_path / 'sweep'}", *SWEEP_TINY]
     args = sweep.parse_args(argv)
     return argv, sweep.grid(args)
 
@@ -425,7 +413,7 @@ def test_sigterm_to_a_sweep_stops_its_runs_with_a_checkpoint_and_a_rerun_resumes
     """A real SIGTERM to a real sweep.py: both train.py processes get it, write a checkpoint and exit 130, and
     sweep.py waits for them before it exits; no train.py is left running (no folder is still held)."""
     argv = ["--variants=baseline", "--lrs=1e-2,3e-3", "--jobs=2", f"--out_dir={tmp_path / 'sweep'}",
-            f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}", *TINY[:4], "--max_iters=100000",
+            f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}", *SWEEP_TINY[:4], "--max_iters=100000",
             "--eval_interval=20", "--eval_iters=1", "--log_interval=1", "--warmup_iters=0"]
     runs = sweep.grid(sweep.parse_args(argv))
     process = subprocess.Popen([sys.executable, os.path.join(sweep.HERE, "sweep.py"), *argv],

@@ -3,7 +3,6 @@
 import json
 import math
 import os
-import random
 import subprocess
 import sys
 
@@ -14,28 +13,12 @@ import model
 from engine import runtime
 import train
 from norms import NORMS
-from test_resume import torchrun
-
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
-TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
-        "--log_interval=1", "--warmup_iters=2", "--lr=3e-3"]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """About 20 KB of text from a small vocabulary: learnable structure, prepared in well under a second."""
-    rng = random.Random(0)
-    words = ["norm", "layer", "gamma", "beta", "residual", "attention", "head", "scale", "spike", "loss"]
-    text = "\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(300))
-    path = tmp_path_factory.mktemp("corpus") / "tiny.txt"
-    path.write_text(text)
-    return str(path)
+from conftest import ROOT, TINY, run_train, torchrun, train_argv, train_process
 
 
 def run(corpus, tmp_path, *flags):
     """train.main in this process; returns its exit code."""
-    return train.main([f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'out'}",
-                       *TINY, *flags])
+    return run_train(corpus, tmp_path / "data", tmp_path / "out", *TINY, *flags)
 
 
 def events(out_dir, kind):
@@ -106,7 +89,7 @@ def test_which_steps_each_progress_line_times(monkeypatch, first_step, log_inter
 
 
 def test_gpt2_tokenizer_pads_the_model_vocab(corpus, tmp_path, monkeypatch):
-    shared = os.path.join(HERE, "..", "shared", "tiktoken")
+    shared = os.path.join(ROOT, "..", "shared", "tiktoken")
     if not os.environ.get("TIKTOKEN_CACHE_DIR") and not os.path.isdir(shared):
         pytest.skip("GPT-2's BPE ranks are not available offline (set TIKTOKEN_CACHE_DIR)")
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", os.environ.get("TIKTOKEN_CACHE_DIR") or shared)
@@ -218,8 +201,7 @@ def test_empty_corpus_and_unloadable_tokenizer(tmp_path, capsys, monkeypatch):
 
 
 def test_bad_flag_from_the_shell_prints_no_traceback():
-    result = subprocess.run([sys.executable, os.path.join(HERE, "train.py"), "--norm=groupnorm"],
-                            capture_output=True, text=True, cwd=HERE)
+    result = train_process("--norm=groupnorm")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "train.py: --norm=groupnorm is not allowed; choose one of layernorm, rmsnorm, cogview, dyt, batchnorm, "
@@ -238,12 +220,8 @@ def test_every_norm_trains(corpus, tmp_path, norm):
 def test_two_process_ddp_keeps_ranks_identical(corpus, tmp_path, norm):
     """torchrun with 2 gloo processes: training proceeds, and the weights and (batch-statistic) buffers of
     both ranks agree after the steps (rank 0's running statistics win)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               os.path.join(HERE, "train.py"), f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}",
-               f"--out_dir={tmp_path / 'out'}", *TINY, f"--norm={norm}", "--grad_accum=2", "--max_iters=6",
-               "--eval_interval=3", "--pn_warmup=8"]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=HERE, env=env, timeout=300)
+    result = torchrun(2, *train_argv(corpus, tmp_path / "data", tmp_path / "out", *TINY, f"--norm={norm}",
+                                     "--grad_accum=2", "--max_iters=6", "--eval_interval=3", "--pn_warmup=8"))
     assert result.returncode == 0, result.stderr[-2000:]
     evals = events(tmp_path / "out", "eval")
     assert [e["step"] for e in evals] == [0, 3, 6]
@@ -275,7 +253,7 @@ def test_rank_spread_sees_one_rank_drift(tmp_path):
     report it."""
     script = tmp_path / "drift.py"
     script.write_text(DRIFTED_RANK)
-    result = torchrun(2, str(tmp_path / "spread"), HERE, script=script)
+    result = torchrun(2, str(tmp_path / "spread"), ROOT, script=script)
     assert result.returncode == 0, result.stderr[-2000:]
     assert [float((tmp_path / f"spread{rank}").read_text()) for rank in (0, 1)] == [0.5, 0.5]
 
@@ -344,7 +322,7 @@ def faults_per_training_step(setting):
     """Median minor page faults per training step, in a fresh process (the setting is process-wide and cannot be
     undone), after the steps that allocate gradients and optimizer states."""
     out = subprocess.run([sys.executable, "-c", TRAINING_STEP_FAULTS, setting], capture_output=True, text=True,
-                         check=True, cwd=HERE).stdout.split()
+                         check=True, cwd=ROOT).stdout.split()
     return out[0] == "True", float(out[1])
 
 

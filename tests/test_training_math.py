@@ -21,10 +21,6 @@ behind: log.jsonl, config.json, and ckpt.pt, whose AdamW state holds the applied
 
 import json
 import math
-import os
-import random
-import subprocess
-import sys
 import typing
 
 import pytest
@@ -35,26 +31,14 @@ import data
 import model
 import train
 from model import GPT, GPTConfig
+from conftest import prepared, run_train, tiny, torchrun, train_argv
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
-TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4", "--eval_iters=2",
-        "--log_interval=1", "--eval_interval=1", "--warmup_iters=0", "--lr=1e-3", "--min_lr=1e-4"]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """A small text file and the folder it is prepared into, shared by every run of this module."""
-    rng = random.Random(0)
-    words = ["norm", "layer", "gamma", "beta", "residual", "attention", "head", "scale", "spike", "loss"]
-    folder = tmp_path_factory.mktemp("corpus")
-    (folder / "tiny.txt").write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(200)))
-    return folder
+TINY = tiny(n_layer=1, block_size=16, eval_interval=1, warmup_iters=0, lr="1e-3", min_lr="1e-4")
 
 
 def run(corpus, out_dir, *flags):
     """train.main in this process; returns out_dir after checking the run finished."""
-    code = train.main([f"--dataset={corpus / 'tiny.txt'}", f"--data_dir={corpus / 'data'}", f"--out_dir={out_dir}",
-                       *TINY, *flags])
+    code = run_train(corpus, prepared(corpus), out_dir, *TINY, *flags)
     assert code == 0
     return out_dir
 
@@ -286,8 +270,7 @@ def test_float16_overflow_at_any_scale_is_a_divergence(corpus, tmp_path, monkeyp
     """The scale halves at each overflow; once the next one would be below instruments.MIN_LOSS_SCALE (1e-4, fairseq's
     minimum) the run has diverged: 2^-12 -> 2^-13 = 1.2e-4 at step 1, and at step 2 the next, 6.1e-5, is below."""
     monkeypatch.setattr(torch.amp, "GradScaler", AlwaysOverflowing)
-    code = train.main([f"--dataset={corpus / 'tiny.txt'}", f"--data_dir={corpus / 'data'}", f"--out_dir={tmp_path}",
-                       *TINY, "--max_iters=5", "--dtype=float16"])
+    code = run_train(corpus, prepared(corpus), tmp_path, *TINY, "--max_iters=5", "--dtype=float16")
     assert code == 3
     assert [(e["step"], e["loss_scale"]) for e in events(tmp_path, "overflow")] == [(1, 2.0 ** -13)]
     (diverged,) = events(tmp_path, "diverged")
@@ -374,17 +357,14 @@ def test_logged_losses_are_cross_entropy_by_hand(corpus, tmp_path, monkeypatch):
 def test_ddp_eval_averages_over_ranks(corpus, tmp_path):
     """torchrun, 2 processes: each draws its own eval batches (batch_generator(seed, rank, EVAL_STREAM, i));
     the logged eval loss is the mean over both ranks' eval-mode losses, not rank 0's alone."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               os.path.join(HERE, "train.py"), f"--dataset={corpus / 'tiny.txt'}", f"--data_dir={corpus / 'data'}",
-               f"--out_dir={tmp_path}", *TINY, "--max_iters=1", "--grad_accum=2", "--dropout=0.3"]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=HERE, env=env, timeout=300)
+    result = torchrun(2, *train_argv(corpus, prepared(corpus), tmp_path, *TINY, "--max_iters=1", "--grad_accum=2",
+                                     "--dropout=0.3"))
     assert result.returncode == 0, result.stderr[-2000:]
     config = json.loads((tmp_path / "config.json").read_text())
     gpt = GPT(GPTConfig(**config["model"]))
     gpt.load_state_dict(checkpoint(tmp_path)["model"])
     gpt.eval()
-    folder = data.prepare(str(corpus / "tiny.txt"), "byte", str(corpus / "data"))
+    folder = data.prepare(corpus, "byte", prepared(corpus))
     seed, batch_size, block_size = config["train"]["seed"], config["train"]["batch_size"], config["model"]["block_size"]
     per_rank = []
     with torch.no_grad():
