@@ -23,6 +23,7 @@ def table_row(line):
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8", "--batch_size=2", "--vocab_size=64"]
 
 
+@pytest.mark.slow
 def test_bench_times_every_norm_against_the_first(capsys):
     assert bench.main(["--rounds=1", "--steps=1", *TINY]) == 0
     rows = [table_row(line) for line in capsys.readouterr().out.splitlines()[2:]]
@@ -76,6 +77,7 @@ def test_bench_times_each_norm_module_alone(capsys):
     assert rows[0][2] == "1.00"
 
 
+@pytest.mark.slow
 def test_bench_presets_with_an_explicit_override(capsys):
     assert bench.main(["--variants", "presets", "--rounds", "1", "--steps=1", *TINY, "--activation=geglu"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -234,6 +236,7 @@ def test_guard_flags_every_norm_above_1_05x_of_layernorm():
     assert bench.guard_verdict({"norm=layernorm": 1.0, "norm=rmsnorm": 0.98}).endswith("all within")
 
 
+@pytest.mark.slow
 def test_bench_gives_the_guards_verdict_for_compiled_norms_only(monkeypatch, capsys):
     """--variants=norms --compile=True ends with the guard's line; eager runs and other groups have none. Compiling
     eight models takes minutes, so torch.compile is the identity here: this checks the mode, not the compiler."""

@@ -229,6 +229,7 @@ def test_subln_init_multiplies_v_w_o_w_1_and_w_2_by_sqrt_log_2n():
             torch.testing.assert_close(w_s, gain * w_p, rtol=1e-6, atol=0)  # drawn and scaled in float32
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["peri_ln", "mix_ln", "lns", "olmo2", "magneto", "dyt", "gemma2"])
 def test_new_presets_compile_to_one_graph_that_matches_eager(preset):
     torch._dynamo.reset()
@@ -266,6 +267,7 @@ def test_coord_check_gives_the_mean_abs_a_direct_computation_gives():
         optimizer.step()
 
 
+@pytest.mark.slow
 def test_coord_check_command_writes_png_and_numbers(tmp_path):
     out = tmp_path / "cc.png"
     argv = ["--widths=16,32", "--head_dim=8", "--steps=1", "--n_layer=1", "--batch_size=2",

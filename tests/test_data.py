@@ -295,6 +295,7 @@ def test_ctrl_c_during_preparation_leaves_no_folder_and_no_temporary_file(tmp_pa
     assert data.load_meta(folder)["train_tokens"] == len(src.read_bytes()) * 9 // 10
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_data_py_is_one_line(tmp_path):
     """A real SIGINT to python data.py while it tokenizes: no traceback, exit code 130, nothing prepared. The child
     gets SIGINT's default action back: a suite started in the background by a shell without job control ignores

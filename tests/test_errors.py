@@ -116,6 +116,7 @@ def test_damaged_prepared_dataset(corpora, damage, says):
     assert says in err and "damaged" in err and str(folder.relative_to(corpora)) in err, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, says", [
     (["--variants=everything"], "--variants=everything is not allowed; choose one of norms"),
     (["--variants="], "--variants= is not allowed"),
@@ -136,6 +137,7 @@ def test_bench_bad_input(tmp_path, args, says):
     assert says in run(tmp_path, "bench.py", [*HUGE, *args])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["sweep.py", "plot.py"])
 def test_sweep_and_plot_help(script):
     done = subprocess.run([sys.executable, os.path.join(ROOT, script), "--help"], capture_output=True, text=True)

@@ -95,6 +95,7 @@ def run_grown(corpus, tmp_path, monkeypatch, *flags):
     return code, diverged, grow
 
 
+@pytest.mark.slow
 def test_stops_at_the_planted_step_and_names_its_op(corpus, tmp_path, monkeypatch, capsys):
     code, [event], plant = run(corpus, tmp_path, monkeypatch, 70000.0, "--fp16_overflow_fails=True")
     assert code == 3 and event["step"] == PLANTED_STEP and event["steps_survived"] == PLANTED_STEP
@@ -108,6 +109,7 @@ def test_stops_at_the_planted_step_and_names_its_op(corpus, tmp_path, monkeypatc
     assert f"diverged at step {PLANTED_STEP}" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_non_finite_output_fails_too(corpus, tmp_path, monkeypatch):
     code, [event], _ = run(corpus, tmp_path, monkeypatch, float("nan"), "--fp16_overflow_fails=True")
     assert code == 3 and event["step"] == PLANTED_STEP and event["criterion"] == "fp16 overflow"

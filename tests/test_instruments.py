@@ -46,6 +46,7 @@ def test_loss_bound_stops_before_the_first_update(corpus, tmp_path, capsys):
     assert capsys.readouterr().out.count("diverged at step 2") == 1
 
 
+@pytest.mark.slow
 def test_gap_rule_and_default_bound_come_from_the_run(corpus, tmp_path):
     """A loss that rises: the ramp to an absurd LR without clipping, in float32, stops with the gap rule
     or the default bound (first loss + 1), never running to max_iters."""
@@ -142,6 +143,7 @@ def test_telemetry_equals_direct_computation(corpus, tmp_path):
     assert (0, "q@k", "forward") in ops and (1, "fc2", "backward") in ops
 
 
+@pytest.mark.slow
 def test_instruments_leave_training_unchanged(corpus, tmp_path):
     """Hooked passes restore weights, buffers, gradients and the RNG: dropout and PowerNorm still train
     exactly as without them."""
@@ -153,6 +155,7 @@ def test_instruments_leave_training_unchanged(corpus, tmp_path):
     assert all(torch.equal(plain[k], probed[k]) for k in plain)
 
 
+@pytest.mark.slow
 def test_skip_spikes_skips_the_flagged_steps_and_resumes_exactly(corpus, tmp_path):
     flags = ["--eval_interval=1", "--keep_checkpoints=20", "--spike_window=3", "--spike_z=0.5", "--skip_spikes",
              "--lr_schedule=constant"]

@@ -562,6 +562,7 @@ BACKENDS = ["aot_eager", pytest.param("inductor", marks=pytest.mark.skipif(
     not os.environ.get("NANONORM_INDUCTOR"), reason="slow on CPU; set NANONORM_INDUCTOR=1"))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("flags", [PRESETS["normformer"], dict(activation="geglu", qkv_norm=True, attn_impl="manual")],
                          ids=["normformer", "geglu_qkv_norm_manual"])

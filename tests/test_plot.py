@@ -71,6 +71,7 @@ def tiny_sweep(corpus, tmp_path_factory):
     return root, runs
 
 
+@pytest.mark.slow
 def test_every_plot_is_a_png_with_content(tiny_sweep, capsys):
     root, runs = tiny_sweep
     assert plot.main([str(root / "sweep"), f"--out={root / 'png'}"]) == 0
@@ -83,6 +84,7 @@ def test_every_plot_is_a_png_with_content(tiny_sweep, capsys):
     assert f"{os.path.relpath(runs[0].dir, root / 'sweep')}: per-layer plots skipped" in printed
 
 
+@pytest.mark.slow
 def test_run_folders_overlaid(tiny_sweep):
     root, runs = tiny_sweep
     assert plot.main([runs[0].dir, runs[3].dir, f"--out={root / 'two'}"]) == 0
@@ -90,6 +92,7 @@ def test_run_folders_overlaid(tiny_sweep):
     check_png(root / "two" / "loss.png")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not INSTRUMENTED, reason="train.py has no --telemetry_interval/--fp16_headroom_interval yet")
 def test_telemetry_plots_from_a_real_instrumented_run(corpus, tmp_path):
     assert train.main([f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'run'}",

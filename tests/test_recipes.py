@@ -162,6 +162,7 @@ def tiny_experiments(corpus, tmp_path_factory):
     patch.undo()
 
 
+@pytest.mark.slow
 def test_results_page_from_a_tiny_real_sweep(tiny_experiments, capsys):
     root = tiny_experiments
     # summarizing again with nothing run (the command re-run on a finished sweep) keeps the runs' time and machine

@@ -61,6 +61,7 @@ def wait_for(process, printed):
 
 # One run per out_dir
 
+@pytest.mark.slow
 def test_a_held_out_dir_refuses_a_second_run_and_a_killed_holder_releases_it(corpus, tmp_path):
     out = tmp_path / "out"
     run = flags_of(corpus, out, "--max_iters=6", "--eval_interval=2")
@@ -382,6 +383,7 @@ def test_a_resume_from_another_folder_reads_the_runs_data_and_refuses_changed_da
 
 # Stops: between eval batches, by SIGHUP; a divergence with no checkpoint; a FIFO for a checkpoint
 
+@pytest.mark.slow
 def test_ctrl_c_during_an_evaluation_stops_between_its_batches_and_resume_evaluates_again(corpus, tmp_path,
                                                                                         monkeypatch):
     whole, split = tmp_path / "whole", tmp_path / "split"
@@ -422,6 +424,7 @@ def test_a_second_ctrl_c_during_an_evaluation_is_one_line(corpus, tmp_path, monk
     assert err == "train.py: stopped at once by a second Ctrl-C; the checkpoints written so far are kept\n"
 
 
+@pytest.mark.slow
 def test_sighup_stops_a_run_with_a_checkpoint(corpus, tmp_path):
     out = tmp_path / "out"
     process = start(flags_of(corpus, out, "--max_iters=100000", "--eval_interval=1000"))
@@ -446,6 +449,7 @@ def test_a_divergence_before_the_first_checkpoint_says_there_is_none(corpus, tmp
     assert not (tmp_path / "out" / "ckpt.pt").exists()
 
 
+@pytest.mark.slow
 def test_a_fifo_in_place_of_ckpt_pt_is_refused_and_an_older_checkpoint_resumes(corpus, checkpointed):
     (checkpointed / "ckpt.pt").unlink()
     (checkpointed / "ckpt-4.pt").unlink()
@@ -462,6 +466,7 @@ def test_a_fifo_in_place_of_ckpt_pt_is_refused_and_an_older_checkpoint_resumes(c
 
 @pytest.mark.parametrize("bad, says", [("--lr=0", "--lr=0.0 must be > 0"),
                                        ("--block_size=100000", "too few for --block_size=100000")])
+@pytest.mark.slow
 def test_bad_input_under_torchrun_is_one_line_from_process_0_and_exit_code_2_on_every_process(corpus, tmp_path, bad,
                                                                                               says):
     out = tmp_path / "out"
@@ -497,6 +502,7 @@ sys.exit(train.main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_a_log_write_that_fails_mid_run_under_torchrun_is_one_line_per_process_and_no_traceback(corpus, tmp_path):
     """Process 0 cannot append a log line mid-run: it prints its one line and stops; process 1, left in the step's
     all-reduce, says in one line that another process stopped, instead of gloo's traceback."""

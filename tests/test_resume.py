@@ -202,6 +202,7 @@ def test_an_inconsistent_resume_is_one_line(corpus, checkpointed, capsys, more, 
     assert {p.name: p.read_bytes() for p in checkpointed.iterdir()} == before
 
 
+@pytest.mark.slow
 def test_a_compiled_runs_checkpoint_resumes_eagerly_and_compile_is_not_sticky(corpus, tmp_path, reference):
     """A checkpoint as a compiled nanoGPT run writes it (nanoGPT issue #325: _orig_mod. names), --compile
     recorded: the resume loads it, runs eagerly unless --compile is given, and continues exactly."""
@@ -214,6 +215,7 @@ def test_a_compiled_runs_checkpoint_resumes_eagerly_and_compile_is_not_sticky(co
     assert losses(out) == losses(reference)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("saved, resumed", [("float32", "float16"), ("float16", "float32")])
 def test_resume_in_another_dtype_is_allowed_with_a_note(corpus, tmp_path, capsys, saved, resumed):
     out = tmp_path / "out"
@@ -241,6 +243,7 @@ def kill_when(process, printed):
     assert process.returncode == -signal.SIGKILL, process.stdout.read()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", ["step@5", "eval@6", "save@6"])
 def test_kill_9_leaves_a_loadable_checkpoint_and_resume_continues_exactly(corpus, tmp_path, reference, point):
     """Killed between a step's backward and its optimizer step, inside an eval, or inside a checkpoint write:
@@ -257,6 +260,7 @@ def test_kill_9_leaves_a_loadable_checkpoint_and_resume_continues_exactly(corpus
     assert not (out / "ckpt.pt.tmp").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [1, 3])
 def test_the_defaults_work_under_torchrun(corpus, tmp_path, n):
     """No --grad_accum: one micro-step per process; the log states the global batch."""
@@ -269,6 +273,7 @@ def test_the_defaults_work_under_torchrun(corpus, tmp_path, n):
     assert all(4.5 < loss < 6.5 for _, loss in losses(out))  # a real step: near ln(256) = 5.55 at the start
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads by their names in /proc (Linux)")
 def test_a_finished_torchrun_process_has_torn_gloo_down_before_it_exits(corpus, tmp_path):
     """Gloo's threads still running when the interpreter exits can abort it (SIGABRT, "terminate called without an
@@ -288,6 +293,7 @@ def test_a_finished_torchrun_process_has_torn_gloo_down_before_it_exits(corpus, 
     assert left == ["0", "0"], f"gloo threads still running after train.main returned, by rank: {left}"
 
 
+@pytest.mark.slow
 def test_exact_resume_under_torchrun_with_grad_accum_and_dropout(corpus, tmp_path):
     whole, split = tmp_path / "whole", tmp_path / "split"
     common = ["--grad_accum=2", "--eval_interval=2", "--lr_decay_iters=4"]
@@ -319,6 +325,7 @@ def worker_pids(parent):
     return pids
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("who", ["the process group", "rank 1 alone"])
 def test_ctrl_c_under_torchrun_stops_every_process_at_the_same_step(corpus, tmp_path, who):
     """Ctrl-C in a terminal signals the whole process group: torchrun, which SIGTERMs its workers, and the

@@ -55,6 +55,7 @@ def greedy_by_hand(model, idx, steps):
     return idx
 
 
+@pytest.mark.slow
 def test_samples_continue_start_and_the_seed_fixes_them(out_dir, capsys):
     first = samples(capsys, out_dir, "--start=norm layer", "--num_samples=3", "--max_new_tokens=30", "--seed=1")
     assert len(first) == 3 and len(set(first)) == 3
@@ -73,6 +74,7 @@ def test_start_from_a_file(out_dir, capsys, tmp_path):
     assert text.startswith("gamma beta\nscale ")
 
 
+@pytest.mark.slow
 def test_top_k_1_is_greedy_decoding_past_block_size(out_dir, capsys):
     """40 new tokens after 10 with block_size 32: the context is cropped from the 23rd new token on."""
     model, tokenizer = sample.load_model(str(out_dir))
@@ -98,6 +100,7 @@ def test_a_compiled_models_checkpoint_loads(out_dir, capsys, tmp_path):
     assert samples(capsys, tmp_path / "compiled", *flags) == samples(capsys, out_dir, *flags)
 
 
+@pytest.mark.slow
 def test_batch_statistic_norms_and_gpt2_tokens_sample_with_the_runs_tokenizer(corpus, tmp_path, capsys,
                                                                               monkeypatch):
     """A PowerNorm run with sinusoidal positions and the GPT-2 tokenizer (vocab padded to 50304): greedy samples
@@ -198,6 +201,7 @@ def test_a_model_smaller_than_its_tokenizer_is_refused(out_dir, capsys, tmp_path
     assert "vocab_size=256 is smaller than its tokenizer's (gpt2, 50257)" in printed.err
 
 
+@pytest.mark.slow
 def test_a_truncated_checkpoint_from_the_shell_prints_no_traceback(out_dir, tmp_path):
     """Half of a real checkpoint, and a --start of bytes that are not UTF-8, as a shell passes them."""
     write(tmp_path / "out", (out_dir / "ckpt.pt").read_bytes()[:5000])

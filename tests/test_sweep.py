@@ -166,6 +166,7 @@ def steps_of(run_dir, kind):
     return [e["step"] for e in sweep.read_events(os.path.join(run_dir, "log.jsonl")) if e["event"] == kind]
 
 
+@pytest.mark.slow
 def test_skip_and_resume_a_half_finished_sweep(corpus, tmp_path, capsys):
     """One run finished, one interrupted after its step-2 checkpoint, one never started: re-running the sweep
     runs nothing twice, loses nothing, and every run ends finished."""
@@ -377,6 +378,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.slow
 def test_a_held_run_folder_is_left_to_its_holder_and_reported_as_running(corpus, tmp_path, capsys):
     """Another process holds one run's folder (a sweep started twice): this sweep neither starts that run nor
     counts it as failed; it runs the other one and says the first is still running."""
@@ -409,6 +411,7 @@ def events_of(run_dir):
     return sweep.read_events(path) if os.path.isfile(path) else []
 
 
+@pytest.mark.slow
 def test_sigterm_to_a_sweep_stops_its_runs_with_a_checkpoint_and_a_rerun_resumes(corpus, tmp_path):
     """A real SIGTERM to a real sweep.py: both train.py processes get it, write a checkpoint and exit 130, and
     sweep.py waits for them before it exits; no train.py is left running (no folder is still held)."""

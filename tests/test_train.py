@@ -98,6 +98,7 @@ def test_gpt2_tokenizer_pads_the_model_vocab(corpus, tmp_path, monkeypatch):
     assert config["data"]["vocab_size"] == 50257 and config["model"]["vocab_size"] == 50304  # 64 * 786
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly(corpus, tmp_path):
     """Ten steps, stop, resume for ten more == twenty steps in one go (fp32 CPU; dropout on, so the RNG
     state must come back too)."""
@@ -134,6 +135,7 @@ def test_resume_refuses_to_change_the_model(corpus, tmp_path, capsys):
     assert "--n_layer differ from the checkpoint" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_mixed_precision_trains_on_cpu(corpus, tmp_path, dtype):
     assert run(corpus, tmp_path, f"--dtype={dtype}", "--max_iters=8", "--eval_interval=8") == 0
@@ -143,6 +145,7 @@ def test_mixed_precision_trains_on_cpu(corpus, tmp_path, dtype):
     assert bool(scaler) == (dtype == "float16")  # a GradScaler only for float16
 
 
+@pytest.mark.slow
 def test_a_diverged_run_keeps_the_last_good_checkpoint(corpus, tmp_path, monkeypatch, capsys):
     assert run(corpus, tmp_path, "--max_iters=4", "--eval_interval=2") == 0
     good = (tmp_path / "out" / "ckpt.pt").read_bytes()
@@ -200,6 +203,7 @@ def test_empty_corpus_and_unloadable_tokenizer(tmp_path, capsys, monkeypatch):
     assert err.count("\n") == 1 and "TIKTOKEN_CACHE_DIR" in err
 
 
+@pytest.mark.slow
 def test_bad_flag_from_the_shell_prints_no_traceback():
     result = train_process("--norm=groupnorm")
     assert result.returncode == 2
@@ -208,6 +212,7 @@ def test_bad_flag_from_the_shell_prints_no_traceback():
         "pnv, powernorm, none"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("norm", NORMS)
 def test_every_norm_trains(corpus, tmp_path, norm):
     """Every --norm value fills every norm slot and trains; PowerNorm switches out of warmup mid-run."""
@@ -216,6 +221,7 @@ def test_every_norm_trains(corpus, tmp_path, norm):
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("norm", ["batchnorm", "powernorm"])
 def test_two_process_ddp_keeps_ranks_identical(corpus, tmp_path, norm):
     """torchrun with 2 gloo processes: training proceeds, and the weights and (batch-statistic) buffers of
@@ -248,6 +254,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_rank_spread_sees_one_rank_drift(tmp_path):
     """rank_spread is 0 in every DDP eval above; here rank 1's weights differ by 0.5 in one entry, and both ranks
     report it."""
@@ -326,6 +333,7 @@ def faults_per_training_step(setting):
     return out[0] == "True", float(out[1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux") or os.confstr("CS_GNU_LIBC_VERSION") is None,
                     reason="glibc's allocator only")
 def test_keep_freed_memory_stops_the_page_faults_of_each_training_step():

@@ -121,6 +121,7 @@ SHELL = ["--grad_clip=-0.5", "--beta1=1.0", "--norm_eps=nan", "--out_dir=FILE/ru
          "--n_embd=1000000000", "--out_dir=LOOP/run"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", SHELL)
 def test_bad_input_from_the_shell(corpus, tmp_path, flag):
     expected = dict((f[0], e) for f, e in BAD)[flag]
@@ -201,6 +202,7 @@ NO_EFFECT = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags, warning", NO_EFFECT, ids=[" ".join(f) for f, _ in NO_EFFECT])
 def test_a_flag_without_effect_warns_and_runs(corpus, tmp_path, capsys, flags, warning):
     assert train.main(command_line(corpus, tmp_path, ["--max_iters=2", "--eval_interval=2", *flags])) == 0
@@ -303,6 +305,7 @@ def test_cpu_threads_on_a_machine_without_an_affinity_mask(monkeypatch):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 def test_help_lists_every_flag_with_its_default_from_configurable_txt():
     result = train_process("--help")
     assert result.returncode == 0 and result.stderr == ""

@@ -174,6 +174,7 @@ def test_weight_decay_on_weight_matrices_only(tie):
 
 # gradient accumulation, clipping, float16
 
+@pytest.mark.slow
 def test_accumulated_step_equals_one_step_on_the_concatenated_batch(corpus, tmp_path, monkeypatch):
     """grad_accum=2 with 2 sequences per micro-step == grad_accum=1 with those 4 sequences at once: the same
     logged loss (their mean) and gradient norm, and the same applied gradient in AdamW's state."""
@@ -308,6 +309,7 @@ def test_eval_does_not_update_running_statistics(corpus, tmp_path):
         torch.testing.assert_close(many["model"][name], tensor, rtol=0, atol=0, msg=name)
 
 
+@pytest.mark.slow
 def test_powernorm_counts_training_forward_calls(corpus, tmp_path):
     """PowerNorm's warmup default is the LR warmup in training forward calls (warmup_iters x micro-steps,
     one process), and only training forward calls count: the evals at steps 0 and 3 add none, and the
@@ -354,6 +356,7 @@ def test_logged_losses_are_cross_entropy_by_hand(corpus, tmp_path, monkeypatch):
     assert abs(step["loss"] - math.log(vocab)) < 0.05
 
 
+@pytest.mark.slow
 def test_ddp_eval_averages_over_ranks(corpus, tmp_path):
     """torchrun, 2 processes: each draws its own eval batches (batch_generator(seed, rank, EVAL_STREAM, i));
     the logged eval loss is the mean over both ranks' eval-mode losses, not rank 0's alone."""
