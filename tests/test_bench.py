@@ -40,6 +40,7 @@ def test_bench_times_powernorm_with_and_without_its_group_scaling():
     assert GPT(alone).blocks[0].attn_norm.groups == 0 < GPT(with_groups).blocks[0].attn_norm.groups
 
 
+@pytest.mark.slow
 def test_bench_alternates_the_order_of_the_variants_round_by_round(monkeypatch, capsys):
     """Forward in even rounds, backward in odd ones: no variant always runs next to the baseline."""
     calls, step = [], bench.Variant.step
@@ -184,6 +185,7 @@ def test_bench_baseline_times_nanonorm_against_the_plain_gpt(capsys):
     assert [row[0] for row in rows] == [bench.PLAIN, "nanonorm defaults"]
 
 
+@pytest.mark.slow
 def test_bench_float16_steps_scale_the_loss_as_train_does(monkeypatch, capsys):
     """Under float16 every timed step (and each variant's warm-up step) goes through an enabled GradScaler, as
     train.py's do: the loss scaled before backward, the optimizer stepped by the scaler (which skips on inf)."""
@@ -218,6 +220,7 @@ def test_layernorm_through_a_function_is_layernorm(affine):
         torch.testing.assert_close(b, a, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_bench_swaps_every_layernorm_for_the_function_and_the_step_dispatches_the_same_ops(capsys):
     shape = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--vocab_size=64"]
     configs, *_ = bench.parse(["--variants=function", *shape])

@@ -116,6 +116,7 @@ def test_non_finite_output_fails_too(corpus, tmp_path, monkeypatch):
     assert event["failed_op"]["op"] == "fc1" and event["failed_op"]["max_abs"] == float("inf")
 
 
+@pytest.mark.slow
 def test_without_the_flag_the_run_does_not_stop_for_it(corpus, tmp_path, monkeypatch):
     code, diverged, plant = run(corpus, tmp_path, monkeypatch, 70000.0)
     assert code == 0 and diverged == [] and plant.calls == 6
@@ -136,6 +137,7 @@ def test_refused_with_compile(corpus, tmp_path, monkeypatch, capsys):
                                  "nothing inside torch.compile"]
 
 
+@pytest.mark.slow
 def test_names_the_op_that_grew_the_most_when_none_crossed(corpus, tmp_path, monkeypatch, capsys):
     code, [event], grow = run_grown(corpus, tmp_path, monkeypatch, "--fp16_overflow_fails=True")
     assert code == 3 and event["step"] == LAST_STEP and event["criterion"] == "loss bound"
@@ -150,6 +152,7 @@ def test_names_the_op_that_grew_the_most_when_none_crossed(corpus, tmp_path, mon
     assert "grew the most over the last 9 steps: fc1 at layer 1 (max |x| 80 -> 4.1e+04, x512)" in out
 
 
+@pytest.mark.slow
 def test_without_the_flag_nothing_grew_most(corpus, tmp_path, monkeypatch, capsys):
     code, [event], _ = run_grown(corpus, tmp_path, monkeypatch)
     assert code == 3 and event["step"] == LAST_STEP and event["criterion"] == "loss bound"

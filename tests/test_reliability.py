@@ -148,6 +148,7 @@ def test_a_resume_on_a_full_disk_keeps_the_log_and_the_checkpoint(corpus, checkp
     assert leftovers(checkpointed) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["a log line mid-run", "read-only after a checkpoint"])
 def test_a_disk_that_fills_or_turns_read_only_mid_run_loses_nothing(corpus, checkpointed, monkeypatch, capsys,
                                                                    case):
@@ -354,6 +355,7 @@ def test_a_new_spike_window_and_z_given_with_resume_apply(periodic_corpus, tmp_p
 
 # The data a run trained on
 
+@pytest.mark.slow
 def test_a_resume_from_another_folder_reads_the_runs_data_and_refuses_changed_data(tmp_path, monkeypatch, capsys):
     """Started in folder a with relative paths; resumed from folder b, which has a tiny.txt of its own: the run
     goes on with a's data (its paths were recorded absolute), and once a's tiny.txt is edited, the resume is

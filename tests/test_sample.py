@@ -87,6 +87,7 @@ def test_top_k_1_is_greedy_decoding_past_block_size(out_dir, capsys):
     assert text == data.decode(enc, expected[0].tolist())
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's own import
 def test_a_compiled_models_checkpoint_loads(out_dir, capsys, tmp_path):
     """torch.compile wraps the model: its state_dict names every weight _orig_mod.<name> (nanoGPT issue #325)."""
