@@ -1,6 +1,169 @@
-"""The tests' shared fixtures (pytest reads this file for test_norms.py and every file in tests/)."""
+"""The tests' shared fixtures and helpers (pytest reads this file for test_norms.py and every file in tests/; a test
+file imports a plain helper as `from conftest import ROOT`). A test file never imports another test file."""
+import builtins
 import os
+import random
+import subprocess
+import sys
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+import pytest
+
+ROOT = os.path.dirname(os.path.abspath(__file__))  # the repository root: scripts run from here
 # GPT-2's BPE ranks, offline: tests never reach the network (the README's test command sets nothing).
 os.environ.setdefault("TIKTOKEN_CACHE_DIR", os.path.join(os.path.dirname(ROOT), "shared", "tiktoken"))
+
+# The tiny model of model.py's own tests: GPTConfig's keyword arguments.
+TINY_CONFIG = dict(n_layer=2, n_embd=32, n_head=4, block_size=16, vocab_size=64)
+# The tiny train.py run: a model that trains in milliseconds a step. A test file states how its runs differ with
+# tiny(flag=value) (None drops a flag), since its assertions count steps, evals and tokens of exactly these runs.
+TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
+        "--log_interval=1", "--warmup_iters=2", "--lr=3e-3"]
+
+
+def tiny(**changes):
+    """TINY with each named flag set to its value (appended if TINY lacks it) or dropped where the value is None."""
+    flags = {f[2:].partition("=")[0]: f[2:].partition("=")[2] for f in TINY}
+    flags.update(changes)
+    return [f"--{name}={value}" for name, value in flags.items() if value is not None]
+
+
+# A sweep's tiny run (sweep.py's, plot.py's and the recipes' tests): one layer, 4 steps, the LR set per run.
+SWEEP_TINY = tiny(n_layer=1, block_size=16, eval_iters=1, warmup_iters=0, lr=None, max_iters=4, eval_interval=2)
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    """About 20 KB of text from a small vocabulary: learnable structure, prepared in well under a second. Tests only
+    read it; data prepared beside it (its folder's data/) is shared by the runs that ask for that data_dir."""
+    rng = random.Random(0)
+    words = ["norm", "layer", "gamma", "beta", "residual", "attention", "head", "scale", "spike", "loss"]
+    text = "\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(300))
+    path = tmp_path_factory.mktemp("corpus") / "tiny.txt"
+    path.write_text(text)
+    return str(path)
+
+
+def prepared(corpus):
+    """The data folder beside corpus: the runs that name it prepare the corpus once between them."""
+    return os.path.join(os.path.dirname(corpus), "data")
+
+
+def train_argv(corpus, data_dir, out_dir, *flags):
+    """train.py's flags for a run on corpus: its data prepared in data_dir, the run in out_dir, then flags."""
+    return [f"--dataset={corpus}", f"--data_dir={data_dir}", f"--out_dir={out_dir}", *flags]
+
+
+def run_train(corpus, data_dir, out_dir, *flags):
+    """train.main in this process (fast, and monkeypatch reaches into it); returns its exit code."""
+    import train  # here, not at the top: conftest.py is read before every test file, even those without torch
+    return train.main(train_argv(corpus, data_dir, out_dir, *flags))
+
+
+def train_process(*args, timeout=300, env=None, **kwargs):
+    """`python train.py ARGS` from the repository root, as a user runs it, on one intra-op thread."""
+    return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+                          **kwargs)
+
+
+def torchrun(n, *args, script="train.py"):
+    """`torchrun --standalone --nproc_per_node=n SCRIPT ARGS` from the repository root, one thread a process."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", str(script),
+               *args]
+    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models on one intra-op thread (a file asks for it with pytestmark): a second thread only adds
+    synchronization, and on a busy 2-core machine it made 30 training steps take 2-17 s instead of 0.3 s."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class FailingWrites:
+    """Writes to the files whose names start with `name` fail with `code`, after `after` that succeed (builtins.open
+    and os.open, with a mode or flags that write). name None: every write under `under` once `once` exists."""
+
+    def __init__(self, monkeypatch, code, name=None, after=0, under=None, once=None):
+        self.code, self.name, self.after, self.under, self.once, self.count = code, name, after, under, once, 0
+        self.open, self.os_open = builtins.open, os.open
+        monkeypatch.setattr(builtins, "open", self.patched_open)
+        monkeypatch.setattr(os, "open", self.patched_os_open)
+
+    def check(self, path):
+        path = str(path)
+        if self.name is not None:
+            hit = os.path.basename(path).startswith(self.name)
+        else:
+            hit = path.startswith(str(self.under)) and os.path.exists(self.once)
+        if hit:
+            self.count += 1
+            if self.count > self.after:
+                raise OSError(self.code, os.strerror(self.code), path)
+
+    def patched_open(self, file, mode="r", *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and any(c in mode for c in "wax+"):
+            self.check(file)
+        return self.open(file, mode, *args, **kwargs)
+
+    def patched_os_open(self, path, flags, *args, **kwargs):
+        if flags & (os.O_WRONLY | os.O_RDWR):
+            self.check(path)
+        return self.os_open(path, flags, *args, **kwargs)
+
+
+def check_png(path):
+    """path is a PNG larger than 100x100 pixels that is not one flat color."""
+    import matplotlib.image  # here: only the plotting tests need matplotlib
+    import numpy as np
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    pixels = matplotlib.image.imread(path)
+    assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100 and pixels.shape[2] in (3, 4)
+    assert float(np.std(pixels[..., :3])) > 0
+
+
+# train.py with pause points, run as python -c PAUSED_TRAIN <point> <flags>: at the point it prints "paused at
+# <point>" and sleeps, for a test to kill it there. step@N: step N's gradients computed, weights not yet updated;
+# eval@N: step N's eval line about to be logged; save@N: step N's checkpoint written but not yet renamed into place.
+PAUSED_TRAIN = """
+import sys, time
+import torch
+import train
+from diagnostics.instruments import Instruments
+from engine import run_folder
+
+point = sys.argv.pop(1)
+judge, log_event, save = Instruments.judge, run_folder.log_event, torch.save
+
+
+def pause(at):
+    if at == point:
+        print(f"paused at {point}", flush=True)
+        time.sleep(60)
+
+
+def judged(self, step, *args):
+    verdict = judge(self, step, *args)
+    pause(f"step@{step + 1}")
+    return verdict
+
+
+def logged(path, event):
+    pause(f"{event['event']}@{event['step']}")
+    log_event(path, event)
+
+
+def saved(state, f, *args, **kwargs):
+    save(state, f, *args, **kwargs)
+    pause(f"save@{state['step']}")
+
+
+Instruments.judge, run_folder.log_event, torch.save = judged, logged, saved
+sys.exit(train.main(sys.argv[1:]))
+"""

@@ -530,6 +530,7 @@ COMPILE_BACKENDS = ["aot_eager", pytest.param("inductor", marks=pytest.mark.skip
     not os.environ.get("NANONORM_INDUCTOR"), reason="inductor compiles for ~30 s; set NANONORM_INDUCTOR=1"))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", COMPILE_BACKENDS)
 @pytest.mark.parametrize("kind", ["rmsnorm", "batchnorm", "pnv", "powernorm"])
 def test_compiled_module_matches_eager(kind, backend):

@@ -23,6 +23,7 @@ def table_row(line):
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8", "--batch_size=2", "--vocab_size=64"]
 
 
+@pytest.mark.slow
 def test_bench_times_every_norm_against_the_first(capsys):
     assert bench.main(["--rounds=1", "--steps=1", *TINY]) == 0
     rows = [table_row(line) for line in capsys.readouterr().out.splitlines()[2:]]
@@ -39,6 +40,7 @@ def test_bench_times_powernorm_with_and_without_its_group_scaling():
     assert GPT(alone).blocks[0].attn_norm.groups == 0 < GPT(with_groups).blocks[0].attn_norm.groups
 
 
+@pytest.mark.slow
 def test_bench_alternates_the_order_of_the_variants_round_by_round(monkeypatch, capsys):
     """Forward in even rounds, backward in odd ones: no variant always runs next to the baseline."""
     calls, step = [], bench.Variant.step
@@ -76,6 +78,7 @@ def test_bench_times_each_norm_module_alone(capsys):
     assert rows[0][2] == "1.00"
 
 
+@pytest.mark.slow
 def test_bench_presets_with_an_explicit_override(capsys):
     assert bench.main(["--variants", "presets", "--rounds", "1", "--steps=1", *TINY, "--activation=geglu"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -182,6 +185,7 @@ def test_bench_baseline_times_nanonorm_against_the_plain_gpt(capsys):
     assert [row[0] for row in rows] == [bench.PLAIN, "nanonorm defaults"]
 
 
+@pytest.mark.slow
 def test_bench_float16_steps_scale_the_loss_as_train_does(monkeypatch, capsys):
     """Under float16 every timed step (and each variant's warm-up step) goes through an enabled GradScaler, as
     train.py's do: the loss scaled before backward, the optimizer stepped by the scaler (which skips on inf)."""
@@ -216,11 +220,14 @@ def test_layernorm_through_a_function_is_layernorm(affine):
         torch.testing.assert_close(b, a, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_bench_swaps_every_layernorm_for_the_function_and_the_step_dispatches_the_same_ops(capsys):
     shape = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--vocab_size=64"]
     configs, *_ = bench.parse(["--variants=function", *shape])
-    models = [bench.Variant(cfg, train.TrainConfig(), "cpu", torch.float32, name).model for name, cfg in configs.items()]
-    native, through_function = ([type(m) for m in model.modules() if isinstance(m, norms.LayerNorm)] for model in models)
+    models = [bench.Variant(cfg, train.TrainConfig(), "cpu", torch.float32, name).model
+              for name, cfg in configs.items()]
+    native, through_function = ([type(m) for m in model.modules() if isinstance(m, norms.LayerNorm)]
+                                for model in models)
     assert native == [norms.LayerNorm] * 3 and through_function == [bench.FunctionLayerNorm] * 3  # two per block, final
     assert training_step_ops(models[0]) == training_step_ops(models[1])
     assert bench.main(["--variants=function", "--rounds=1", "--steps=1", *TINY]) == 0
@@ -234,6 +241,7 @@ def test_guard_flags_every_norm_above_1_05x_of_layernorm():
     assert bench.guard_verdict({"norm=layernorm": 1.0, "norm=rmsnorm": 0.98}).endswith("all within")
 
 
+@pytest.mark.slow
 def test_bench_gives_the_guards_verdict_for_compiled_norms_only(monkeypatch, capsys):
     """--variants=norms --compile=True ends with the guard's line; eager runs and other groups have none. Compiling
     eight models takes minutes, so torch.compile is the identity here: this checks the mode, not the compiler."""

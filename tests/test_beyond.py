@@ -17,15 +17,15 @@ from engine import config_checks, runtime
 import train
 from diagnostics.probe_points import probe_points
 from model import GPT, GPTConfig, PRESETS, softcap, subln_gain
-from test_model import one_thread  # noqa: F401 (an autouse fixture: tiny models run on one thread)
+from conftest import ROOT, TINY_CONFIG
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
-TINY = dict(n_layer=2, n_embd=32, n_head=4, block_size=16, vocab_size=64)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def build(seed=0, **kw):
     torch.manual_seed(seed)
-    return GPT(GPTConfig(**{**TINY, **kw})).double()
+    return GPT(GPTConfig(**{**TINY_CONFIG, **kw})).double()
 
 
 def tokens(B=3, T=16, V=64, seed=1):
@@ -175,7 +175,7 @@ def test_mix_ln_is_post_ln_in_the_first_round_alpha_l_layers_then_pre_ln():
     assert model.final_norm is not None  # the last layers are pre-LN
     # the default ratio 0.25, rounded half up: 10 layers -> 3 Post-LN (Python's round would give 2), 4 -> 1, 1 -> 0
     for n_layer, posts in ((10, 3), (4, 1), (1, 0)):
-        layouts = [b.layout for b in GPT(GPTConfig(**{**TINY, "n_layer": n_layer, "layout": "mix"})).blocks]
+        layouts = [b.layout for b in GPT(GPTConfig(**{**TINY_CONFIG, "n_layer": n_layer, "layout": "mix"})).blocks]
         assert layouts == ["post"] * posts + ["pre"] * (n_layer - posts)
 
 
@@ -285,11 +285,12 @@ def test_dyt_preset_learns_its_embedding_scale():
     assert model.embed_gain.item() == pytest.approx(math.sqrt(32), rel=1e-7)  # drawn in float32
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["peri_ln", "mix_ln", "lns", "olmo2", "magneto", "dyt", "gemma2"])
 def test_new_presets_compile_to_one_graph_that_matches_eager(preset):
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**{**TINY, **PRESETS[preset]}))
+    model = GPT(GPTConfig(**{**TINY_CONFIG, **PRESETS[preset]}))
     idx = tokens()
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(compiled(idx)[0], model(idx)[0], rtol=1e-5, atol=1e-5)
@@ -299,7 +300,7 @@ def test_new_presets_compile_to_one_graph_that_matches_eager(preset):
 
 def test_coord_check_gives_the_mean_abs_a_direct_computation_gives():
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**TINY)).double()
+    model = GPT(GPTConfig(**TINY_CONFIG)).double()
     twin = copy.deepcopy(model)
     batches = [(tokens(seed=s), tokens(seed=s + 10)) for s in range(3)]
     rows = coord_check.coord_check(model, batches, lr=0.01)
@@ -322,10 +323,11 @@ def test_coord_check_gives_the_mean_abs_a_direct_computation_gives():
         optimizer.step()
 
 
+@pytest.mark.slow
 def test_coord_check_command_writes_png_and_numbers(tmp_path):
     out = tmp_path / "cc.png"
     argv = ["--widths=16,32", "--head_dim=8", "--steps=1", "--n_layer=1", "--batch_size=2",
-            f"--data_dir={os.path.join(HERE, 'data')}", f"--out={out}"]
+            f"--data_dir={os.path.join(ROOT, 'data')}", f"--out={out}"]
     assert coord_check.main(argv) == 0
     assert out.stat().st_size > 0 and (tmp_path / "cc.json").stat().st_size > 0
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig, PRESETS
-from test_model import one_thread  # noqa: F401 (an autouse fixture: tiny models run on one thread)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def build(preset, seed=0, **overrides):

@@ -19,9 +19,9 @@ import tiktoken
 import torch
 
 import data
+from conftest import ROOT
 
-HERE = Path(__file__).resolve().parent.parent  # the repository root
-SHARED_TIKTOKEN = HERE.parent / "shared" / "tiktoken"
+SHARED_TIKTOKEN = Path(ROOT).parent / "shared" / "tiktoken"
 TEXT = "Héllo, wörld — 日本語 🙂\n\tdef f(x):\n    return x ** 2  # <|endoftext|> stays plain text\r\n"
 
 
@@ -195,7 +195,7 @@ def test_concurrent_prepare_tokenizes_once(tmp_path):
     log = tmp_path / "encoded.log"
     procs = [subprocess.Popen([sys.executable, "-c", RACE, str(tmp_path / "ready"), str(i), str(log),
                                str(tmp_path / "corpus.txt"), str(tmp_path / "data")],
-                              cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     assert len(log.read_text().splitlines()) == 1  # one process tokenized, the other waited and found it
@@ -295,12 +295,13 @@ def test_ctrl_c_during_preparation_leaves_no_folder_and_no_temporary_file(tmp_pa
     assert data.load_meta(folder)["train_tokens"] == len(src.read_bytes()) * 9 // 10
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_data_py_is_one_line(tmp_path):
     """A real SIGINT to python data.py while it tokenizes: no traceback, exit code 130, nothing prepared. The child
     gets SIGINT's default action back: a suite started in the background by a shell without job control ignores
     SIGINT, and its children would inherit that (Python then never raises KeyboardInterrupt)."""
     (tmp_path / "big.txt").write_bytes(b"a corpus that takes GPT-2's BPE some seconds to tokenize\n" * 400_000)
-    process = subprocess.Popen([sys.executable, str(HERE / "data.py"), "--dataset=big.txt", "--tokenizer=gpt2",
+    process = subprocess.Popen([sys.executable, os.path.join(ROOT, "data.py"), "--dataset=big.txt", "--tokenizer=gpt2",
                                 "--data_dir=data"], cwd=tmp_path, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "TIKTOKEN_CACHE_DIR": os.environ.get("TIKTOKEN_CACHE_DIR",
                                                                                        str(SHARED_TIKTOKEN))},
@@ -337,7 +338,7 @@ def test_sigterm_or_sighup_while_preparing_data_is_one_line_and_removes_the_tmp(
     if script == "train":
         args.append("--out_dir=" + str(tmp_path / "out"))
     done = subprocess.run([sys.executable, "-c", SIGNAL_MID_WRITE.format(signal=sig.name, script=script), *args],
-                          cwd=HERE, capture_output=True, text=True, timeout=120)
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     stage = " before training began; prepared data is complete or absent" if script == "train" else \
         "; nothing was prepared (a prepared folder is complete or absent)"
     assert (done.returncode, done.stderr) == (128 + sig, f"{script}.py: stopped by {sig.name}{stage}\n")
@@ -495,7 +496,7 @@ def test_check_length():
 
 
 def run_cli(tmp_path, *args):
-    return subprocess.run([sys.executable, str(HERE / "data.py"), *args, f"--data_dir={tmp_path / 'data'}"],
+    return subprocess.run([sys.executable, os.path.join(ROOT, "data.py"), *args, f"--data_dir={tmp_path / 'data'}"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
 
 

@@ -1,6 +1,6 @@
 """Bad input to data.py and bench.py, each run as a real process: exit code 2, one line on stderr, no traceback,
 and every file under the working folder (data_dir included) exactly as it was. train.py's table is in
-test_errors_train.py."""
+test_train_errors.py."""
 
 import json
 import os
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import data
+from conftest import ROOT
 
-HERE = Path(__file__).resolve().parent.parent  # the repository root
 # a model no machine can hold: a bench case that gets past the check it names is refused by the memory check instead
 HUGE = ["--vocab_size=2000000000", "--n_embd=1000000"]
 MODULES = {"bench.py": "lab.bench"}  # the lab's commands run as modules from the root
@@ -26,9 +26,10 @@ def snapshot(root):
 
 def run(tmp_path, script, args):
     before = snapshot(tmp_path)
-    command = [sys.executable, "-m", MODULES[script]] if script in MODULES else [sys.executable, str(HERE / script)]
+    path = os.path.join(ROOT, script)
+    command = [sys.executable, "-m", MODULES[script]] if script in MODULES else [sys.executable, path]
     r = subprocess.run([*command, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": str(HERE)})
+                       env={**os.environ, "PYTHONPATH": ROOT})
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     assert r.stderr.startswith(f"{script}: ") and r.stderr.count("\n") == 1, r.stderr
     assert "Traceback" not in r.stderr and r.stdout == ""
@@ -126,6 +127,7 @@ def test_damaged_prepared_dataset(corpora, damage, says):
     assert says in err and "damaged" in err and str(folder.relative_to(corpora)) in err, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, says", [
     (["--variants=everything"], "--variants=everything is not allowed; choose one of norms"),
     (["--variants="], "--variants= is not allowed"),
@@ -146,7 +148,8 @@ def test_bench_bad_input(tmp_path, args, says):
     assert says in run(tmp_path, "bench.py", [*HUGE, *args])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["sweep.py", "plot.py"])
 def test_sweep_and_plot_help(script):
-    done = subprocess.run([sys.executable, os.path.join(HERE, script), "--help"], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, os.path.join(ROOT, script), "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "--out" in done.stdout and not done.stderr

@@ -13,8 +13,8 @@ from engine import flags
 import plot
 import sweep
 import train
+from conftest import ROOT
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 SCRIPTS = ("train.py", "data.py", "sweep.py", "plot.py", "lab/bench.py", "sample.py")
 
 
@@ -117,7 +117,7 @@ def test_the_first_class_owns_a_shared_name():
 def test_there_is_one_usage_error():
     assert train.flags.UsageError is data.UsageError is sweep.UsageError is plot.UsageError is bench.UsageError
     for script in SCRIPTS:
-        with open(os.path.join(HERE, script)) as f:
+        with open(os.path.join(ROOT, script)) as f:
             tree = ast.parse(f.read())
         classes = [node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
         assert "UsageError" not in classes, f"{script} defines a UsageError of its own"

@@ -5,28 +5,18 @@ where no op crossed 65504, the op whose max |x| grew the most over the last step
 
 import json
 import math
-import random
 
 import pytest
 import torch
 
 import model
 import train
+from conftest import run_train, tiny
 
-TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4", "--eval_iters=1",
-        "--log_interval=1", "--warmup_iters=0", "--lr=3e-3", "--grad_accum=1", "--max_iters=6", "--eval_interval=3",
-        "--dtype=float32", "--device=cpu"]
+TINY = tiny(block_size=16, eval_iters=1, warmup_iters=0, grad_accum=1, max_iters=6, eval_interval=3,
+            dtype="float32", device="cpu")
 PLANTED_STEP = 4  # the step (0-based, as the diverged event counts) whose forward pass plants the value
 LAST_STEP = 12  # Grow: the loss bound ends the run here, after GROWTH_WINDOW = 10 steps of growth and more
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    rng = random.Random(2)
-    words = ["layer", "norm", "overflow", "float", "half", "range", "ramp", "head"]
-    path = tmp_path_factory.mktemp("corpus") / "words.txt"
-    path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(10)) for _ in range(300)))
-    return str(path)
 
 
 class Plant:
@@ -85,8 +75,7 @@ def train_planted(corpus, tmp_path, monkeypatch, hooks, flags):
         return gpt
 
     monkeypatch.setattr(train, "GPT", planted_gpt)
-    code = train.main([f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'out'}",
-                       *TINY, *flags])
+    code = run_train(corpus, tmp_path / "data", tmp_path / "out", *TINY, *flags)
     with open(tmp_path / "out" / "log.jsonl") as f:
         diverged = [e for e in map(json.loads, f) if e["event"] == "diverged"]
     return code, diverged
@@ -106,6 +95,7 @@ def run_grown(corpus, tmp_path, monkeypatch, *flags):
     return code, diverged, grow
 
 
+@pytest.mark.slow
 def test_stops_at_the_planted_step_and_names_its_op(corpus, tmp_path, monkeypatch, capsys):
     code, [event], plant = run(corpus, tmp_path, monkeypatch, 70000.0, "--fp16_overflow_fails=True")
     assert code == 3 and event["step"] == PLANTED_STEP and event["steps_survived"] == PLANTED_STEP
@@ -119,12 +109,14 @@ def test_stops_at_the_planted_step_and_names_its_op(corpus, tmp_path, monkeypatc
     assert f"diverged at step {PLANTED_STEP}" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_non_finite_output_fails_too(corpus, tmp_path, monkeypatch):
     code, [event], _ = run(corpus, tmp_path, monkeypatch, float("nan"), "--fp16_overflow_fails=True")
     assert code == 3 and event["step"] == PLANTED_STEP and event["criterion"] == "fp16 overflow"
     assert event["failed_op"]["op"] == "fc1" and event["failed_op"]["max_abs"] == float("inf")
 
 
+@pytest.mark.slow
 def test_without_the_flag_the_run_does_not_stop_for_it(corpus, tmp_path, monkeypatch):
     code, diverged, plant = run(corpus, tmp_path, monkeypatch, 70000.0)
     assert code == 0 and diverged == [] and plant.calls == 6
@@ -139,13 +131,13 @@ def test_other_rules_name_their_criterion(corpus, tmp_path, monkeypatch):
 
 def test_refused_with_compile(corpus, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(train, "GPT", model.GPT)
-    code = train.main([f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'out'}",
-                       *TINY, "--fp16_overflow_fails=True", "--compile=True"])
+    code = run_train(corpus, tmp_path / "data", tmp_path / "out", *TINY, "--fp16_overflow_fails=True", "--compile=True")
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err == ["train.py: --fp16_overflow_fails needs --compile=False: its forward hooks see "
                                  "nothing inside torch.compile"]
 
 
+@pytest.mark.slow
 def test_names_the_op_that_grew_the_most_when_none_crossed(corpus, tmp_path, monkeypatch, capsys):
     code, [event], grow = run_grown(corpus, tmp_path, monkeypatch, "--fp16_overflow_fails=True")
     assert code == 3 and event["step"] == LAST_STEP and event["criterion"] == "loss bound"
@@ -160,6 +152,7 @@ def test_names_the_op_that_grew_the_most_when_none_crossed(corpus, tmp_path, mon
     assert "grew the most over the last 9 steps: fc1 at layer 1 (max |x| 80 -> 4.1e+04, x512)" in out
 
 
+@pytest.mark.slow
 def test_without_the_flag_nothing_grew_most(corpus, tmp_path, monkeypatch, capsys):
     code, [event], _ = run_grown(corpus, tmp_path, monkeypatch)
     assert code == 3 and event["step"] == LAST_STEP and event["criterion"] == "loss bound"

@@ -3,9 +3,7 @@ spike monitor, telemetry, z-loss, sequence-length warmup), end to end on a tiny 
 against a quantity computed here independently (from checkpoints, .grad, an explicit q@k, a formula)."""
 
 import json
-import math
 import os
-import random
 
 import pytest
 import torch
@@ -15,23 +13,13 @@ import data
 import model
 from diagnostics import probes
 import train
+from conftest import run_train, tiny
 
-TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4", "--eval_iters=1",
-        "--log_interval=1", "--warmup_iters=0", "--lr=3e-3"]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    rng = random.Random(1)
-    words = ["psi", "nu", "gamma", "ramp", "spike", "overflow", "head", "residual"]
-    path = tmp_path_factory.mktemp("corpus") / "words.txt"
-    path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(10)) for _ in range(300)))
-    return str(path)
+TINY = tiny(block_size=16, eval_iters=1, warmup_iters=0)
 
 
 def run(corpus, tmp_path, *flags, out="out"):
-    return train.main([f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / out}",
-                       *TINY, *flags])
+    return run_train(corpus, tmp_path / "data", tmp_path / out, *TINY, *flags)
 
 
 def events(out_dir, kind=None):
@@ -57,6 +45,7 @@ def test_loss_bound_stops_before_the_first_update(corpus, tmp_path, capsys):
     assert capsys.readouterr().out.count("diverged at step 2") == 1
 
 
+@pytest.mark.slow
 def test_gap_rule_and_default_bound_come_from_the_run(corpus, tmp_path):
     """A loss that rises: the ramp to an absurd LR without clipping, in float32, stops with the gap rule
     or the default bound (first loss + 1), never running to max_iters."""
@@ -153,6 +142,7 @@ def test_telemetry_equals_direct_computation(corpus, tmp_path):
     assert (0, "q@k", "forward") in ops and (1, "fc2", "backward") in ops
 
 
+@pytest.mark.slow
 def test_instruments_leave_training_unchanged(corpus, tmp_path):
     """Hooked passes restore weights, buffers, gradients and the RNG: dropout and PowerNorm still train
     exactly as without them."""
@@ -164,6 +154,7 @@ def test_instruments_leave_training_unchanged(corpus, tmp_path):
     assert all(torch.equal(plain[k], probed[k]) for k in plain)
 
 
+@pytest.mark.slow
 def test_skip_spikes_skips_the_flagged_steps_and_resumes_exactly(corpus, tmp_path):
     flags = ["--eval_interval=1", "--keep_checkpoints=20", "--spike_window=3", "--spike_z=0.5", "--skip_spikes",
              "--lr_schedule=constant"]

@@ -1,6 +1,7 @@
 """Tests of model.py against the papers: every flag acts where its paper says and adds the parameters it says,
-layouts and attention are checked against the equations written out here, inits against the stds of GPT-2 §2.3, Spike No More §3 and DeepNet,
-parameter counts against NormFormer Table 2, and gradient norms at init against Spike No More Fig. 3."""
+layouts and attention are checked against the equations written out here, inits against the stds of GPT-2 §2.3,
+Spike No More §3 and DeepNet, parameter counts against NormFormer Table 2, and gradient norms at init against
+Spike No More Fig. 3."""
 
 import math
 import os
@@ -14,24 +15,15 @@ from lab import bench
 import norms
 from diagnostics.probe_points import op_label, probe_points, weight_splits
 from model import GPT, GPTConfig, PER_TOKEN_NORMS, PRESETS, flops_per_token, norm
+from conftest import TINY_CONFIG
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # these models are tiny: a second intra-op thread only adds synchronization, and on a busy 2-core
-    # machine it made 30 training steps take 2-17 s instead of 0.3 s
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-TINY = dict(n_layer=2, n_embd=32, n_head=4, block_size=16, vocab_size=64)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def build(seed=0, dtype=torch.float64, **kw):
     torch.manual_seed(seed)
-    return GPT(GPTConfig(**{**TINY, **kw})).to(dtype)
+    return GPT(GPTConfig(**{**TINY_CONFIG, **kw})).to(dtype)
 
 
 def tokens(B=3, T=16, V=64, seed=1):
@@ -67,7 +59,7 @@ def test_every_norm_slot_uses_the_chosen_norm(kind):
     norm_classes = tuple(type(norms.make_norm(k, 8)) for k in norms.NORMS)
     model = build(norm=kind, **ALL_SLOTS)
     slots = [m for m in model.modules() if isinstance(m, norm_classes)]
-    assert len(slots) == 8 * TINY["n_layer"] + 2
+    assert len(slots) == 8 * TINY_CONFIG["n_layer"] + 2
     assert all(type(m) is chosen for m in slots)
 
 def test_forward_logits_shape_and_initial_loss_is_ln_vocab():
@@ -82,7 +74,7 @@ def test_forward_logits_shape_and_initial_loss_is_ln_vocab():
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_builds_on_meta_device(preset):
-    cfg = GPTConfig(**{**TINY, **PRESETS[preset]})
+    cfg = GPTConfig(**{**TINY_CONFIG, **PRESETS[preset]})
     with torch.device("meta"):
         model = GPT(cfg)
     assert all(p.is_meta for p in model.parameters())
@@ -131,7 +123,7 @@ def test_flops_per_token_is_nanogpts_estimate_at_gpt2_small(pos):
 
 # 3. every flag acts on the forward and adds exactly the parameters its paper says
 
-d, N, H, T, V = TINY["n_embd"], TINY["n_layer"], TINY["n_head"], TINY["block_size"], TINY["vocab_size"]
+d, N, H, T, V = (TINY_CONFIG[k] for k in ("n_embd", "n_layer", "n_head", "block_size", "vocab_size"))
 FLAG_PARAMS = [  # (flags, parameters added, does the forward change for the same weights)
     (dict(scale_heads=True), N * H, True),
     (dict(scale_attn=True), N * 2 * d, True),
@@ -548,7 +540,7 @@ def test_spike_no_more_gradients_explode_toward_shallow_layers_only_in_vanilla()
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_preset_overfits_a_fixed_batch(preset):
     # at the tiny size: a context preset's own depth (dn_postln: 6 Post-LN layers) is what its recipe tests
-    model = build(dtype=torch.float32, **{**PRESETS[preset], **TINY})
+    model = build(dtype=torch.float32, **{**PRESETS[preset], **TINY_CONFIG})
     idx, targets = tokens(B=4, T=8), tokens(B=4, T=8, seed=2)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
@@ -571,6 +563,7 @@ BACKENDS = ["aot_eager", pytest.param("inductor", marks=pytest.mark.skipif(
     not os.environ.get("NANONORM_INDUCTOR"), reason="slow on CPU; set NANONORM_INDUCTOR=1"))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("flags", [PRESETS["normformer"], dict(activation="geglu", qkv_norm=True, attn_impl="manual")],
                          ids=["normformer", "geglu_qkv_norm_manual"])
@@ -626,8 +619,8 @@ def test_qk_norm_adds_two_norms_over_head_dim_per_layer(kind, affine, per_norm):
 
 # 14. probe points: the papers' operation names, for hooks (NormFormer Table 3)
 
-PAPER_OPS = ["embed", "attn_ln", "q", "k", "v", "q@k", "probs@v", "attn_sub_ln", "out_proj", "attn_out_ln", "resid_attn",
-             "ffn_ln",
+PAPER_OPS = ["embed", "attn_ln", "q", "k", "v", "q@k", "probs@v", "attn_sub_ln", "out_proj", "attn_out_ln",
+             "resid_attn", "ffn_ln",
              "fc1", "act", "ffn_hidden_ln", "fc2", "ffn_out_ln", "resid_ffn", "final_ln", "logits"]
 PROBE_CONFIGS = [{**PRESETS[p], "attn_impl": impl} for p in sorted(PRESETS) for impl in ("sdpa", "manual")] + [
     dict(qk_norm=True), dict(qkv_norm=True), dict(qkv_norm=True, qk_norm=True, attn_impl="manual"),
@@ -894,7 +887,7 @@ def test_generate_appends_tokens_of_the_vocabulary_in_eval_mode(flags):
     torch.manual_seed(0)
     out = model.generate(prompt, max_new_tokens=20)
     assert out.shape == (2, 25) and out.dtype == torch.long and torch.equal(out[:, :5], prompt)
-    assert 0 <= out.min() and out.max() < TINY["vocab_size"]
+    assert 0 <= out.min() and out.max() < TINY_CONFIG["vocab_size"]
     assert model.training
     for k, b in model.named_buffers():
         torch.testing.assert_close(b, buffers[k], rtol=0, atol=0, msg=k)

@@ -7,8 +7,6 @@ import math
 import os
 import random
 
-import matplotlib.image
-import numpy as np
 import pytest
 
 import lab.claims
@@ -17,7 +15,7 @@ import plot
 from lab import recipes
 import sweep
 import train
-from test_sweep import TINY, corpus  # noqa: F401 (corpus is a fixture)
+from conftest import SWEEP_TINY, check_png
 
 INSTRUMENTED = {"telemetry_interval", "fp16_headroom_interval"} <= set(train.TrainConfig.__dataclass_fields__)
 TELEMETRY_PLOTS = ("grad_norms", "gains", "attn_logits", "powernorm", "headroom")
@@ -53,14 +51,6 @@ def headroom(step):
     return {"event": "headroom", "step": step, "ops": ops, "fp16_max": 65504.0}
 
 
-def check_png(path):
-    with open(path, "rb") as f:
-        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    pixels = matplotlib.image.imread(path)
-    assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100 and pixels.shape[2] in (3, 4)
-    assert float(np.std(pixels[..., :3])) > 0
-
-
 @pytest.fixture(scope="module")
 def tiny_sweep(corpus, tmp_path_factory):
     """A real 2 variants x 2 LRs sweep layout (train.py in this process), then summarized by sweep.py.
@@ -68,7 +58,7 @@ def tiny_sweep(corpus, tmp_path_factory):
     log.jsonl schema."""
     root = tmp_path_factory.mktemp("plots")
     args = sweep.parse_args(["--variants=baseline,norm=rmsnorm", "--lrs=1e-2,1e-1", f"--out_dir={root / 'sweep'}",
-                             f"--dataset={corpus}", f"--data_dir={root / 'data'}", *TINY])
+                             f"--dataset={corpus}", f"--data_dir={root / 'data'}", *SWEEP_TINY])
     runs = sweep.grid(args)
     for run in runs:
         os.makedirs(os.path.dirname(run.dir), exist_ok=True)
@@ -84,6 +74,7 @@ def tiny_sweep(corpus, tmp_path_factory):
     return root, runs
 
 
+@pytest.mark.slow
 def test_every_plot_is_a_png_with_content(tiny_sweep, capsys):
     root, runs = tiny_sweep
     assert plot.main([str(root / "sweep"), f"--out={root / 'png'}"]) == 0
@@ -96,6 +87,7 @@ def test_every_plot_is_a_png_with_content(tiny_sweep, capsys):
     assert f"{os.path.relpath(runs[0].dir, root / 'sweep')}: per-layer plots skipped" in printed
 
 
+@pytest.mark.slow
 def test_run_folders_overlaid(tiny_sweep):
     root, runs = tiny_sweep
     assert plot.main([runs[0].dir, runs[3].dir, f"--out={root / 'two'}"]) == 0
@@ -103,10 +95,11 @@ def test_run_folders_overlaid(tiny_sweep):
     check_png(root / "two" / "loss.png")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not INSTRUMENTED, reason="train.py has no --telemetry_interval/--fp16_headroom_interval yet")
 def test_telemetry_plots_from_a_real_instrumented_run(corpus, tmp_path):
     assert train.main([f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'run'}",
-                       *TINY, "--norm=powernorm", "--attn_impl=manual", "--telemetry_interval=2",
+                       *SWEEP_TINY, "--norm=powernorm", "--attn_impl=manual", "--telemetry_interval=2",
                        "--fp16_headroom_interval=2"]) == 0
     assert plot.main([str(tmp_path / "run"), f"--out={tmp_path / 'png'}"]) == 0
     for kind in TELEMETRY_PLOTS:

@@ -18,8 +18,7 @@ from lab import recipes
 import sweep
 import train
 from model import PRESETS
-from test_plot import check_png
-from test_sweep import TINY, corpus  # noqa: F401 (corpus is a fixture)
+from conftest import SWEEP_TINY, check_png
 
 
 @pytest.mark.parametrize("values, reference, better, expect, verdict, observed", [
@@ -116,7 +115,7 @@ def tiny_experiments(corpus, tmp_path_factory):  # noqa: F811 (the fixture impor
     """Four tiny recipes run for real (train.py in this process, a few steps a run, seeds 3 and 4), summarized by
     sweep.py as `python sweep.py --recipe=NAME` does: a ramp, an LR curve, a depth and a gradient-ratio recipe."""
     root = tmp_path_factory.mktemp("experiments")
-    common = [*TINY, f"--dataset={corpus}", f"--data_dir={root / 'data'}"]
+    common = [*SWEEP_TINY, f"--dataset={corpus}", f"--data_dir={root / 'data'}"]
     depths = ["baseline+n_layer=1", "norm=rmsnorm+n_layer=1", "baseline+n_layer=2", "norm=rmsnorm+n_layer=2"]
     tiny = {
         "tiny_ramp": tiny_recipe("ramp", "ramp", ["baseline", "norm=rmsnorm"], [*common, "--attn_impl=manual"],
@@ -171,6 +170,7 @@ def test_a_recipes_summary_records_its_design_and_claims_from_the_runs(tiny_expe
     assert claim["p"] in (0.5, 1.0) and claim["verdict"].startswith("not detected") and claim["mde"] == math.inf
 
 
+@pytest.mark.slow
 def test_results_page_from_a_tiny_real_sweep(tiny_experiments, capsys):
     root = tiny_experiments
     # summarizing again with nothing run (the command re-run on a finished sweep) keeps the runs' time and machine

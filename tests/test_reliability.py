@@ -19,22 +19,14 @@ import pytest
 import torch
 
 import data
-from engine import run_folder
-from engine import files
-from engine import flags
 import model
-from engine import runtime
-import data
 import train
-from test_resume import PAUSED_TRAIN, corpus  # noqa: F401 (corpus: a fixture, the same tiny corpus)
-
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
-TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
-        "--log_interval=1", "--warmup_iters=2", "--lr=3e-3"]
+from engine import files, flags, run_folder, runtime
+from conftest import PAUSED_TRAIN, ROOT, TINY, FailingWrites, prepared, torchrun, train_argv, train_process
 
 
 def flags_of(corpus, out, *more):
-    return [f"--dataset={corpus}", f"--data_dir={os.path.dirname(corpus)}/data", f"--out_dir={out}", *TINY, *more]
+    return train_argv(corpus, prepared(corpus), out, *TINY, *more)
 
 
 def events(out):
@@ -57,7 +49,7 @@ def one_line(err, *pieces):
 
 def start(args, **env):
     return subprocess.Popen([sys.executable, "train.py", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, cwd=HERE, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+                            text=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
 
 
 def wait_for(process, printed):
@@ -70,19 +62,19 @@ def wait_for(process, printed):
 
 # One run per out_dir
 
+@pytest.mark.slow
 def test_a_held_out_dir_refuses_a_second_run_and_a_killed_holder_releases_it(corpus, tmp_path):
     out = tmp_path / "out"
     run = flags_of(corpus, out, "--max_iters=6", "--eval_interval=2")
     # paused (asleep) inside step 3, after the step-2 checkpoint
     holder = subprocess.Popen([sys.executable, "-c", PAUSED_TRAIN, "step@3", *run], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, cwd=HERE, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                              stderr=subprocess.STDOUT, text=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         wait_for(holder, "paused at step@3")
         assert files.held_by(out) == f"PID {holder.pid} on {socket.gethostname()}"
         before = contents(out)
         for extra in (["--resume"], [], ["--overwrite"]):
-            second = subprocess.run([sys.executable, "train.py", *run, *extra], capture_output=True, text=True,
-                                    cwd=HERE, timeout=120)
+            second = train_process(*run, *extra, timeout=120)
             assert second.returncode == 2, second
             one_line(second.stderr, f"--out_dir={out} is in use by a run (PID {holder.pid} on "
                                     f"{socket.gethostname()})")
@@ -106,38 +98,6 @@ def test_claim_and_held_by_in_one_process(tmp_path):
 
 
 # Disk full or read-only, at every write site
-
-class FailingWrites:
-    """Writes to the files whose names start with `name` fail with `code`, after `after` that succeed (builtins.open
-    and os.open, with a mode or flags that write). name None: every write under `under` once `once` exists."""
-
-    def __init__(self, monkeypatch, code, name=None, after=0, under=None, once=None):
-        self.code, self.name, self.after, self.under, self.once, self.count = code, name, after, under, once, 0
-        self.open, self.os_open = builtins.open, os.open
-        monkeypatch.setattr(builtins, "open", self.patched_open)
-        monkeypatch.setattr(os, "open", self.patched_os_open)
-
-    def check(self, path):
-        path = str(path)
-        if self.name is not None:
-            hit = os.path.basename(path).startswith(self.name)
-        else:
-            hit = path.startswith(str(self.under)) and os.path.exists(self.once)
-        if hit:
-            self.count += 1
-            if self.count > self.after:
-                raise OSError(self.code, os.strerror(self.code), path)
-
-    def patched_open(self, file, mode="r", *args, **kwargs):
-        if isinstance(file, (str, os.PathLike)) and any(c in mode for c in "wax+"):
-            self.check(file)
-        return self.open(file, mode, *args, **kwargs)
-
-    def patched_os_open(self, path, flags, *args, **kwargs):
-        if flags & (os.O_WRONLY | os.O_RDWR):
-            self.check(path)
-        return self.os_open(path, flags, *args, **kwargs)
-
 
 class FillingDisk(io.FileIO):
     """A file on a disk that fills up after `budget` more bytes: a write past them fails with ENOSPC (after the
@@ -231,6 +191,7 @@ def test_a_resume_on_a_full_disk_keeps_the_log_and_the_checkpoint(corpus, checkp
     assert leftovers(checkpointed) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["a log line mid-run", "read-only after a checkpoint"])
 def test_a_disk_that_fills_or_turns_read_only_mid_run_loses_nothing(corpus, checkpointed, monkeypatch, capsys,
                                                                    case):
@@ -418,8 +379,17 @@ def test_a_new_diverge_loss_given_with_resume_applies(corpus, tmp_path, capsys):
     assert [e["step"] for e in events(out) if e["event"] == "diverged"] == [5]  # steps 4, 5, 6 above it
 
 
-def test_a_new_spike_window_and_z_given_with_resume_apply(corpus, tmp_path):
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def periodic_corpus(tmp_path_factory):
+    """Lines that repeat with periods 7, 5 and 3: the resumed run below meets a spike on it (on the shared corpus
+    its loss after the resume gives none)."""
+    path = tmp_path_factory.mktemp("periodic") / "tiny.txt"
+    path.write_text("".join(f"the norm {i % 7} of layer {i % 5} scales residual {i % 3}\n" for i in range(400)))
+    return str(path)
+
+
+def test_a_new_spike_window_and_z_given_with_resume_apply(periodic_corpus, tmp_path):
+    out, corpus = tmp_path / "out", periodic_corpus
     assert train.main(flags_of(corpus, out, "--max_iters=3", "--eval_interval=3", "--spike_window=50")) == 0
     assert train.main(flags_of(corpus, out, "--resume", "--max_iters=6", "--spike_window=2", "--spike_z=1e-9",
                                "--diverge_gap=0")) == 0
@@ -430,6 +400,7 @@ def test_a_new_spike_window_and_z_given_with_resume_apply(corpus, tmp_path):
 
 # The data a run trained on
 
+@pytest.mark.slow
 def test_a_resume_from_another_folder_reads_the_runs_data_and_refuses_changed_data(tmp_path, monkeypatch, capsys):
     """Started in folder a with relative paths; resumed from folder b, which has a tiny.txt of its own: the run
     goes on with a's data (its paths were recorded absolute), and once a's tiny.txt is edited, the resume is
@@ -459,6 +430,7 @@ def test_a_resume_from_another_folder_reads_the_runs_data_and_refuses_changed_da
 
 # Stops: between eval batches, by SIGHUP; a divergence with no checkpoint; a FIFO for a checkpoint
 
+@pytest.mark.slow
 def test_ctrl_c_during_an_evaluation_stops_between_its_batches_and_resume_evaluates_again(corpus, tmp_path,
                                                                                         monkeypatch):
     whole, split = tmp_path / "whole", tmp_path / "split"
@@ -501,6 +473,7 @@ def test_a_second_ctrl_c_during_an_evaluation_is_one_line(corpus, tmp_path, monk
     assert err == "train.py: stopped at once by a second Ctrl-C; the checkpoints written so far are kept\n"
 
 
+@pytest.mark.slow
 def test_sighup_stops_a_run_with_a_checkpoint(corpus, tmp_path):
     out = tmp_path / "out"
     process = start(flags_of(corpus, out, "--max_iters=100000", "--eval_interval=1000"))
@@ -525,12 +498,12 @@ def test_a_divergence_before_the_first_checkpoint_says_there_is_none(corpus, tmp
     assert not (tmp_path / "out" / "ckpt.pt").exists()
 
 
+@pytest.mark.slow
 def test_a_fifo_in_place_of_ckpt_pt_is_refused_and_an_older_checkpoint_resumes(corpus, checkpointed):
     (checkpointed / "ckpt.pt").unlink()
     (checkpointed / "ckpt-4.pt").unlink()
     os.mkfifo(checkpointed / "ckpt.pt")
-    done = subprocess.run([sys.executable, "train.py", *flags_of(corpus, checkpointed, "--resume", "--max_iters=6")],
-                          capture_output=True, text=True, cwd=HERE, timeout=120)  # a regression hangs: timeout
+    done = train_process(*flags_of(corpus, checkpointed, "--resume", "--max_iters=6"), timeout=120)  # a hang fails
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines() == [f"train.py: note: cannot read {checkpointed / 'ckpt.pt'}: it is not a regular "
                                         "file (a FIFO, socket or device, which could block a read forever); resuming "
@@ -542,12 +515,11 @@ def test_a_fifo_in_place_of_ckpt_pt_is_refused_and_an_older_checkpoint_resumes(c
 
 @pytest.mark.parametrize("bad, says", [("--lr=0", "--lr=0.0 must be > 0"),
                                        ("--block_size=100000", "too few for --block_size=100000")])
+@pytest.mark.slow
 def test_bad_input_under_torchrun_is_one_line_from_process_0_and_exit_code_2_on_every_process(corpus, tmp_path, bad,
                                                                                               says):
     out = tmp_path / "out"
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             "train.py", *flags_of(corpus, out, bad)], capture_output=True, text=True, cwd=HERE,
-                            timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = torchrun(2, *flags_of(corpus, out, bad))
     ours = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("train.py: ")]
     assert len(ours) == 1 and says in ours[0], result.stderr
     # what torchrun itself adds when a worker exits with a code other than 0 (docs/guarantees.md): its exit code 1,
@@ -555,7 +527,7 @@ def test_bad_input_under_torchrun_is_one_line_from_process_0_and_exit_code_2_on_
     # and none as killed by a signal
     assert result.returncode == 1
     assert result.stderr.count("exitcode  : 2") == 2 and "(SIGTERM)" not in result.stderr, result.stderr
-    assert 'File "' + os.path.join(HERE, "train.py") not in result.stderr  # no traceback of a worker
+    assert 'File "' + os.path.join(ROOT, "train.py") not in result.stderr  # no traceback of a worker
     assert not out.exists()
 
 
@@ -579,16 +551,14 @@ sys.exit(train.main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_a_log_write_that_fails_mid_run_under_torchrun_is_one_line_per_process_and_no_traceback(corpus, tmp_path):
     """Process 0 cannot append a log line mid-run: it prints its one line and stops; process 1, left in the step's
     all-reduce, says in one line that another process stopped, instead of gloo's traceback."""
     script = tmp_path / "failing_log.py"
-    script.write_text(FAILING_LOG.format(here=HERE))
+    script.write_text(FAILING_LOG.format(here=ROOT))
     out = tmp_path / "out"
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             str(script), *flags_of(corpus, out, "--max_iters=20", "--eval_interval=10")],
-                            capture_output=True, text=True, cwd=HERE, timeout=300,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = torchrun(2, *flags_of(corpus, out, "--max_iters=20", "--eval_interval=10"), script=script)
     ours = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("train.py: ")]
     assert len(ours) == 2, result.stderr
     assert f"cannot write {out / 'log.jsonl'} (No space left on device)" in ours[0]

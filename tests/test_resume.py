@@ -15,21 +15,14 @@ import torch
 from engine import run_folder
 import model
 import train
+from conftest import PAUSED_TRAIN, ROOT, prepared, tiny, torchrun, train_argv
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
-TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
-        "--log_interval=1", "--warmup_iters=2", "--lr=3e-3", "--dropout=0.1"]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    path = tmp_path_factory.mktemp("corpus") / "tiny.txt"
-    path.write_text("".join(f"the norm {i % 7} of layer {i % 5} scales residual {i % 3}\n" for i in range(400)))
-    return str(path)
+TINY = tiny(dropout="0.1")
 
 
 def flags(corpus, out, *more):
-    return [f"--dataset={corpus}", f"--data_dir={os.path.dirname(corpus)}/data", f"--out_dir={out}", *TINY, *more]
+    """A tiny run in out on corpus, whose data is prepared once beside it."""
+    return train_argv(corpus, prepared(corpus), out, *TINY, *more)
 
 
 def events(out, kind=None):
@@ -209,6 +202,7 @@ def test_an_inconsistent_resume_is_one_line(corpus, checkpointed, capsys, more, 
     assert {p.name: p.read_bytes() for p in checkpointed.iterdir()} == before
 
 
+@pytest.mark.slow
 def test_a_compiled_runs_checkpoint_resumes_eagerly_and_compile_is_not_sticky(corpus, tmp_path, reference):
     """A checkpoint as a compiled nanoGPT run writes it (nanoGPT issue #325: _orig_mod. names), --compile
     recorded: the resume loads it, runs eagerly unless --compile is given, and continues exactly."""
@@ -221,6 +215,7 @@ def test_a_compiled_runs_checkpoint_resumes_eagerly_and_compile_is_not_sticky(co
     assert losses(out) == losses(reference)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("saved, resumed", [("float32", "float16"), ("float16", "float32")])
 def test_resume_in_another_dtype_is_allowed_with_a_note(corpus, tmp_path, capsys, saved, resumed):
     out = tmp_path / "out"
@@ -233,49 +228,8 @@ def test_resume_in_another_dtype_is_allowed_with_a_note(corpus, tmp_path, capsys
 
 
 def start(command, out, **env):
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=HERE,
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                             env={**os.environ, "OMP_NUM_THREADS": "1", **env})
-
-
-# train.py with pause points, run as python -c PAUSED_TRAIN <point> <flags>: at the point it prints "paused at
-# <point>" and sleeps, for a test to kill it there. step@N: step N's gradients computed, weights not yet updated;
-# eval@N: step N's eval line about to be logged; save@N: step N's checkpoint written but not yet renamed into place.
-PAUSED_TRAIN = """
-import sys, time
-import torch
-import train
-from diagnostics.instruments import Instruments
-from engine import run_folder
-
-point = sys.argv.pop(1)
-judge, log_event, save = Instruments.judge, run_folder.log_event, torch.save
-
-
-def pause(at):
-    if at == point:
-        print(f"paused at {point}", flush=True)
-        time.sleep(60)
-
-
-def judged(self, step, *args):
-    verdict = judge(self, step, *args)
-    pause(f"step@{step + 1}")
-    return verdict
-
-
-def logged(path, event):
-    pause(f"{event['event']}@{event['step']}")
-    log_event(path, event)
-
-
-def saved(state, f, *args, **kwargs):
-    save(state, f, *args, **kwargs)
-    pause(f"save@{state['step']}")
-
-
-Instruments.judge, run_folder.log_event, torch.save = judged, logged, saved
-sys.exit(train.main(sys.argv[1:]))
-"""
 
 
 def kill_when(process, printed):
@@ -289,6 +243,7 @@ def kill_when(process, printed):
     assert process.returncode == -signal.SIGKILL, process.stdout.read()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", ["step@5", "eval@6", "save@6"])
 def test_kill_9_leaves_a_loadable_checkpoint_and_resume_continues_exactly(corpus, tmp_path, reference, point):
     """Killed between a step's backward and its optimizer step, inside an eval, or inside a checkpoint write:
@@ -305,14 +260,7 @@ def test_kill_9_leaves_a_loadable_checkpoint_and_resume_continues_exactly(corpus
     assert not (out / "ckpt.pt.tmp").exists()
 
 
-def torchrun(n, *args, script="train.py"):
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", str(script),
-               *args]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=HERE, timeout=300,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    return result
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [1, 3])
 def test_the_defaults_work_under_torchrun(corpus, tmp_path, n):
     """No --grad_accum: one micro-step per process; the log states the global batch."""
@@ -325,6 +273,7 @@ def test_the_defaults_work_under_torchrun(corpus, tmp_path, n):
     assert all(4.5 < loss < 6.5 for _, loss in losses(out))  # a real step: near ln(256) = 5.55 at the start
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads by their names in /proc (Linux)")
 def test_a_finished_torchrun_process_has_torn_gloo_down_before_it_exits(corpus, tmp_path):
     """Gloo's threads still running when the interpreter exits can abort it (SIGABRT, "terminate called without an
@@ -332,7 +281,7 @@ def test_a_finished_torchrun_process_has_torn_gloo_down_before_it_exits(corpus, 
     the group: torch.distributed.nn, when first imported after init_process_group, does."""
     script = tmp_path / "then_count_threads.py"
     script.write_text(
-        f"import os, sys\nsys.path.insert(0, {HERE!r})\nimport train\n"
+        f"import os, sys\nsys.path.insert(0, {ROOT!r})\nimport train\n"
         "code = train.main(sys.argv[1:])\n"
         "names = [open(f'/proc/self/task/{task}/comm').read().strip() for task in os.listdir('/proc/self/task')]\n"
         f"open(os.path.join({str(tmp_path)!r}, 'gloo-threads-' + os.environ['RANK']), 'w')"
@@ -344,6 +293,7 @@ def test_a_finished_torchrun_process_has_torn_gloo_down_before_it_exits(corpus, 
     assert left == ["0", "0"], f"gloo threads still running after train.main returned, by rank: {left}"
 
 
+@pytest.mark.slow
 def test_exact_resume_under_torchrun_with_grad_accum_and_dropout(corpus, tmp_path):
     whole, split = tmp_path / "whole", tmp_path / "split"
     common = ["--grad_accum=2", "--eval_interval=2", "--lr_decay_iters=4"]
@@ -353,8 +303,9 @@ def test_exact_resume_under_torchrun_with_grad_accum_and_dropout(corpus, tmp_pat
     assert config["global_batch"] == {"sequences": 4 * 2 * 2, "tokens": 4 * 2 * 2 * 32}
     assert config["model"]["pn_warmup"] == 2 * 2  # warmup_iters x micro-steps per process
     refused = torchrun(3, *flags(corpus, split, "--resume", "--max_iters=4"))
-    assert refused.returncode != 0 and "train.py: --resume: the checkpoint was written by 2 processes, this run has 3; " \
-        "exact resume needs the same number" in refused.stderr
+    assert refused.returncode != 0
+    assert ("train.py: --resume: the checkpoint was written by 2 processes, this run has 3; exact resume needs the "
+            "same number") in refused.stderr
     assert torchrun(2, *flags(corpus, split, "--resume", "--max_iters=4")).returncode == 0
     assert losses(split) == losses(whole)
 
@@ -375,6 +326,7 @@ def worker_pids(parent):
     return pids
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("who", ["the process group", "rank 1 alone"])
 def test_ctrl_c_under_torchrun_stops_every_process_at_the_same_step(corpus, tmp_path, who):
     """Ctrl-C in a terminal signals the whole process group: torchrun, which SIGTERMs its workers, and the
@@ -383,7 +335,7 @@ def test_ctrl_c_under_torchrun_stops_every_process_at_the_same_step(corpus, tmp_
     out = tmp_path / "out"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
                *flags(corpus, out, "--max_iters=100000", "--eval_interval=1000")]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=HERE,
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                                env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
     workers = {}
     try:

@@ -11,18 +11,15 @@ import torch
 import data
 import model
 import sample
-import train
-from test_train import HERE, corpus  # noqa: F401 (a fixture)
-from test_model import one_thread  # noqa: F401 (an autouse fixture: tiny models run on one thread)
+from conftest import ROOT, run_train, tiny
 
-
-TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--block_size=32", "--batch_size=4", "--max_iters=20",
-        "--eval_interval=10", "--eval_iters=1", "--log_interval=10"]
+pytestmark = pytest.mark.usefixtures("one_thread")
+TINY = tiny(n_layer=1, eval_iters=1, log_interval=10, warmup_iters=None, lr=None, max_iters=20, eval_interval=10)
 
 
 def gpt2_ranks(monkeypatch):
     """TIKTOKEN_CACHE_DIR set to GPT-2's cached BPE ranks (as test_train.py finds them), or the test skipped."""
-    shared = os.path.join(HERE, "..", "shared", "tiktoken")
+    shared = os.path.join(ROOT, "..", "shared", "tiktoken")
     if not os.environ.get("TIKTOKEN_CACHE_DIR") and not os.path.isdir(shared):
         pytest.skip("GPT-2's BPE ranks are not available offline (set TIKTOKEN_CACHE_DIR)")
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", os.environ.get("TIKTOKEN_CACHE_DIR") or shared)
@@ -30,14 +27,13 @@ def gpt2_ranks(monkeypatch):
 
 def trained_run(corpus, folder, *flags):
     """A tiny run's out_dir, trained by train.main in this process."""
-    code = train.main([f"--dataset={corpus}", f"--data_dir={folder / 'data'}", f"--out_dir={folder / 'out'}", *TINY,
-                       *flags])
+    code = run_train(corpus, folder / "data", folder / "out", *TINY, *flags)
     assert code == 0
     return folder / "out"
 
 
 @pytest.fixture(scope="module")
-def out_dir(corpus, tmp_path_factory):  # noqa: F811 (corpus is test_train's fixture)
+def out_dir(corpus, tmp_path_factory):
     return trained_run(corpus, tmp_path_factory.mktemp("run"))
 
 
@@ -60,6 +56,7 @@ def greedy_by_hand(model, idx, steps):
     return idx
 
 
+@pytest.mark.slow
 def test_samples_continue_start_and_the_seed_fixes_them(out_dir, capsys):
     first = samples(capsys, out_dir, "--start=norm layer", "--num_samples=3", "--max_new_tokens=30", "--seed=1")
     assert len(first) == 3 and len(set(first)) == 3
@@ -78,6 +75,7 @@ def test_start_from_a_file(out_dir, capsys, tmp_path):
     assert text.startswith("gamma beta\nscale ")
 
 
+@pytest.mark.slow
 def test_top_k_1_is_greedy_decoding_past_block_size(out_dir, capsys):
     """40 new tokens after 10 with block_size 32: the context is cropped from the 23rd new token on."""
     model, tokenizer = sample.load_model(str(out_dir))
@@ -90,6 +88,7 @@ def test_top_k_1_is_greedy_decoding_past_block_size(out_dir, capsys):
     assert text == data.decode(enc, expected[0].tolist())
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's own import
 def test_a_compiled_models_checkpoint_loads(out_dir, capsys, tmp_path):
     """torch.compile wraps the model: its state_dict names every weight _orig_mod.<name> (nanoGPT issue #325)."""
@@ -103,7 +102,8 @@ def test_a_compiled_models_checkpoint_loads(out_dir, capsys, tmp_path):
     assert samples(capsys, tmp_path / "compiled", *flags) == samples(capsys, out_dir, *flags)
 
 
-def test_batch_statistic_norms_and_gpt2_tokens_sample_with_the_runs_tokenizer(corpus, tmp_path, capsys,  # noqa: F811
+@pytest.mark.slow
+def test_batch_statistic_norms_and_gpt2_tokens_sample_with_the_runs_tokenizer(corpus, tmp_path, capsys,
                                                                               monkeypatch):
     """A PowerNorm run with sinusoidal positions and the GPT-2 tokenizer (vocab padded to 50304): greedy samples
     are the argmax loop's tokens decoded with GPT-2's BPE, which the byte tokenizer would not give."""
@@ -209,13 +209,14 @@ def test_a_model_smaller_than_its_tokenizer_is_refused(out_dir, capsys, tmp_path
     assert "vocab_size=256 is smaller than its tokenizer's (gpt2, 50257)" in printed.err
 
 
+@pytest.mark.slow
 def test_a_truncated_checkpoint_from_the_shell_prints_no_traceback(out_dir, tmp_path):
     """Half of a real checkpoint, and a --start of bytes that are not UTF-8, as a shell passes them."""
     write(tmp_path / "out", (out_dir / "ckpt.pt").read_bytes()[:5000])
     for flags, expected in [([f"--out_dir={tmp_path / 'out'}"], "it is damaged or not a checkpoint"),
                             ([f"--out_dir={out_dir}", b"--start=\xff\xfe"], "--start is not valid UTF-8")]:
-        result = subprocess.run([sys.executable, os.path.join(HERE, "sample.py"), *flags], capture_output=True,
-                                cwd=HERE)
+        result = subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), *flags], capture_output=True,
+                                cwd=ROOT)
         assert result.returncode == 2 and result.stdout == b""
         (line,) = result.stderr.decode().splitlines()
         assert line.startswith("sample.py: ") and expected in line
@@ -224,7 +225,7 @@ def test_a_truncated_checkpoint_from_the_shell_prints_no_traceback(out_dir, tmp_
 def test_a_fifo_as_start_file_is_refused_unread(out_dir, tmp_path):
     os.mkfifo(tmp_path / "prompt")
     done = subprocess.run([sys.executable, "sample.py", f"--out_dir={out_dir}", f"--start=FILE:{tmp_path / 'prompt'}"],
-                          cwd=HERE, capture_output=True, text=True, timeout=60)  # a regression hangs: timeout
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)  # a regression hangs: timeout
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "is not a regular file" in done.stderr
 
 

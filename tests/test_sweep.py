@@ -4,7 +4,6 @@ import errno
 import json
 import math
 import os
-import random
 import shlex
 import signal
 import subprocess
@@ -16,23 +15,12 @@ import pytest
 
 from engine import run_folder
 from engine import files
-from test_reliability import FailingWrites
 import lab.summary
 import sweep
 import train
+from conftest import SWEEP_TINY, FailingWrites
 
-TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--block_size=16", "--batch_size=4", "--max_iters=4",
-        "--eval_interval=2", "--eval_iters=1", "--log_interval=1", "--warmup_iters=0"]
 HAS_RAMP = "ramp" in typing.get_args(train.TrainConfig.__annotations__["lr_schedule"])
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    rng = random.Random(0)
-    words = ["norm", "layer", "gamma", "beta", "residual", "attention", "spike", "loss"]
-    path = tmp_path_factory.mktemp("corpus") / "tiny.txt"
-    path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(100)))
-    return str(path)
 
 
 def test_lr_sensitivity_by_hand():
@@ -181,11 +169,12 @@ def steps_of(run_dir, kind):
     return [e["step"] for e in lab.summary.read_events(os.path.join(run_dir, "log.jsonl")) if e["event"] == kind]
 
 
+@pytest.mark.slow
 def test_skip_and_resume_a_half_finished_sweep(corpus, tmp_path, capsys):
     """One run finished, one interrupted after its step-2 checkpoint, one never started: re-running the sweep
     runs nothing twice, loses nothing, and every run ends finished."""
     common = [f"--out_dir={tmp_path / 'sweep'}", "--lrs=1e-2", "--jobs=2", f"--dataset={corpus}",
-              f"--data_dir={tmp_path / 'data'}", *TINY]
+              f"--data_dir={tmp_path / 'data'}", *SWEEP_TINY]
     args = sweep.parse_args(["--variants=baseline,norm=rmsnorm,postln", *common])
     done, interrupted, fresh = sweep.grid(args)
     os.makedirs(os.path.dirname(done.dir))
@@ -345,7 +334,7 @@ def test_an_out_dir_that_cannot_be_a_folder_is_one_line(tmp_path, capsys, make, 
 
 def two_runs(tmp_path):
     """A two-seed sweep's args and runs (nothing run yet)."""
-    argv = ["--variants=baseline", "--lrs=1e-2", "--seeds=2", f"--out_dir={tmp_path / 'sweep'}", *TINY]
+    argv = ["--variants=baseline", "--lrs=1e-2", "--seeds=2", f"--out_dir={tmp_path / 'sweep'}", *SWEEP_TINY]
     args = sweep.parse_args(argv)
     return argv, sweep.grid(args)
 
@@ -418,6 +407,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.slow
 def test_a_held_run_folder_is_left_to_its_holder_and_reported_as_running(corpus, tmp_path, capsys):
     """Another process holds one run's folder (a sweep started twice): this sweep neither starts that run nor
     counts it as failed; it runs the other one and says the first is still running."""
@@ -450,11 +440,12 @@ def events_of(run_dir):
     return lab.summary.read_events(path) if os.path.isfile(path) else []
 
 
+@pytest.mark.slow
 def test_sigterm_to_a_sweep_stops_its_runs_with_a_checkpoint_and_a_rerun_resumes(corpus, tmp_path):
     """A real SIGTERM to a real sweep.py: both train.py processes get it, write a checkpoint and exit 130, and
     sweep.py waits for them before it exits; no train.py is left running (no folder is still held)."""
     argv = ["--variants=baseline", "--lrs=1e-2,3e-3", "--jobs=2", f"--out_dir={tmp_path / 'sweep'}",
-            f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}", *TINY[:4], "--max_iters=100000",
+            f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}", *SWEEP_TINY[:4], "--max_iters=100000",
             "--eval_interval=20", "--eval_iters=1", "--log_interval=1", "--warmup_iters=0"]
     runs = sweep.grid(sweep.parse_args(argv))
     process = subprocess.Popen([sys.executable, os.path.join(sweep.HERE, "sweep.py"), *argv],

@@ -3,7 +3,6 @@
 import json
 import math
 import os
-import random
 import subprocess
 import sys
 
@@ -14,28 +13,12 @@ import model
 from engine import runtime
 import train
 from norms import NORMS
-from test_resume import torchrun
-
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
-TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
-        "--log_interval=1", "--warmup_iters=2", "--lr=3e-3"]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """About 20 KB of text from a small vocabulary: learnable structure, prepared in well under a second."""
-    rng = random.Random(0)
-    words = ["norm", "layer", "gamma", "beta", "residual", "attention", "head", "scale", "spike", "loss"]
-    text = "\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(300))
-    path = tmp_path_factory.mktemp("corpus") / "tiny.txt"
-    path.write_text(text)
-    return str(path)
+from conftest import ROOT, TINY, run_train, torchrun, train_argv, train_process
 
 
 def run(corpus, tmp_path, *flags):
     """train.main in this process; returns its exit code."""
-    return train.main([f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'out'}",
-                       *TINY, *flags])
+    return run_train(corpus, tmp_path / "data", tmp_path / "out", *TINY, *flags)
 
 
 def events(out_dir, kind):
@@ -44,7 +27,8 @@ def events(out_dir, kind):
 
 
 def test_run_writes_config_log_and_checkpoint(corpus, tmp_path):
-    assert run(corpus, tmp_path, "--max_iters=6", "--eval_interval=3", "--preset=normformer", "--scale_heads=False") == 0
+    assert run(corpus, tmp_path, "--max_iters=6", "--eval_interval=3", "--preset=normformer",
+               "--scale_heads=False") == 0
     out = tmp_path / "out"
     config = json.loads((out / "config.json").read_text())
     assert config["model"]["n_layer"] == 2 and config["train"]["max_iters"] == 6
@@ -105,7 +89,7 @@ def test_which_steps_each_progress_line_times(monkeypatch, first_step, log_inter
 
 
 def test_gpt2_tokenizer_pads_the_model_vocab(corpus, tmp_path, monkeypatch):
-    shared = os.path.join(HERE, "..", "shared", "tiktoken")
+    shared = os.path.join(ROOT, "..", "shared", "tiktoken")
     if not os.environ.get("TIKTOKEN_CACHE_DIR") and not os.path.isdir(shared):
         pytest.skip("GPT-2's BPE ranks are not available offline (set TIKTOKEN_CACHE_DIR)")
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", os.environ.get("TIKTOKEN_CACHE_DIR") or shared)
@@ -114,6 +98,7 @@ def test_gpt2_tokenizer_pads_the_model_vocab(corpus, tmp_path, monkeypatch):
     assert config["data"]["vocab_size"] == 50257 and config["model"]["vocab_size"] == 50304  # 64 * 786
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly(corpus, tmp_path):
     """Ten steps, stop, resume for ten more == twenty steps in one go (fp32 CPU; dropout on, so the RNG
     state must come back too)."""
@@ -150,6 +135,7 @@ def test_resume_refuses_to_change_the_model(corpus, tmp_path, capsys):
     assert "--n_layer differ from the checkpoint" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_mixed_precision_trains_on_cpu(corpus, tmp_path, dtype):
     assert run(corpus, tmp_path, f"--dtype={dtype}", "--max_iters=8", "--eval_interval=8") == 0
@@ -159,6 +145,7 @@ def test_mixed_precision_trains_on_cpu(corpus, tmp_path, dtype):
     assert bool(scaler) == (dtype == "float16")  # a GradScaler only for float16
 
 
+@pytest.mark.slow
 def test_a_diverged_run_keeps_the_last_good_checkpoint(corpus, tmp_path, monkeypatch, capsys):
     assert run(corpus, tmp_path, "--max_iters=4", "--eval_interval=2") == 0
     good = (tmp_path / "out" / "ckpt.pt").read_bytes()
@@ -216,15 +203,16 @@ def test_empty_corpus_and_unloadable_tokenizer(tmp_path, capsys, monkeypatch):
     assert err.count("\n") == 1 and "TIKTOKEN_CACHE_DIR" in err
 
 
+@pytest.mark.slow
 def test_bad_flag_from_the_shell_prints_no_traceback():
-    result = subprocess.run([sys.executable, os.path.join(HERE, "train.py"), "--norm=groupnorm"],
-                            capture_output=True, text=True, cwd=HERE)
+    result = train_process("--norm=groupnorm")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "train.py: --norm=groupnorm is not allowed; choose one of layernorm, rmsnorm, cogview, dyt, batchnorm, "
         "pnv, powernorm, none"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("norm", NORMS)
 def test_every_norm_trains(corpus, tmp_path, norm):
     """Every --norm value fills every norm slot and trains; PowerNorm switches out of warmup mid-run."""
@@ -233,16 +221,13 @@ def test_every_norm_trains(corpus, tmp_path, norm):
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("norm", ["batchnorm", "powernorm"])
 def test_two_process_ddp_keeps_ranks_identical(corpus, tmp_path, norm):
     """torchrun with 2 gloo processes: training proceeds, and the weights and (batch-statistic) buffers of
     both ranks agree after the steps (rank 0's running statistics win)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               os.path.join(HERE, "train.py"), f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}",
-               f"--out_dir={tmp_path / 'out'}", *TINY, f"--norm={norm}", "--grad_accum=2", "--max_iters=6",
-               "--eval_interval=3", "--pn_warmup=8"]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=HERE, env=env, timeout=300)
+    result = torchrun(2, *train_argv(corpus, tmp_path / "data", tmp_path / "out", *TINY, f"--norm={norm}",
+                                     "--grad_accum=2", "--max_iters=6", "--eval_interval=3", "--pn_warmup=8"))
     assert result.returncode == 0, result.stderr[-2000:]
     evals = events(tmp_path / "out", "eval")
     assert [e["step"] for e in evals] == [0, 3, 6]
@@ -269,12 +254,13 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_rank_spread_sees_one_rank_drift(tmp_path):
     """rank_spread is 0 in every DDP eval above; here rank 1's weights differ by 0.5 in one entry, and both ranks
     report it."""
     script = tmp_path / "drift.py"
     script.write_text(DRIFTED_RANK)
-    result = torchrun(2, str(tmp_path / "spread"), HERE, script=script)
+    result = torchrun(2, str(tmp_path / "spread"), ROOT, script=script)
     assert result.returncode == 0, result.stderr[-2000:]
     assert [float((tmp_path / f"spread{rank}").read_text()) for rank in (0, 1)] == [0.5, 0.5]
 
@@ -291,7 +277,8 @@ def test_ddp_processes_share_the_gpus_when_there_are_fewer(monkeypatch, device_t
 
 
 @pytest.mark.parametrize("name, flag, expected", [
-    ("NVIDIA H100 80GB HBM3", None, 989e12), ("NVIDIA H100 PCIe", None, 756e12), ("NVIDIA A100-SXM4-40GB", None, 312e12),
+    ("NVIDIA H100 80GB HBM3", None, 989e12), ("NVIDIA H100 PCIe", None, 756e12),
+    ("NVIDIA A100-SXM4-40GB", None, 312e12),
     ("NVIDIA H200", None, 989e12), ("NVIDIA H100 NVL", None, 835e12), ("NVIDIA L40", None, 181e12),
     ("NVIDIA L40S", None, 362e12), ("NVIDIA L4", None, 121e12), ("NVIDIA GH200 480GB", None, 989e12),
     ("Some Future GPU", None, None), ("Some Future GPU", 500.0, 500e12),
@@ -343,10 +330,11 @@ def faults_per_training_step(setting):
     """Median minor page faults per training step, in a fresh process (the setting is process-wide and cannot be
     undone), after the steps that allocate gradients and optimizer states."""
     out = subprocess.run([sys.executable, "-c", TRAINING_STEP_FAULTS, setting], capture_output=True, text=True,
-                         check=True, cwd=HERE).stdout.split()
+                         check=True, cwd=ROOT).stdout.split()
     return out[0] == "True", float(out[1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux") or os.confstr("CS_GNU_LIBC_VERSION") is None,
                     reason="glibc's allocator only")
 def test_keep_freed_memory_stops_the_page_faults_of_each_training_step():

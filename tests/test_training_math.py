@@ -23,9 +23,6 @@ behind: log.jsonl, config.json, and ckpt.pt, whose AdamW state holds the applied
 import json
 import math
 import os
-import random
-import subprocess
-import sys
 import typing
 
 import numpy as np
@@ -38,26 +35,14 @@ import model
 import norms
 import train
 from model import GPT, GPTConfig
+from conftest import prepared, run_train, tiny, torchrun, train_argv
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
-TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4", "--eval_iters=2",
-        "--log_interval=1", "--eval_interval=1", "--warmup_iters=0", "--lr=1e-3", "--min_lr=1e-4"]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """A small text file and the folder it is prepared into, shared by every run of this module."""
-    rng = random.Random(0)
-    words = ["norm", "layer", "gamma", "beta", "residual", "attention", "head", "scale", "spike", "loss"]
-    folder = tmp_path_factory.mktemp("corpus")
-    (folder / "tiny.txt").write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(200)))
-    return folder
+TINY = tiny(n_layer=1, block_size=16, eval_interval=1, warmup_iters=0, lr="1e-3", min_lr="1e-4")
 
 
 def run(corpus, out_dir, *flags):
     """train.main in this process; returns out_dir after checking the run finished."""
-    code = train.main([f"--dataset={corpus / 'tiny.txt'}", f"--data_dir={corpus / 'data'}", f"--out_dir={out_dir}",
-                       *TINY, *flags])
+    code = run_train(corpus, prepared(corpus), out_dir, *TINY, *flags)
     assert code == 0
     return out_dir
 
@@ -193,6 +178,7 @@ def test_weight_decay_on_weight_matrices_only(tie):
 
 # gradient accumulation, clipping, float16
 
+@pytest.mark.slow
 def test_accumulated_step_equals_one_step_on_the_concatenated_batch(corpus, tmp_path, monkeypatch):
     """grad_accum=2 with 2 sequences per micro-step == grad_accum=1 with those 4 sequences at once: the same
     logged loss (their mean) and gradient norm, and the same applied gradient in AdamW's state."""
@@ -289,8 +275,7 @@ def test_float16_overflow_at_any_scale_is_a_divergence(corpus, tmp_path, monkeyp
     """The scale halves at each overflow; once the next one would be below instruments.MIN_LOSS_SCALE (1e-4, fairseq's
     minimum) the run has diverged: 2^-12 -> 2^-13 = 1.2e-4 at step 1, and at step 2 the next, 6.1e-5, is below."""
     monkeypatch.setattr(torch.amp, "GradScaler", AlwaysOverflowing)
-    code = train.main([f"--dataset={corpus / 'tiny.txt'}", f"--data_dir={corpus / 'data'}", f"--out_dir={tmp_path}",
-                       *TINY, "--max_iters=5", "--dtype=float16"])
+    code = run_train(corpus, prepared(corpus), tmp_path, *TINY, "--max_iters=5", "--dtype=float16")
     assert code == 3
     assert [(e["step"], e["loss_scale"]) for e in events(tmp_path, "overflow")] == [(1, 2.0 ** -13)]
     (diverged,) = events(tmp_path, "diverged")
@@ -308,7 +293,7 @@ def saved_model(out):
 def eval_windows(corpus, out, split):
     """(x, y) of each of the run's evaluation windows, read from the split's file with numpy, one window a row."""
     config = json.loads((out / "config.json").read_text())
-    folder = data.prepare(str(corpus / "tiny.txt"), "byte", str(corpus / "data"))
+    folder = data.prepare(str(corpus), "byte", prepared(corpus))
     tokens = np.fromfile(os.path.join(folder, f"{split}.bin"), dtype=np.uint16).astype(np.int64)
     T = config["model"]["block_size"]
     starts = data.eval_starts(len(tokens), T, config["train"]["eval_iters"] * config["train"]["batch_size"])
@@ -406,6 +391,7 @@ def test_eval_does_not_update_running_statistics(corpus, tmp_path):
         torch.testing.assert_close(many["model"][name], tensor, rtol=0, atol=0, msg=name)
 
 
+@pytest.mark.slow
 def test_powernorm_counts_training_forward_calls(corpus, tmp_path):
     """PowerNorm's warmup default is the LR warmup in training forward calls (warmup_iters x micro-steps,
     one process), and only training forward calls count: the evals at steps 0 and 3 add none, and the
@@ -452,16 +438,13 @@ def test_logged_losses_are_cross_entropy_by_hand(corpus, tmp_path, monkeypatch):
     assert abs(step["loss"] - math.log(vocab)) < 0.05
 
 
+@pytest.mark.slow
 def test_ddp_eval_is_the_one_process_eval_over_the_same_windows(corpus, tmp_path):
     """torchrun, 2 processes: each evaluates its share of the windows (data.eval_batches), and the logged loss is
     the mean over all of them, as one process computes it: the same windows whatever the number of processes.
     3 x 3 windows: the shares (5 and 4) end in short batches (2 and 1), which count for their windows alone."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               os.path.join(HERE, "train.py"), f"--dataset={corpus / 'tiny.txt'}", f"--data_dir={corpus / 'data'}",
-               f"--out_dir={tmp_path}", *TINY, "--max_iters=1", "--grad_accum=2", "--dropout=0.3", "--batch_size=3",
-               "--eval_iters=3"]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=HERE, env=env, timeout=300)
+    result = torchrun(2, *train_argv(corpus, prepared(corpus), tmp_path, *TINY, "--max_iters=1", "--grad_accum=2",
+                                     "--dropout=0.3", "--batch_size=3", "--eval_iters=3"))
     assert result.returncode == 0, result.stderr[-2000:]
     gpt = saved_model(tmp_path)
     final = events(tmp_path, "eval")[-1]

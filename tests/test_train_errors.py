@@ -3,8 +3,6 @@ written to out_dir. Most rows run train.main in this process (fast); a represent
 `python train.py` in a subprocess, as a user would."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -14,10 +12,9 @@ from engine import flags
 from engine import runtime
 import train
 from model import GPT, GPTConfig
+from conftest import ROOT, tiny, train_process
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
-TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
-        "--warmup_iters=2", "--lr=3e-3", "--max_iters=4"]
+TINY = tiny(log_interval=None, max_iters=4)
 
 # (flags, a piece of the message); "FILE" stands for a path that is a plain file, "DANGLING" for a symlink to
 # nothing, "LOOP" for a symlink to itself
@@ -106,13 +103,6 @@ if not torch.backends.mps.is_available():
     BAD.append((["--device=mps"], "this torch has no MPS device"))
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    path = tmp_path_factory.mktemp("corpus") / "tiny.txt"
-    path.write_text("the norm of the layer scales the residual stream\n" * 200)
-    return str(path)
-
-
 def command_line(corpus, tmp_path, flags):
     """The flags of a row after the defaults of a tiny run; a row's own --out_dir replaces the default one."""
     file = tmp_path / "a_file"
@@ -144,11 +134,11 @@ SHELL = ["--grad_clip=-0.5", "--beta1=1.0", "--norm_eps=nan", "--out_dir=FILE/ru
          "--n_embd=1000000000", "--out_dir=LOOP/run"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", SHELL)
 def test_bad_input_from_the_shell(corpus, tmp_path, flag):
     expected = dict((f[0], e) for f, e in BAD)[flag]
-    result = subprocess.run([sys.executable, os.path.join(HERE, "train.py"),
-                             *command_line(corpus, tmp_path, [flag])], capture_output=True, text=True, cwd=HERE)
+    result = train_process(*command_line(corpus, tmp_path, [flag]))
     assert result.returncode == 2
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and expected in lines[0] and "Traceback" not in result.stderr, result.stderr
@@ -225,6 +215,7 @@ NO_EFFECT = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags, warning", NO_EFFECT, ids=[" ".join(f) for f, _ in NO_EFFECT])
 def test_a_flag_without_effect_warns_and_runs(corpus, tmp_path, capsys, flags, warning):
     assert train.main(command_line(corpus, tmp_path, ["--max_iters=2", "--eval_interval=2", *flags])) == 0
@@ -327,11 +318,11 @@ def test_cpu_threads_on_a_machine_without_an_affinity_mask(monkeypatch):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 def test_help_lists_every_flag_with_its_default_from_configurable_txt():
-    result = subprocess.run([sys.executable, os.path.join(HERE, "train.py"), "--help"], capture_output=True,
-                            text=True, cwd=HERE)
+    result = train_process("--help")
     assert result.returncode == 0 and result.stderr == ""
-    with open(os.path.join(HERE, "configurable.txt")) as f:
+    with open(os.path.join(ROOT, "configurable.txt")) as f:
         rows = [line for line in f.read().splitlines() if line and not line.startswith("#")]
     printed = result.stdout.splitlines()
     for row in rows:

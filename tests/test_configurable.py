@@ -10,14 +10,14 @@ import pytest
 from engine import flags
 import train
 from model import GPTConfig, PRESETS
+from conftest import ROOT
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 
 
 def read_catalog():
     """{flag: (default, allowed)} from configurable.txt; columns are separated by two or more spaces."""
     rows = {}
-    with open(os.path.join(HERE, "configurable.txt")) as f:
+    with open(os.path.join(ROOT, "configurable.txt")) as f:
         for line in f:
             if not line.strip() or line.startswith("#") or line.startswith("preset="):
                 continue
@@ -69,7 +69,7 @@ def test_catalog_allowed_values_match_the_code():
 def read_catalog_presets():
     """{preset: {flag: text}} from the `preset=NAME  flags  source` lines of configurable.txt."""
     presets = {}
-    with open(os.path.join(HERE, "configurable.txt")) as f:
+    with open(os.path.join(ROOT, "configurable.txt")) as f:
         for line in f:
             if line.startswith("preset="):
                 name, settings, source = re.split(r"\s{2,}", line.strip())
@@ -82,14 +82,14 @@ def read_catalog_presets():
 def test_catalog_presets_match_the_code():
     catalog = read_catalog_presets()
     assert list(catalog) == list(PRESETS)
-    for name, flags in PRESETS.items():
-        assert catalog[name] == {k: str(v) for k, v in flags.items()}, f"preset {name} differs from the catalog"
+    for name, preset in PRESETS.items():
+        assert catalog[name] == {k: str(v) for k, v in preset.items()}, f"preset {name} differs from the catalog"
 
 
 def test_every_preset_names_real_flags():
     names = set(GPTConfig.field_names())
-    for preset, flags in PRESETS.items():
-        assert set(flags) <= names, f"preset {preset} sets unknown flags {set(flags) - names}"
+    for preset, preset_flags in PRESETS.items():
+        assert set(preset_flags) <= names, f"preset {preset} sets unknown flags {set(preset_flags) - names}"
         GPTConfig(**flags)
 
 
