@@ -91,8 +91,6 @@ def parse(argv):
     check_train_config(tc, given)
     device, tc = runtime.resolve_device(tc)
     models = {name: model_cfg for name, (model_cfg, _) in configs.items()}
-    for model_cfg in models.values():  # train.py's memory check, before anything is allocated
-        runtime.check_memory(model_cfg, tc, device, runtime.Machine.from_env())
     return models, opts.rounds, opts.steps, opts.part, device, tc
 
 
@@ -243,6 +241,8 @@ def main(argv):
         return 0
     try:
         configs, rounds, steps, part, device, tc = parse(argv)
+        for model_cfg in configs.values():  # train.py's memory check, on this machine, before anything is allocated
+            runtime.check_memory(model_cfg, tc, device, runtime.Machine.from_env())
     except UsageError as e:
         return flags.fail("bench.py", e)
     if tc.compile:
