@@ -90,7 +90,7 @@ def test_every_preset_names_real_flags():
     names = set(GPTConfig.field_names())
     for preset, preset_flags in PRESETS.items():
         assert set(preset_flags) <= names, f"preset {preset} sets unknown flags {set(preset_flags) - names}"
-        GPTConfig(**flags)
+        GPTConfig(**preset_flags)
 
 
 def test_flag_syntaxes_parse_to_typed_values():
