@@ -10,9 +10,10 @@ Seeds are --first_seed .. --first_seed + --seeds - 1 (0 .. --seeds-1 by default)
 
 Re-running the same command skips finished runs (a "done" or "diverged" event in the run's log.jsonl, or
 exit code 0 or 3 in <seed>.exit beside the run's folder), resumes interrupted ones that have a checkpoint
-(--resume) and starts the others afresh (--overwrite where a previous attempt left files). The console
-output of a run goes to <seed>.out beside its folder. --dry_run prints the train.py commands still to run,
-one per line, for a Slurm array, xargs or GNU parallel, and runs nothing. A run whose folder another process
+(--resume) and starts the others afresh (--overwrite where a previous attempt left files); a run killed by a
+signal (exit code -N: the OOM killer, kill -9) is one of these. The console output of a run goes to <seed>.out
+beside its folder. --dry_run prints the train.py commands still to run, one per line, for a Slurm array, xargs or
+GNU parallel, and runs nothing. A run whose folder another process
 holds (the same sweep started twice) is left to that process, never started a second time. A Ctrl-C, SIGTERM or
 SIGHUP to sweep.py is passed on to its runs, which stop with a checkpoint, and sweep.py waits for them.
 A finished or resumable run is this command's only where its config.json holds the configs this command resolves
@@ -374,13 +375,21 @@ def run_sweep(plan, runs, todo):
     started = time.time()
     stopped = pool.run_all(todo, plan.jobs, functools.partial(train_command, plan=plan))
     if stopped:
-        name = "Ctrl-C" if stopped == signal.SIGINT else signal.Signals(stopped).name
-        print(f"sweep.py: stopped by {name}; its runs stopped with a checkpoint; run the same command again to resume",
-              file=sys.stderr)
+        print(stop_message(stopped, todo), file=sys.stderr)
         return 128 + stopped
     check_runs(runs, plan)  # a run another process finished meanwhile may hold other settings
     write_summary(plan, runs, wall_s=time.time() - started if todo else 0.0)
     return 0
+
+
+def stop_message(stopped, todo):
+    """The line of a stopped sweep: which of its unfinished runs resume from a checkpoint and which start afresh (a
+    run stopped, or killed, before its first checkpoint has none)."""
+    name = "Ctrl-C" if stopped == signal.SIGINT else signal.Signals(stopped).name
+    left = [run for run in todo if not is_finished(run)]
+    resume = sum(os.path.exists(os.path.join(run.dir, "ckpt.pt")) for run in left)
+    return (f"sweep.py: stopped by {name}; of its {len(left)} unfinished runs, {resume} resume from a checkpoint, "
+            f"{len(left) - resume} start afresh; run the same command again to go on")
 
 
 if __name__ == "__main__":

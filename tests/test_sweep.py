@@ -566,3 +566,28 @@ def test_a_recipe_rerun_over_runs_of_other_flags_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--dataset=" in err and err.count("\n") == 1
     assert not os.path.exists(tmp_path / "r" / "summary.json")
+
+
+def test_a_run_killed_by_a_signal_is_unfinished_and_the_stop_message_says_what_is_true(tmp_path, capsys, monkeypatch):
+    """A run killed by a signal (the OOM killer, kill -9, a Ctrl-C while train.py imports) has a negative exit code
+    in its .exit: unfinished, resumed where it has a checkpoint and started afresh where not, never refused; a
+    stopped sweep says which of its runs resume and which start again, not that all have a checkpoint."""
+    argv, (killed, resumable) = two_runs(tmp_path)
+    start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
+    write_log(killed.dir, [start])
+    finished_as(resumable, argv, tmp_path)
+    with open(os.path.join(resumable.dir, "log.jsonl"), "w") as f:
+        f.write(json.dumps(start) + "\n")
+    open(os.path.join(resumable.dir, "ckpt.pt"), "wb").close()
+    for run, code in ((killed, -9), (resumable, -2)):
+        with open(run.dir + ".exit", "w") as f:
+            f.write(f"{code}\n")
+    assert lab.summary.exit_code(killed) == -9 and not lab.summary.is_finished(killed)
+    assert lab.summary.run_record(killed)["status"] == "unfinished"
+    assert sweep.main([*argv, "--dry_run"]) == 0
+    first, second = capsys.readouterr().out.splitlines()
+    assert f"--out_dir={killed.dir} --overwrite" in first and f"--out_dir={resumable.dir} --resume" in second
+    monkeypatch.setattr(sweep.pool, "run_all", lambda *args: signal.SIGTERM)  # stopped before any run wrote more
+    assert sweep.main(argv) == 128 + signal.SIGTERM
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "1 resume from a checkpoint, 1 start afresh" in err, err
