@@ -53,7 +53,6 @@ effect and CI, power for the paper's effect, minimum detectable effect, verdict)
 import dataclasses
 import functools
 import json
-import math
 import os
 import re
 import shlex
@@ -156,15 +155,12 @@ def set_per_run(name, mode):
 
 
 def check_lrs(lrs):
-    """Positive numbers, each once: an LR given twice would run twice into one folder at once, and 1e-2 beside 0.01
-    would count the same LR twice."""
+    """Positive numbers of the flags' one number grammar (flags.number: 1_0 is not 10), each once: an LR given twice
+    would run twice into one folder at once, and 1e-2 beside 0.01 would count the same LR twice."""
     seen = {}
     for lr in lrs:
-        try:
-            value = float(lr)
-        except ValueError:
-            value = math.nan
-        if not value > 0 or not math.isfinite(value):
+        value = flags.number("lrs", lr, float)
+        if not value > 0:
             raise UsageError(f"--lrs: {lr} is not a positive number; give LRs separated by commas")
         if value in seen:
             raise UsageError(f"--lrs: {seen[value]} and {lr} are the same LR; give each LR once")

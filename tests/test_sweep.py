@@ -147,6 +147,29 @@ def test_dry_run_commands_parse_with_train_parser(tmp_path, capsys, mode):
 
 
 @pytest.mark.parametrize("flags, expected", [
+    (["--batch_size=0"], "variant baseline: --batch_size=0 must be a positive integer"),
+    (["--device=tpu"], "--device=tpu is not a device"),
+    (["--warmup_iters=9", "--max_iters=4"], "--warmup_iters=9 must be in [0, --max_iters=4]"),
+    (["--lrs=1_0"], "--lrs=1_0 is not a valid float"),
+    (["--lrs=\u0661e-2"], "is not a valid float"),
+])
+def test_the_runs_flags_pass_train_checks_before_anything_starts(tmp_path, capsys, flags, expected):
+    """What train.py would refuse at its start is refused for every run before the first starts, --dry_run too."""
+    assert sweep.main(["--variants=baseline", "--lrs=1e-2", *flags, "--dry_run", f"--out_dir={tmp_path / 's'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sweep.py: ") and expected in err and err.count("\n") == 1, err
+
+
+@pytest.mark.skipif(sweep.runtime.torch.cuda.is_available(), reason="a machine with a GPU runs --device=cuda")
+def test_a_device_this_machine_lacks_is_refused_unless_the_commands_are_for_another(tmp_path, capsys):
+    argv = ["--variants=baseline", "--lrs=1e-2", "--device=cuda", f"--out_dir={tmp_path / 's'}", *TINY]
+    assert sweep.main(argv) == 2
+    assert "--device=cuda: CUDA is not available here" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "s")
+    assert sweep.main([*argv, "--dry_run"]) == 0  # commands for a GPU node, printed on a CPU login node
+
+
+@pytest.mark.parametrize("flags, expected", [
     (["--variants=norm=groupnorm", "--lrs=1e-2"], "groupnorm"),
     (["--variants=baseline", "--lrs=1e-2", "--lr=3"], "--lr is set per run"),
     (["--variants=baseline", "--lrs=fast"], "fast"),
@@ -163,7 +186,8 @@ def test_dry_run_commands_parse_with_train_parser(tmp_path, capsys, mode):
     (["--variants=baseline", "--lrs=1e-2", "--seeds=\u0663"], "--seeds"),
     (["--variants=baseline", "--lrs=1e-2", "--jobs=1e11"], "--jobs"),
     (["--variants=baseline", "--lrs=1e-2", "--dry_run=on"], "--dry_run"),
-    (["--variants=baseline", "--lrs=inf"], "inf is not a positive number"),
+    (["--variants=baseline", "--lrs=inf"], "--lrs=inf is not a finite number"),
+    (["--variants=baseline", "--lrs=0"], "--lrs: 0 is not a positive number"),
     (["--variants=norm=rmsnorm+data_dir=../../x", "--lrs=1e-2", "--dry_run"],
      "variant norm=rmsnorm+data_dir=../../x: a variant names a folder"),
     (["--variants=baseline,dataset=/tmp/c.txt", "--lrs=1e-2", "--dry_run"], "give a path as a flag to every run"),
