@@ -323,7 +323,8 @@ RECIPES = {
         lrs=["1e-3", "3e-3", "1e-2"],
         flags=[*cpu(), "--max_iters=400", "--eval_interval=400", LOSS_EVAL, "--warmup_iters=40"],
         gpu_lrs=["3e-4", "1e-3", "3e-3"],
-        gpu_flags=[*gpu(), "--max_iters=5000", "--eval_interval=500", "--warmup_iters=500"],
+        # --min_lr at most the smallest LR: train.py refuses a cosine decay that ends above its peak
+        gpu_flags=[*gpu(), "--max_iters=5000", "--eval_interval=500", "--warmup_iters=500", "--min_lr=3e-5"],
         deviations="a decoder-only language model, 4 layers x 64 wide, on 64 byte tokens of the Python standard "
                    "library a sequence and 8 sequences a step (the paper: translation models on IWSLT14 and WMT14, "
                    "and a tensorized-transformer LM on PTB and WikiText-103), 400 steps, float32 on CPU; the claims "
