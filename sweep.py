@@ -13,9 +13,9 @@ exit code 0 or 3 in <seed>.exit beside the run's folder), resumes interrupted on
 (--resume) and starts the others afresh (--overwrite where a previous attempt left files); a run killed by a
 signal (exit code -N: the OOM killer, kill -9) is one of these. The console output of a run goes to <seed>.out
 beside its folder. --dry_run prints the train.py commands still to run, one per line, for a Slurm array, xargs or
-GNU parallel, and runs nothing. A run whose folder another process
-holds (the same sweep started twice) is left to that process, never started a second time. A Ctrl-C, SIGTERM or
-SIGHUP to sweep.py is passed on to its runs, which stop with a checkpoint, and sweep.py waits for them.
+GNU parallel, and runs nothing. A run whose folder another process holds (the same sweep started twice) is left
+to that process, never started a second time. A Ctrl-C, SIGTERM or SIGHUP to sweep.py is passed on to its runs,
+which stop with a checkpoint, and sweep.py waits for them.
 A finished or resumable run is this command's only where its config.json holds the configs this command resolves
 for it (train.py's own resolution; per-run bookkeeping aside, a key its config.json lacks counting as its
 default): another is refused, naming the run and the first differing setting, so that no summary publishes runs
