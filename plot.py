@@ -59,6 +59,7 @@ def sweep_summary(path):
     schema.check_summary(path, summary, schema.SWEEP)
     if summary["mode"] == "lr":
         schema.check_summary(path, summary, schema.LR_SWEEP)
+        schema.check_values(path, summary)
     return summary
 
 

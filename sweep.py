@@ -10,11 +10,17 @@ Seeds are --first_seed .. --first_seed + --seeds - 1 (0 .. --seeds-1 by default)
 
 Re-running the same command skips finished runs (a "done" or "diverged" event in the run's log.jsonl, or
 exit code 0 or 3 in <seed>.exit beside the run's folder), resumes interrupted ones that have a checkpoint
-(--resume) and starts the others afresh (--overwrite where a previous attempt left files). The console
-output of a run goes to <seed>.out beside its folder. --dry_run prints the train.py commands still to run,
-one per line, for a Slurm array, xargs or GNU parallel, and runs nothing. A run whose folder another process
-holds (the same sweep started twice) is left to that process, never started a second time. A Ctrl-C, SIGTERM or
-SIGHUP to sweep.py is passed on to its runs, which stop with a checkpoint, and sweep.py waits for them.
+(--resume) and starts the others afresh (--overwrite where a previous attempt left files); a run killed by a
+signal (exit code -N: the OOM killer, kill -9) is one of these. The console output of a run goes to <seed>.out
+beside its folder. --dry_run prints the train.py commands still to run, one per line, for a Slurm array, xargs or
+GNU parallel, and runs nothing. A run whose folder another process holds (the same sweep started twice) is left
+to that process, never started a second time. A Ctrl-C, SIGTERM or SIGHUP to sweep.py is passed on to its runs,
+which stop with a checkpoint, and sweep.py waits for them.
+A finished or resumable run is this command's only where its config.json holds the configs this command resolves
+for it (train.py's own resolution; per-run bookkeeping aside, a key its config.json lacks counting as its
+default): another is refused, naming the run and the first differing setting, so that no summary publishes runs
+of other flags as this command's. Before anything starts, every run's flags pass train.py's checks; a variant is
+a plain folder name (its runs stay inside --out_dir), and two variants that resolve to one config are refused.
 
 --mode=ramp: the LR stability test (NormFormer §4, Table 3, Fig. 5, Table 8): --lr_schedule=ramp, the LR
 rises linearly from 0 to --lr at --max_iters; per variant and LR: steps survived and the LR reached (median,
@@ -46,8 +52,9 @@ effect and CI, power for the paper's effect, minimum detectable effect, verdict)
 
 import dataclasses
 import functools
-import math
+import json
 import os
+import re
 import shlex
 import signal
 import sys
@@ -55,8 +62,10 @@ import time
 from dataclasses import dataclass
 from typing import Literal, Optional
 
+from engine import config_checks
 from engine import files
 from engine import flags
+from engine import runtime
 from lab import pool
 from lab import recipes
 from lab.summary import Run, is_finished, previous_summary, write_summary
@@ -66,6 +75,11 @@ from engine.flags import UsageError, help_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SET_BY_SWEEP = ("lr", "seed", "out_dir", "resume", "overwrite")  # per run; the user gives --lrs, --seeds instead
+BOOKKEEPING = ("out_dir", "resume", "overwrite")  # where and how a run starts, not what it trains
+# the settings train.py resolves when a run starts, where their flags are left at the default
+RESOLVED_AT_START = ("vocab_size", "pn_warmup", "dtype", "compile")
+# a variant is a folder name inside --out_dir: no separator, no other character a shell or file system treats apart
+FOLDER_NAME = re.compile(r"[A-Za-z0-9_.=+-]+")
 MAX_COUNT = 10_000  # --seeds and --jobs: larger is a typo, and 1e11 threads would hang the machine
 
 
@@ -141,15 +155,12 @@ def set_per_run(name, mode):
 
 
 def check_lrs(lrs):
-    """Positive numbers, each once: an LR given twice would run twice into one folder at once, and 1e-2 beside 0.01
-    would count the same LR twice."""
+    """Positive numbers of the flags' one number grammar (flags.number: 1_0 is not 10), each once: an LR given twice
+    would run twice into one folder at once, and 1e-2 beside 0.01 would count the same LR twice."""
     seen = {}
     for lr in lrs:
-        try:
-            value = float(lr)
-        except ValueError:
-            value = math.nan
-        if not value > 0 or not math.isfinite(value):
+        value = flags.number("lrs", lr, float)
+        if not value > 0:
             raise UsageError(f"--lrs: {lr} is not a positive number; give LRs separated by commas")
         if value in seen:
             raise UsageError(f"--lrs: {seen[value]} and {lr} are the same LR; give each LR once")
@@ -157,18 +168,18 @@ def check_lrs(lrs):
 
 
 def check_variants(variants, mode):
-    """Each variant once (baseline and preset=baseline are the same runs), and none setting what the sweep sets per
-    run: baseline+lr=1 would be overridden by --lrs without a word."""
-    seen = {}
+    """Each variant a plain folder name, and none setting what the sweep sets per run: baseline+lr=1 would be
+    overridden by --lrs without a word. (Two variants of the same config are refused by check_runs.)"""
     for variant in variants:
+        if not FOLDER_NAME.fullmatch(variant) or variant in (".", ".."):
+            # a variant names its runs' folder: norm=rmsnorm+data_dir=../../x would put them outside --out_dir
+            raise UsageError(f"variant {variant}: a variant names a folder and may hold letters, digits and _ . = + -"
+                             "; give a path as a flag to every run (--data_dir=...), not in a variant")
         for part in variant.split("+"):
             name = part.partition("=")[0] if "=" in part else "preset"
             if set_per_run(name, mode):
                 raise UsageError(f"variant {variant}: {name} is set per run by sweep.py; use --lrs, --seeds, "
                                  "--out_dir and --mode instead")
-        same = seen.setdefault(tuple(variant_flags(variant)), variant)
-        if same != variant or variants.count(variant) > 1:
-            raise UsageError(f"--variants: {same} and {variant} are the same runs; give each variant once")
 
 
 def check_out_dir(out_dir):
@@ -237,13 +248,92 @@ def train_command(run, plan):
 
 
 def check_runs(runs, plan):
-    """Every run's flags through train.py's own parser and config checks, before anything starts."""
+    """Every run's flags through train.py's parser and the checks train.py makes before it writes anything; two
+    variants that resolve to one config refused (the same runs twice, into two folders); and a finished or
+    resumable run trained with other settings refused: it is not this command's run, and a summary would publish
+    it as one."""
+    seen = {}
     for run in runs:
-        flags = [f for f in train_flags(run, plan) if f not in ("--resume", "--overwrite")]
-        try:
-            train.build_configs(train.parse_flags(flags))
-        except UsageError as e:
-            raise UsageError(f"variant {run.variant}: {e}") from None
+        model_cfg, tc = run_configs(run, plan)
+        settings = config_dicts(model_cfg, tc)
+        # the preset is a name: its settings are in the model config
+        key = json.dumps([settings["model"], {k: v for k, v in settings["train"].items() if k != "preset"}])
+        same = seen.setdefault(key, run)
+        if same is not run:
+            raise UsageError(f"--variants: {same.variant} and {run.variant} are the same runs (one config); give each "
+                             "variant once")
+        if is_finished(run) or os.path.exists(os.path.join(run.dir, "ckpt.pt")):
+            check_trained_as(run, settings, tc)
+
+
+def run_configs(run, plan):
+    """A run's model and train configs as train.py resolves them before it prepares any data (its parser,
+    config_checks.check_train_config, absolute paths; the device, where the runs run on this machine); bad input
+    is one line naming the variant."""
+    flags = [f for f in train_flags(run, plan) if f not in ("--resume", "--overwrite")]
+    try:
+        given = train.parse_flags(flags)
+        model_cfg, tc = train.build_configs(given)
+        config_checks.check_train_config(tc, given)
+        if not plan.dry_run:  # --dry_run's commands may be meant for another machine (a GPU node)
+            runtime.concrete_device(tc.device)
+    except UsageError as e:
+        raise UsageError(f"variant {run.variant}: {e}") from None
+    return model_cfg, config_checks.absolute_paths(tc)
+
+
+def config_dicts(model_cfg, tc):
+    """{"model": ..., "train": ...} as config.json holds them (JSON values), less the per-run bookkeeping."""
+    settings = json.loads(json.dumps({"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(tc)}))
+    settings["train"] = {k: v for k, v in settings["train"].items() if k not in BOOKKEEPING}
+    return settings
+
+
+def check_trained_as(run, settings, tc):
+    """The run's config.json holds the settings this command would run it with (a run without one, which train.py
+    did not start, is left to its log). A key its config.json lacks (written before nanonorm had it) counts as
+    its default; a setting train.py resolves when the run starts counts as given where it was left unset."""
+    saved = trained_config(run)
+    if saved is None:
+        return
+    defaults = {"model": default_values(train.GPTConfig), "train": default_values(train.TrainConfig)}
+    for section, expected in settings.items():
+        for key, value in expected.items():
+            was = saved[section].get(key, defaults[section][key])
+            if was != value and not resolved_at_start(key, value, was, tc, defaults[section]):
+                raise UsageError(f"{run.dir} was trained with --{key}={was}, this command runs --{key}={value}: it is "
+                                 "not this command's run; give another --out_dir, or remove the run (its folder, "
+                                 ".exit and .out) to run it again")
+
+
+def resolved_at_start(key, value, was, tc, defaults):
+    """Whether was is what train.py made of a setting left at its default when the run started: the vocabulary
+    (from the data), PowerNorm's warmup (from the LR warmup), dtype and compile (from the machine), and a resumed
+    run's lr_decay_iters (max_iters: config_checks.resume_configs)."""
+    if key == "lr_decay_iters":
+        return value is None and was == tc.max_iters
+    return key in RESOLVED_AT_START and value == defaults[key]
+
+
+def default_values(cls):
+    return json.loads(json.dumps(dataclasses.asdict(cls())))
+
+
+def trained_config(run):
+    """The run's config.json as {"model": ..., "train": ...}; None where there is none. One that train.py did not
+    write is a UsageError naming it."""
+    path = os.path.join(run.dir, "config.json")
+    if not os.path.lexists(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            config = json.loads(f.read())
+    except (OSError, ValueError):
+        config = None
+    if not (isinstance(config, dict) and all(isinstance(config.get(k), dict) for k in ("model", "train"))):
+        raise UsageError(f"{path} is not a config.json train.py wrote; remove the run (its folder, .exit and .out) "
+                         "to run it again")
+    return config
 
 
 def main(argv):
@@ -281,12 +371,21 @@ def run_sweep(plan, runs, todo):
     started = time.time()
     stopped = pool.run_all(todo, plan.jobs, functools.partial(train_command, plan=plan))
     if stopped:
-        name = "Ctrl-C" if stopped == signal.SIGINT else signal.Signals(stopped).name
-        print(f"sweep.py: stopped by {name}; its runs stopped with a checkpoint; run the same command again to resume",
-              file=sys.stderr)
+        print(stop_message(stopped, todo), file=sys.stderr)
         return 128 + stopped
+    check_runs(runs, plan)  # a run another process finished meanwhile may hold other settings
     write_summary(plan, runs, wall_s=time.time() - started if todo else 0.0)
     return 0
+
+
+def stop_message(stopped, todo):
+    """The line of a stopped sweep: which of its unfinished runs resume from a checkpoint and which start afresh (a
+    run stopped, or killed, before its first checkpoint has none)."""
+    name = "Ctrl-C" if stopped == signal.SIGINT else signal.Signals(stopped).name
+    left = [run for run in todo if not is_finished(run)]
+    resume = sum(os.path.exists(os.path.join(run.dir, "ckpt.pt")) for run in left)
+    return (f"sweep.py: stopped by {name}; of its {len(left)} unfinished runs, {resume} resume from a checkpoint, "
+            f"{len(left) - resume} start afresh; run the same command again to go on")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,8 @@ def read_recipe_summaries(root):
 def check_recipe_summary(path, summary):
     """A UsageError naming path where the summary lacks what the results page reads."""
     schema.check_summary(path, summary, schema.RECIPE_SUMMARY)
+    schema.check_recipe_name(path, summary)
+    schema.check_values(path, summary)
     for i, row in enumerate(summary["variants"]):
         for key, needs in schema.ENDED_ROW.items():
             found = schema.mismatch(row, needs, f"variants[{i}]") if row.get(key) else None

@@ -3,13 +3,18 @@ What the readers of nanonorm's files take from them, checked by hand so that a f
 before anything is summed or drawn: the shapes of log.jsonl's events (train.py) and of summary.json (sweep.py),
 mismatch() to hold a value against a shape, and read_summary(), the one reader of a summary.json.
 
-A shape: a dict is a JSON object with at least these keys, [x] a list whose items are each x, a type (or a tuple of
-types) the value's type, a set the values allowed, None any value.
+A shape: a dict is a JSON object with at least these keys, [x] a list whose items are each x, [x, y, z] a list of
+exactly these items (a row), a type (or a tuple of types) the value's type, a set the values allowed, None any
+value. check_values() holds a summary's runs to what a shape cannot say (an LR is a number, a finished run has a
+loss), and check_recipe_name() a recipe's name to a plain name, as the results page names files after it.
 """
 
 import json
+import math
+import re
 
 from engine import files
+from engine import flags
 from engine.flags import UsageError
 
 NUMBER = (int, float)
@@ -31,10 +36,12 @@ EVENTS = {
                                                                 for k in ("mean", "min", "max")}}]},
     "headroom": {"step": int, "ops": [{"layer": None, "op": None, "pass": None, "max_abs": NUMBER}]},
 }
+STATUSES = {"done", "diverged", "unfinished"}  # lab/summary.run_record's
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_-]+")  # lab/recipes.py's names: a file name inside --out, no path
 # a sweep's summary.json as plot.py's loss-vs-LR plot reads it (LR_SWEEP: an --mode=lr sweep's)
 SWEEP = {"mode": str}
 LR_SWEEP = {"variants": [{"variant": str, "init_loss": NUMBER}],
-            "runs": [{"variant": str, "lr": str, "status": str, "final_loss": MAYBE_NUMBER}]}
+            "runs": [{"variant": str, "lr": str, "status": STATUSES, "final_loss": MAYBE_NUMBER}]}
 # a recipe's summary.json as the results page reads it
 SIDE = {"median": None, "min": None, "max": None, "n": None}
 INTERVAL = (list, type(None))
@@ -55,9 +62,9 @@ RECIPE_SUMMARY = {
     "machine": {"hardware": None, "load": NUMBER, "torch": None, "date": None},
     "wall_s": NUMBER,
     "variants": [{"variant": str}],
-    "runs": [{"variant": str, "lr": str, "status": str, "final_loss": MAYBE_NUMBER,
+    "runs": [{"variant": str, "lr": str, "status": STATUSES, "final_loss": MAYBE_NUMBER,
               "final_loss_capped": MAYBE_NUMBER, "peak_lr": MAYBE_NUMBER, "steps_survived": MAYBE_NUMBER,
-              "spikes": int, "curve": [[NUMBER]]}],
+              "spikes": int, "curve": [[NUMBER, NUMBER, NUMBER]]}],  # [step, lr, train loss]
 }
 # a variant row that names how its runs ended (the results page's recipe section) also needs the counts:
 # named key -> what it needs
@@ -79,8 +86,10 @@ def mismatch(value, shape, where):
     elif isinstance(shape, list):
         if not isinstance(value, list):
             return f"{where} is {JSON_NAMES[type(value)]}, not a list"
+        if len(shape) > 1 and len(value) != len(shape):  # a row: the readers unpack it
+            return f"{where} has {len(value)} items, not {len(shape)}"
         for i, item in enumerate(value):
-            found = mismatch(item, shape[0], f"{where}[{i}]")
+            found = mismatch(item, shape[i] if len(shape) > 1 else shape[0], f"{where}[{i}]")
             if found:
                 return found
     elif isinstance(shape, set):
@@ -118,3 +127,33 @@ def check_summary(path, summary, shape, advice=SUMMARY_ALLOWED):
     found = mismatch(summary, shape, "")
     if found:
         raise UsageError(f"{path}: {found}; {advice}")
+
+
+def is_lr(text):
+    """An LR as sweep.py names it: a positive finite number of the flags' one grammar."""
+    return bool(flags.FLOAT_TEXT.fullmatch(text)) and 0 < float(text) < math.inf
+
+
+def check_values(path, summary, advice=SUMMARY_ALLOWED):
+    """A UsageError naming path where a run's LR is not a number, a finished run has no final loss, or a variant
+    row's L(lr) column is not a number at an LR: the plots read each as a number. The summary has its shape."""
+    for i, run in enumerate(summary["runs"]):
+        found = (f"runs[{i}].lr is {json.dumps(run['lr'])[:40]}, not a positive number" if not is_lr(run["lr"])
+                 else f"runs[{i}] is done without a final_loss" if run["status"] == "done"
+                 and not isinstance(run["final_loss"], NUMBER) else None)
+        if found:
+            raise UsageError(f"{path}: {found}; {advice}")
+    for i, row in enumerate(summary["variants"]):
+        for key in (k for k in row if k.startswith("L(")):
+            found = (f"variants[{i}].{key} is not L(an LR)" if not (key.endswith(")") and is_lr(key[2:-1]))
+                     else mismatch(row[key], NUMBER, f"variants[{i}].{key}"))
+            if found:
+                raise UsageError(f"{path}: {found[:80]}; {advice}")
+
+
+def check_recipe_name(path, summary, advice=SUMMARY_ALLOWED):
+    """A recipe's name is a plain name: the results page writes its figure as <name>.png inside --out."""
+    name = summary["recipe"]["name"]
+    if not PLAIN_NAME.fullmatch(name):
+        raise UsageError(f"{path}: recipe.name is {json.dumps(name)[:40]}, not a plain name (letters, digits, _ "
+                         f"and -); {advice}")

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -57,7 +58,8 @@ def read_events(path):
 
 def exit_code(run):
     """The exit code sweep.py recorded for the run's last attempt, or None: none recorded, or an empty file (sweep.py
-    was killed while writing it). Anything else that is not a number is a UsageError naming the file."""
+    was killed while writing it). A negative one is the signal that killed the run (subprocess's -N: the OOM killer,
+    kill -9), which leaves it unfinished. Anything else that is not a number is a UsageError naming the file."""
     path = run.dir + ".exit"
     problem = files.not_a_file(path)
     if problem:
@@ -68,7 +70,7 @@ def exit_code(run):
         text = f.read().strip()
     if not text:
         return None
-    if not text.isdigit():
+    if not re.fullmatch(rb"-?[0-9]{1,4}", text):
         raise UsageError(f"{path}: {text[:20]!r} is not an exit code; sweep.py writes a number there (remove the file "
                          "to let the run's log decide)")
     return int(text)

@@ -265,3 +265,51 @@ def test_the_op_that_grew_most_is_named_where_none_went_over_float16(tmp_path):
     assert ("baseline: loss gap in 2 of 2, none over 65504; the op that grew the most: q@k layer 0 (x12.3) in 2; "
             "norm=rmsnorm: loss gap in 2 of 2, first op over the float16 range fc2 layer 1 in 1.") in page
     check_png(tmp_path / "docs" / "experiments" / "tiny.png")
+
+
+def set_path(summary, path, value):
+    *keys, last = path
+    for key in keys:
+        summary = summary[key]
+    summary[last] = value
+
+
+MALFORMED = {
+    "a curve row of 2 numbers": ((["runs", 0, "curve", 1], [20, 0.2]), "runs[0].curve[1] has 2 items, not 3"),
+    "a word for an LR": ((["runs", 2, "lr"], "fast"), "runs[2].lr is \"fast\", not a positive number"),
+    "a finished run without a final loss": ((["runs", 1, "status"], "done"), "runs[1] is done without a final_loss"),
+    "a status sweep.py never writes": ((["runs", 3, "status"], "ok"), "runs[3].status is \"ok\", not one of"),
+    "an L(lr) column at no LR": ((["variants", 0, "L(fast)"], 3.0), "variants[0].L(fast) is not L(an LR)"),
+}
+
+
+@pytest.mark.parametrize("place", ["sweep folder", "--experiments"])
+@pytest.mark.parametrize("damage", list(MALFORMED))
+def test_a_malformed_summary_is_one_line_before_anything_is_drawn(tmp_path, capsys, place, damage):
+    if place == "sweep folder" and "curve" in damage:
+        pytest.skip("a sweep folder's plots do not read the curves")
+    summary = {**recipe_summary(), "mode": "lr"}
+    summary["variants"] = [{**row, "init_loss": 5.5, "L(0.5)": math.inf} for row in summary["variants"]]
+    summary["runs"][1]["final_loss"] = None  # an unfinished run has none
+    (path, value), expected = MALFORMED[damage]
+    set_path(summary, path, value)
+    if place == "sweep folder":
+        hand_run(tmp_path / "sweep" / "baseline" / "0.5" / "0")
+        args = [str(tmp_path / "sweep")]
+    else:
+        args = [f"--experiments={tmp_path / 'sweep'}"]
+    write_json(tmp_path / "sweep" / "summary.json", summary)
+    assert plot.main([*args, f"--out={tmp_path / 'png'}"]) == 2
+    assert_one_line(capsys, f"plot.py: {tmp_path / 'sweep' / 'summary.json'}: {expected}")
+    assert not os.path.exists(tmp_path / "png")
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", "..", ""])
+def test_a_recipe_name_that_is_not_a_plain_name_is_refused(tmp_path, capsys, name):
+    """The results page names a recipe's figure after it: ../../x would write outside --out."""
+    summary = recipe_summary()
+    summary["recipe"]["name"] = name
+    write_json(tmp_path / "sweeps" / "tiny" / "summary.json", summary)
+    assert plot.main([f"--experiments={tmp_path / 'sweeps'}", f"--out={tmp_path / 'out' / 'docs'}"]) == 2
+    assert_one_line(capsys, "recipe.name", "not a plain name")
+    assert not os.path.exists(tmp_path / "out") and not os.path.exists(tmp_path / "x")

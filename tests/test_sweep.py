@@ -1,5 +1,6 @@
 """sweep.py: the summaries' arithmetic by hand, --dry_run through train.py's parser, skip and resume for real."""
 
+import dataclasses
 import errno
 import json
 import math
@@ -134,6 +135,29 @@ def test_dry_run_commands_parse_with_train_parser(tmp_path, capsys, mode):
 
 
 @pytest.mark.parametrize("flags, expected", [
+    (["--batch_size=0"], "variant baseline: --batch_size=0 must be a positive integer"),
+    (["--device=tpu"], "--device=tpu is not a device"),
+    (["--warmup_iters=9", "--max_iters=4"], "--warmup_iters=9 must be in [0, --max_iters=4]"),
+    (["--lrs=1_0"], "--lrs=1_0 is not a valid float"),
+    (["--lrs=\u0661e-2"], "is not a valid float"),
+])
+def test_the_runs_flags_pass_train_checks_before_anything_starts(tmp_path, capsys, flags, expected):
+    """What train.py would refuse at its start is refused for every run before the first starts, --dry_run too."""
+    assert sweep.main(["--variants=baseline", "--lrs=1e-2", *flags, "--dry_run", f"--out_dir={tmp_path / 's'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sweep.py: ") and expected in err and err.count("\n") == 1, err
+
+
+@pytest.mark.skipif(sweep.runtime.torch.cuda.is_available(), reason="a machine with a GPU runs --device=cuda")
+def test_a_device_this_machine_lacks_is_refused_unless_the_commands_are_for_another(tmp_path, capsys):
+    argv = ["--variants=baseline", "--lrs=1e-2", "--device=cuda", f"--out_dir={tmp_path / 's'}", *SWEEP_TINY]
+    assert sweep.main(argv) == 2
+    assert "--device=cuda: CUDA is not available here" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "s")
+    assert sweep.main([*argv, "--dry_run"]) == 0  # commands for a GPU node, printed on a CPU login node
+
+
+@pytest.mark.parametrize("flags, expected", [
     (["--variants=norm=groupnorm", "--lrs=1e-2"], "groupnorm"),
     (["--variants=baseline", "--lrs=1e-2", "--lr=3"], "--lr is set per run"),
     (["--variants=baseline", "--lrs=fast"], "fast"),
@@ -147,10 +171,18 @@ def test_dry_run_commands_parse_with_train_parser(tmp_path, capsys, mode):
     (["--variants=baseline+out_dir=x", "--lrs=1e-2"], "out_dir is set per run"),
     (["--variants=baseline+lr_schedule=cosine", "--lrs=1e-2", "--mode=ramp"], "lr_schedule is set per run"),
     (["--variants=baseline", "--lrs=1e-2", "--jobs=100000"], "--jobs=100000 must be an integer from 1"),
+    (["--variants=baseline", "--lrs=1e-2", "--jobs=100000000000"], "--jobs=100000000000 is too large"),
     (["--variants=baseline", "--lrs=1e-2", "--seeds=\u0663"], "--seeds"),
     (["--variants=baseline", "--lrs=1e-2", "--jobs=1e11"], "--jobs"),
     (["--variants=baseline", "--lrs=1e-2", "--dry_run=on"], "--dry_run"),
-    (["--variants=baseline", "--lrs=inf"], "inf is not a positive number"),
+    (["--variants=baseline", "--lrs=inf"], "--lrs=inf is not a finite number"),
+    (["--variants=baseline", "--lrs=0"], "--lrs: 0 is not a positive number"),
+    (["--variants=norm=rmsnorm+data_dir=../../x", "--lrs=1e-2", "--dry_run"],
+     "variant norm=rmsnorm+data_dir=../../x: a variant names a folder"),
+    (["--variants=baseline,dataset=/tmp/c.txt", "--lrs=1e-2", "--dry_run"], "give a path as a flag to every run"),
+    (["--variants=norm=rmsnorm,norm=rmsnorm+bias=True", "--lrs=1e-2", "--dry_run"],
+     "norm=rmsnorm and norm=rmsnorm+bias=True are the same runs"),
+    (["--variants=baseline,preset=baseline+n_layer=4", "--lrs=1e-2", "--dry_run", "--n_layer=4"], "are the same runs"),
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, flags, expected):
     assert sweep.main([*flags, f"--out_dir={tmp_path / 'sweep'}"]) == 2
@@ -496,3 +528,82 @@ def test_a_summary_that_cannot_be_written_is_one_line_and_keeps_the_old_one(tmp_
         assert err == f"sweep.py: cannot write {folder / name} (No space left on device)\n"
         assert {n: (folder / n).read_bytes() for n in before} == before
         assert not [p for p in folder.iterdir() if ".tmp" in p.name]
+
+
+def finished_as(run, argv, tmp_path, drop=()):
+    """A finished run folder as train.py leaves it, trained with the flags of sweep argv: config.json with the
+    configs resolved as train.py resolves them (vocabulary padded from the data, dtype and compile made concrete,
+    paths absolute), less the keys in drop (a config.json written before those keys existed), and its log."""
+    plan = sweep.parse_args(argv)
+    flags = [f for f in sweep.train_flags(run, plan) if f not in ("--resume", "--overwrite")]
+    model_cfg, tc = train.build_configs(train.parse_flags(flags))
+    tc = train.config_checks.absolute_paths(tc)
+    model = {**dataclasses.asdict(model_cfg), "vocab_size": 64, "pn_warmup": 0}
+    training = {**dataclasses.asdict(tc), "dtype": "float32", "compile": False}
+    for key in drop:
+        model.pop(key, None)
+        training.pop(key, None)
+    start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
+    write_log(run.dir, [start, {"event": "done", "step": tc.max_iters, "val_loss": 2.0}])
+    with open(os.path.join(run.dir, "config.json"), "w") as f:
+        json.dump({"model": model, "train": training, "world_size": 1}, f)
+
+
+def test_a_rerun_with_other_flags_is_refused_naming_the_run_and_the_setting(tmp_path, capsys):
+    """Runs trained with 2 layers and 6 steps are not the runs of a command asking for 3 layers and 9 steps: one
+    line naming the run and the first differing setting, exit code 2, nothing written; the same command again
+    (whose resolved configs match, with the keys train.py resolves at the start) takes them as finished."""
+    argv = ["--variants=baseline", "--lrs=1e-2", f"--out_dir={tmp_path / 'sweep'}", *SWEEP_TINY, "--n_layer=2",
+            "--max_iters=6", f"--data_dir={tmp_path / 'data'}"]
+    [run] = sweep.grid(sweep.parse_args(argv))
+    finished_as(run, argv, tmp_path, drop=("z_loss",))  # an older config.json: z_loss counts as its default
+    assert sweep.main([*argv, "--dry_run"]) == 0
+    assert capsys.readouterr().out == ""  # finished: nothing to run
+    before = sorted(os.listdir(tmp_path / "sweep"))
+    for other, setting in ((["--n_layer=3", "--max_iters=9"], "n_layer"), (["--z_loss=1e-4"], "z_loss"),
+                           (["--dataset=shakespeare"], "dataset")):
+        assert sweep.main([*argv, *other]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("sweep.py: ") and err.count("\n") == 1, err
+        assert run.dir in err and f"--{setting}" in err and "--out_dir" in err
+        assert sorted(os.listdir(tmp_path / "sweep")) == before
+
+
+def test_a_recipe_rerun_over_runs_of_other_flags_is_refused(tmp_path, capsys):
+    """60-step runs of a recipe on another corpus are not the plain recipe command's runs: refused before any
+    summary (and so the results page) pairs the recipe's flags with them."""
+    out = f"--out_dir={tmp_path / 'r'}"
+    tiny = ["--recipe=powernorm", out, "--max_iters=60", f"--dataset={tmp_path / 'corpus.txt'}"]
+    for run in sweep.grid(sweep.parse_args(tiny)):
+        finished_as(run, tiny, tmp_path)
+    assert sweep.main([*tiny, "--dry_run"]) == 0
+    capsys.readouterr()
+    assert sweep.main(["--recipe=powernorm", out]) == 2
+    err = capsys.readouterr().err
+    assert "--dataset=" in err and err.count("\n") == 1
+    assert not os.path.exists(tmp_path / "r" / "summary.json")
+
+
+def test_a_run_killed_by_a_signal_is_unfinished_and_the_stop_message_says_what_is_true(tmp_path, capsys, monkeypatch):
+    """A run killed by a signal (the OOM killer, kill -9, a Ctrl-C while train.py imports) has a negative exit code
+    in its .exit: unfinished, resumed where it has a checkpoint and started afresh where not, never refused; a
+    stopped sweep says which of its runs resume and which start again, not that all have a checkpoint."""
+    argv, (killed, resumable) = two_runs(tmp_path)
+    start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
+    write_log(killed.dir, [start])
+    finished_as(resumable, argv, tmp_path)
+    with open(os.path.join(resumable.dir, "log.jsonl"), "w") as f:
+        f.write(json.dumps(start) + "\n")
+    open(os.path.join(resumable.dir, "ckpt.pt"), "wb").close()
+    for run, code in ((killed, -9), (resumable, -2)):
+        with open(run.dir + ".exit", "w") as f:
+            f.write(f"{code}\n")
+    assert lab.summary.exit_code(killed) == -9 and not lab.summary.is_finished(killed)
+    assert lab.summary.run_record(killed)["status"] == "unfinished"
+    assert sweep.main([*argv, "--dry_run"]) == 0
+    first, second = capsys.readouterr().out.splitlines()
+    assert f"--out_dir={killed.dir} --overwrite" in first and f"--out_dir={resumable.dir} --resume" in second
+    monkeypatch.setattr(sweep.pool, "run_all", lambda *args: signal.SIGTERM)  # stopped before any run wrote more
+    assert sweep.main(argv) == 128 + signal.SIGTERM
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "1 resume from a checkpoint, 1 start afresh" in err, err
