@@ -33,6 +33,10 @@ def model_flags(given):
     return model_args
 
 
+# an AdamW LR this large moves every weight by ~1,000 a step: a typo, and past float32 it breaks the optimizer
+MAX_LR = 1e3
+
+
 def check_train_config(tc, given):
     positive = ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval",
                 "keep_checkpoints")
@@ -44,6 +48,7 @@ def check_train_config(tc, given):
     decays, warms = tc.lr_schedule in ("cosine", "linear"), tc.lr_schedule != "ramp"
     ranges = (
         ("lr", tc.lr > 0, "> 0"),
+        ("lr", tc.lr <= MAX_LR, f"at most {MAX_LR:g} (AdamW moves every weight by about the LR each step)"),
         ("min_lr", 0 <= tc.min_lr and (tc.min_lr <= tc.lr or not decays), f"in [0, --lr={tc.lr}]"),
         # a short test run may leave the default warmup unfinished; an explicit one must fit in the run
         ("warmup_iters", 0 <= tc.warmup_iters and (

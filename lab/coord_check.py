@@ -25,6 +25,7 @@ import torch
 import data
 from engine.files import WriteError, write_atomic
 from engine import runtime
+from engine.config_checks import MAX_LR
 from engine.flags import UsageError, build, fail, help_of, number, parse, print_help
 from engine.flags import wants_help
 from model import GPT, GPTConfig, PRESETS
@@ -131,8 +132,8 @@ def model_configs(opts, given, vocab_size):
 def check_options(opts):
     if opts.steps < 1 or opts.batch_size < 1:
         raise UsageError(f"--steps={opts.steps} and --batch_size={opts.batch_size} must be >= 1")
-    if not opts.lr > 0:
-        raise UsageError(f"--lr={opts.lr} must be > 0")
+    if not 0 < opts.lr <= MAX_LR:
+        raise UsageError(f"--lr={opts.lr} must be in (0, {MAX_LR:g}]")
     if opts.preset and opts.preset not in PRESETS:
         raise UsageError(f"--preset={opts.preset} is not allowed; choose one of {', '.join(PRESETS)}")
     if not opts.out.endswith(".png"):

@@ -338,6 +338,7 @@ def test_coord_check_command_writes_png_and_numbers(tmp_path):
     (["--n_embd=64"], "--n_embd and --n_head are set by --widths and --head_dim"),
     (["--out=cc.jpg"], "--out=cc.jpg must be a .png path"),
     (["--widths=1_6"], "--widths=1_6 is not a comma-separated list of integers"),
+    (["--lr=1e300"], "--lr=1e+300 must be in (0, 1000]"),
     (["--widths=10000000", "--head_dim=10000000"], "need about"),
 ])
 def test_coord_check_bad_input_is_one_line_and_exit_code_2(argv, expected, capsys):

@@ -21,6 +21,7 @@ TINY = tiny(log_interval=None, max_iters=4)
 BAD = [
     (["--lr=0"], "--lr=0.0 must be > 0"),
     (["--lr=-1"], "--lr=-1.0 must be > 0"),
+    (["--lr=1e300"], "--lr=1e+300 must be at most 1000"),
     (["--lr=inf"], "--lr=inf is not a finite number"),
     (["--lr=nan"], "--lr=nan is not a finite number"),
     (["--lr=abc"], "--lr=abc is not a valid float"),
