@@ -12,16 +12,11 @@ paper states, its seeds, flags and LRs, and how it departs from the paper's prot
 A claim is judged by lab/claims.py as a contrast paired by seed: the exact sign-flip test of the per-seed
 differences, Holm-adjusted over the recipe's claims, with the Hodges-Lehmann effect and its interval, the power for
 the claim's effect and the minimum detectable effect (lab/stats.py). With n pairs the smallest p is 2 / 2^n, so a
-recipe's seeds must reach 0.05 / m at Holm's first step (8 seeds: 0.0078, enough for m up to 6). compare() below
-is the unpaired comparison of sweep.py's --reference, where the two sides did not run the same seeds.
+recipe's seeds must reach 0.05 / m at Holm's first step (8 seeds: 0.0078, enough for m up to 6).
 """
 
-import math
-import statistics
 from dataclasses import dataclass, field
 from typing import Optional
-
-from lab.stats import ALPHA, doubled_ranks, permutation_p, smallest_p  # noqa: F401 (used by callers as recipes.X)
 
 # the direction in which each metric is better (sweep.py's metric names, before the "@LR")
 # (lr_sensitivity: Wortsman et al. 2023 §3; grad_ratio, fc2_grad_ratio: layer 0's gradient over the last layer's,
@@ -29,35 +24,6 @@ from lab.stats import ALPHA, doubled_ranks, permutation_p, smallest_p  # noqa: F
 BETTER = {"steps_survived": "higher", "peak_lr": "higher", "final_loss": "lower", "best_loss": "lower",
           "spikes": "lower", "attn_logit_max": "lower", "log_z": "lower", "lr_sensitivity": "lower",
           "grad_ratio": "lower", "fc2_grad_ratio": "lower"}
-
-
-def spread(values):
-    """Median, min and max; inf (a diverged run) stays inf."""
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
-
-
-def compare(values, reference, better, expect="better"):
-    """A variant's values against its reference's, over seeds. better: "higher" or "lower" (the metric);
-    expect: "better" or "worse", the paper's direction for the variant. Returns the medians, [min, max] and n
-    of each side, the difference of medians, the exact p, which side ranks better, and the verdict."""
-    ours, theirs = spread(values), spread(reference)
-    with_inf = math.isinf(ours["median"]) and math.isinf(theirs["median"])
-    difference = None if with_inf else ours["median"] - theirs["median"]
-    p = permutation_p(values, reference)
-    # the direction is read from the rank sums, the statistic the p-value is about
-    ranks = doubled_ranks([float(v) for v in [*values, *reference]])
-    lean = sum(ranks[:len(values)]) - len(values) * (len(values) + len(reference) + 1)
-    side = "same" if lean == 0 else ("better" if (lean > 0) == (better == "higher") else "worse")
-    return {"variant_values": ours, "reference_values": theirs, "median_difference": difference, "p": float(p),
-            "p_exact": f"{p.numerator}/{p.denominator}", "smallest_p": float(smallest_p(len(values), len(reference))),
-            "observed": side, "expect": expect, "verdict": verdict(p, side, expect)}
-
-
-def verdict(p, side, expect):
-    """agrees / disagrees with the expected direction only at p < 0.05; otherwise inconclusive."""
-    if p >= ALPHA:
-        return "inconclusive at this scale"
-    return "agrees" if side == expect else "disagrees"
 
 
 @dataclass

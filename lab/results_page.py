@@ -18,7 +18,8 @@ from engine.flags import UsageError
 from lab import schema
 from lab.claims import FIELDS, RATIO_STEPS
 from lab.figures import FP16_MAX, legend_outside, log_lr_axis, make_folder, plt, save_png
-from lab.tables import interval_text, mde_text, p_value_text, power_text, value_text
+from lab.tables import (claims_table, comparison_text, interval_text, metric_label, p_value_text, power_text,
+                        value_text)
 
 LINE_STYLES = ("-", "--", ":", "-.")
 FIGURE_SIZE = (8, 4.5)  # inches, at FIGURE_DPI: readable at the page's width
@@ -206,18 +207,6 @@ def figure_metric(summary, ax):
     ax.set(ylabel=metric_label(metric))
 
 
-def metric_label(metric):
-    """A claim's metric in words (no "|": the label goes into Markdown tables)."""
-    name, _, lr = metric.partition("@")
-    return {"steps_survived": f"steps survived, LR ramp to {lr}", "peak_lr": f"LR reached, ramp to {lr}",
-            "final_loss": f"final val loss at LR {lr}", "best_loss": "final val loss, each at its best LR",
-            "spikes": f"loss spikes at LR {lr}", "attn_logit_max": f"max attention logit at the end, LR {lr}",
-            "log_z": f"abs(mean log Z) at the end, LR {lr}",
-            "lr_sensitivity": "LR sensitivity (Wortsman et al.), nats",
-            "grad_ratio": f"layer 0 / last layer gradient L2 norm, LR {lr}",
-            "fc2_grad_ratio": f"layer 0 / last layer mean abs grad of fc2, LR {lr}"}[name]
-
-
 FIGURES = {"ramp": figure_ramp, "loss_vs_lr": figure_loss_vs_lr, "depth": figure_depth,
            "grad_ratio": figure_grad_ratio, "metric": figure_metric}
 
@@ -251,14 +240,6 @@ def ended_text(row):
     return text
 
 
-def comparison_text(claim):
-    """"nf_normformer vs nf_baseline" or, for an interaction, "(a vs b) - (c vs d)"."""
-    text = f"{claim['variant']} vs {claim['reference']}"
-    if claim["minus"]:
-        text = f"({text}) - ({claim['minus'][0]} vs {claim['minus'][1]})"
-    return f"{text}, expected {claim['expect']}"
-
-
 def headline_rows(summary):
     recipe = summary["recipe"]
     return [f"| [{recipe['name']}](#{anchor(recipe)}) | {comparison_text(c)}: {metric_label(c['metric'])} | "
@@ -272,23 +253,6 @@ def headline(summaries):
              "| verdict |", "|---|---|---|---|---|---|"]
     for summary in summaries:
         lines += headline_rows(summary)
-    return "\n".join(lines)
-
-
-def claims_table(summary):
-    """A recipe's claims with every number its verdict rests on."""
-    lines = ["| comparison | metric | the paper's number | effect to detect (source) | effect [95% CI] (+: the "
-             "paper's direction) | variant - reference [95% CI] | n pairs | p | p (Holm) | power | MDE (80% power) | "
-             "verdict |", "|" + "---|" * 12]
-    for c in summary["claims"]:
-        to_detect = value_text(c["effect_to_detect"])
-        if c["relative"]:
-            to_detect += f" ({c['effect_claimed']:.0%} of the reference's median)"
-        lines.append(f"| {comparison_text(c)} | {metric_label(c['metric'])} | {c['paper_number']} | {to_detect}: "
-                     f"{c['effect_source']} | {interval_text(c['effect'], c['effect_ci'])} | "
-                     f"{interval_text(c['difference'], c['difference_ci'])} | {c['n']} | {p_value_text(c['p'])} | "
-                     f"{p_value_text(c['p_holm'])} | {power_text(c['power'])} | {mde_text(c['mde'])} | "
-                     f"{c['verdict']} |")
     return "\n".join(lines)
 
 
@@ -383,7 +347,7 @@ def recipe_section(summary, figure):
     ended = [ended_text(row) for row in summary["variants"] if row.get("criterion")]
     lines = [f'<a id="{anchor(recipe)}"></a>', f"## {recipe['title']}", "",
              f"Recipe `{recipe['name']}` ({recipe['scale']} scale). Paper: {recipe['paper']}.", "",
-             f"> {recipe['quote']}", "", design_text(recipe), "", claims_table(summary), "",
+             f"> {recipe['quote']}", "", design_text(recipe), "", claims_table(summary["claims"]), "",
              *diverged_text(summary)]
     if summary["mode"] == "lr":
         lines += lr_curve_table(summary)

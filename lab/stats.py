@@ -216,20 +216,48 @@ def sign_flip_power(n, delta, sd, alpha=ALPHA, trials=2000, seed=0):
 def minimum_detectable_effect(n, sd, alpha=ALPHA, power=POWER, trials=2000, seed=0, tolerance=1e-3):
     """The smallest mean paired difference delta whose sign-flip power with n pairs reaches `power`, by bisection
     on delta (to tolerance x sd); inf where the test cannot reach alpha with n pairs."""
-    def powerful(delta):
-        return sign_flip_power(n, delta, sd, alpha, trials, seed) >= power
-
     if smallest_sign_flip_p(n) >= alpha:
         return math.inf
+    return smallest_powerful_effect(lambda delta: sign_flip_power(n, delta, sd, alpha, trials, seed), sd, power,
+                                    tolerance)
+
+
+def smallest_powerful_effect(power_at, sd, power=POWER, tolerance=1e-3):
+    """The smallest delta with power_at(delta) >= power (power_at grows with delta), by doubling and bisection to
+    tolerance x sd."""
     if sd == 0:
         return 0.0
     low, high = 0.0, sd
-    while not powerful(high):
+    while power_at(high) < power:
         low, high = high, 2 * high
     while high - low > tolerance * sd:
         middle = (low + high) / 2
-        low, high = (low, middle) if powerful(middle) else (middle, high)
+        low, high = (low, middle) if power_at(middle) >= power else (middle, high)
     return high
+
+
+# Power of the unpaired design
+
+def rank_sum_power(n, m, delta, sd, alpha=ALPHA, trials=2000, seed=0):
+    """The probability that the exact two-sided Mann-Whitney test finds p < alpha when n values are normal with
+    mean delta and m with mean 0, both with standard deviation sd, by Monte Carlo as sign_flip_power: continuous
+    draws have no ties, so each design's p is read from the exact null distribution of U (rank_sum_counts)."""
+    counts = np.array(rank_sum_counts(n, m), dtype=float)
+    distance = np.abs(np.arange(len(counts)) - n * m / 2)
+    p_of_u = np.array([counts[distance >= d].sum() for d in distance]) / counts.sum()
+    z = np.random.default_rng(seed).standard_normal((trials, n + m))
+    a, b = delta + sd * z[:, :n], sd * z[:, n:]
+    u = (a[:, :, None] > b[:, None, :]).sum(axis=(1, 2))  # U: the pairs (a_i, b_j) with a_i > b_j
+    return float((p_of_u[u] < alpha).mean())
+
+
+def rank_sum_mde(n, m, sd, alpha=ALPHA, power=POWER, trials=2000, seed=0, tolerance=1e-3):
+    """The smallest shift of n values over m whose Mann-Whitney power reaches `power`; inf where the test cannot
+    reach alpha with n and m values."""
+    if smallest_p(n, m) >= alpha:
+        return math.inf
+    return smallest_powerful_effect(lambda delta: rank_sum_power(n, m, delta, sd, alpha, trials, seed), sd, power,
+                                    tolerance)
 
 
 def verdict(p_holm, effect, expect, mde, alpha=ALPHA):
@@ -243,4 +271,6 @@ def verdict(p_holm, effect, expect, mde, alpha=ALPHA):
         return "agrees" if agrees else "disagrees"
     if math.isinf(mde):
         return "not detected (no effect is detectable with these seeds)"
+    if math.isnan(mde):
+        return "not detected (the spread, and so the minimum detectable effect, is unknown)"
     return f"not detected (minimum detectable effect {mde:.3g})"

@@ -1,7 +1,7 @@
 """
 A sweep's results from its runs' log.jsonl and exit codes: one record per run, the summary rows of its mode, the
-comparisons of each variant with its reference (lab/recipes.py's statistics), and summary.json, summary.csv and
-the Markdown tables on stdout. sweep.py's docstring says what each mode summarizes.
+comparisons of each variant with its reference (lab/stats.py's tests), a recipe's claims (lab/claims.py), and
+summary.json, summary.csv and the Markdown tables on stdout. sweep.py's docstring says what each mode summarizes.
 """
 
 import csv
@@ -29,7 +29,7 @@ from lab.claims import PLATEAU, RATIO_STEPS
 from lab import recipes
 from lab import schema
 from lab import stats
-from lab.tables import side_text, value_text
+from lab.tables import claims_table, side_text, value_text
 
 FINISHED_CODES = (0, 3)  # train.py: 0 finished, 3 diverged
 METRICS = {"ramp": ("steps_survived", "peak_lr"), "lr": ("final_loss", "spikes", "attn_logit_max", "log_z")}
@@ -308,7 +308,7 @@ def comparisons(records, mode, lrs, variants, reference, claims=()):
     """Each variant against its reference on every metric: medians, [min, max] and n per side, the difference of
     medians, p and the verdict. Where both sides ran the same seeds the test is paired by seed (the exact sign-flip
     test of lab/stats.py on the per-seed differences, a diverged run's loss capped at L_0, as a claim's); else the
-    exact Mann-Whitney test of the two samples (recipes.compare, a diverged run the worst value). A recipe's claims
+    exact Mann-Whitney test of the two samples (a diverged run the worst value). A recipe's claims
     give the paper's direction for their (variant, metric), and for the variant's other metrics; a variant without
     a claim is read against "the variant is better"."""
     expected = {(c.variant, c.metric): c.expect for c in claims}
@@ -326,7 +326,7 @@ def comparisons(records, mode, lrs, variants, reference, claims=()):
                 theirs_all, _ = metric_values(records, ref, metric)
                 if not (ours_all and theirs_all):
                     continue
-                result = {**recipes.compare(ours_all, theirs_all, better, expect), "test": "Mann-Whitney"}
+                result = unpaired(ours_all, theirs_all, better, expect)
             _, our_lr = metric_values(records, variant, metric)
             _, their_lr = metric_values(records, ref, metric)
             rows.append({"variant": variant, "reference": ref, "metric": metric, "lr": our_lr,
@@ -334,31 +334,68 @@ def comparisons(records, mode, lrs, variants, reference, claims=()):
     return rows
 
 
+def spread(values):
+    """Median, min and max; inf (a diverged run) stays inf."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
 def paired(ours, theirs, better, expect):
     """A variant's per-seed values against its reference's on the same seeds ({seed: value} each): the sides'
-    spread, the difference of medians, the exact sign-flip p of the differences and the verdict, the direction read
-    from their mean (the statistic the p is about)."""
+    spread, the difference of medians, the exact sign-flip p of the differences, the direction read from their
+    mean (the statistic the p is about), the minimum detectable mean difference and the verdict."""
     seeds = sorted(ours)
     diffs = [ours[s] - theirs[s] for s in seeds]
     p = stats.sign_flip_p(diffs)
     mean = statistics.fmean(diffs)
     side = "same" if mean == 0 else ("better" if (mean > 0) == (better == "higher") else "worse")
-    a, b = recipes.spread([ours[s] for s in seeds]), recipes.spread([theirs[s] for s in seeds])
+    mde = stats.minimum_detectable_effect(len(seeds), statistics.stdev(diffs)) if len(seeds) > 1 else math.inf
+    a, b = spread([ours[s] for s in seeds]), spread([theirs[s] for s in seeds])
     return {"variant_values": a, "reference_values": b, "median_difference": a["median"] - b["median"],
             "p": float(p), "p_exact": f"{p.numerator}/{p.denominator}",
             "smallest_p": float(stats.smallest_sign_flip_p(len(seeds))), "observed": side, "expect": expect,
-            "verdict": recipes.verdict(p, side, expect), "test": "paired sign-flip", "pairs": len(seeds)}
+            "mde": mde, "verdict": verdict(p, side, expect, mde), "test": "paired sign-flip", "pairs": len(seeds)}
+
+
+def unpaired(values, reference, better, expect):
+    """A variant's values against its reference's where the two sides did not run the same seeds: the sides'
+    spread, the difference of medians, the exact Mann-Whitney p, which side ranks better (from the rank sums, the
+    statistic the p is about), the minimum detectable shift (from the finite values' pooled spread; nan where a
+    side has fewer than two) and the verdict."""
+    ours, theirs = spread(values), spread(reference)
+    with_inf = math.isinf(ours["median"]) and math.isinf(theirs["median"])
+    p = stats.permutation_p(values, reference)
+    ranks = stats.doubled_ranks([float(v) for v in [*values, *reference]])
+    lean = sum(ranks[:len(values)]) - len(values) * (len(values) + len(reference) + 1)
+    side = "same" if lean == 0 else ("better" if (lean > 0) == (better == "higher") else "worse")
+    finite = [[v for v in side_values if math.isfinite(v)] for side_values in (values, reference)]
+    if min(len(f) for f in finite) < 2:
+        mde = math.nan
+    else:
+        pooled = math.sqrt(statistics.fmean([statistics.variance(f) for f in finite]))
+        mde = stats.rank_sum_mde(len(values), len(reference), pooled)
+    return {"variant_values": ours, "reference_values": theirs,
+            "median_difference": None if with_inf else ours["median"] - theirs["median"], "p": float(p),
+            "p_exact": f"{p.numerator}/{p.denominator}",
+            "smallest_p": float(stats.smallest_p(len(values), len(reference))), "observed": side, "expect": expect,
+            "mde": mde, "verdict": verdict(p, side, expect, mde), "test": "Mann-Whitney"}
+
+
+def verdict(p, side, expect, mde):
+    """One row's verdict by the claims' rule (stats.verdict) at p < 0.05 uncorrected: these rows are every metric of
+    every variant, a description beside the recipe's Holm-corrected claims. side, expect: "better" or "worse"."""
+    toward = {"better": 1, "worse": -1, "same": 0}
+    return stats.verdict(p, toward[side] * toward[expect], "positive", mde)
 
 
 def comparison_markdown(rows):
     """The comparisons as a Markdown table, each side as the results page shows it."""
     lines = ["| variant | reference | metric | variant: median [min, max] | reference: median [min, max] | "
-             "difference | p | expected | verdict |", "|" + "---|" * 9]
+             "difference | test | p (uncorrected) | expected | verdict |", "|" + "---|" * 10]
     for row in rows:
         metric = row["metric"] + (f" (LR {row['lr']} vs {row['reference_lr']})" if row["metric"] == "best_loss" else "")
         lines.append(f"| {row['variant']} | {row['reference']} | {metric} | {side_text(row['variant_values'])} | "
                      f"{side_text(row['reference_values'])} | {value_text(row['median_difference'], plain=True)} | "
-                     f"{row['p']:.3g} | {row['expect']} | {row['verdict']} |")
+                     f"{row['test']} | {row['p']:.3g} | {row['expect']} | {row['verdict']} |")
     return "\n".join(lines)
 
 
@@ -440,3 +477,7 @@ def write_summary(sweep, runs, wall_s=0.0):
     if compared:
         print()
         print(comparison_markdown(compared))
+    if judged:
+        print()
+        print("The recipe's claims, Holm-corrected together (docs/experiments.md's table):")
+        print(claims_table(judged))

@@ -47,3 +47,40 @@ def mde_text(mde):
     if mde is not None and math.isinf(mde):
         return "none reachable"
     return value_text(mde)
+
+
+def metric_label(metric):
+    """A claim's metric in words (no "|": the label goes into Markdown tables)."""
+    name, _, lr = metric.partition("@")
+    return {"steps_survived": f"steps survived, LR ramp to {lr}", "peak_lr": f"LR reached, ramp to {lr}",
+            "final_loss": f"final val loss at LR {lr}", "best_loss": "final val loss, each at its best LR",
+            "spikes": f"loss spikes at LR {lr}", "attn_logit_max": f"max attention logit at the end, LR {lr}",
+            "log_z": f"abs(mean log Z) at the end, LR {lr}",
+            "lr_sensitivity": "LR sensitivity (Wortsman et al.), nats",
+            "grad_ratio": f"layer 0 / last layer gradient L2 norm, LR {lr}",
+            "fc2_grad_ratio": f"layer 0 / last layer mean abs grad of fc2, LR {lr}"}[name]
+
+
+def comparison_text(claim):
+    """"nf_normformer vs nf_baseline" or, for an interaction, "(a vs b) - (c vs d)"."""
+    text = f"{claim['variant']} vs {claim['reference']}"
+    if claim["minus"]:
+        text = f"({text}) - ({claim['minus'][0]} vs {claim['minus'][1]})"
+    return f"{text}, expected {claim['expect']}"
+
+
+def claims_table(claims):
+    """A recipe's claims with every number its verdict rests on."""
+    lines = ["| comparison | metric | the paper's number | effect to detect (source) | effect [95% CI] (+: the "
+             "paper's direction) | variant - reference [95% CI] | n pairs | p | p (Holm) | power | MDE (80% power) | "
+             "verdict |", "|" + "---|" * 12]
+    for c in claims:
+        to_detect = value_text(c["effect_to_detect"])
+        if c["relative"]:
+            to_detect += f" ({c['effect_claimed']:.0%} of the reference's median)"
+        lines.append(f"| {comparison_text(c)} | {metric_label(c['metric'])} | {c['paper_number']} | {to_detect}: "
+                     f"{c['effect_source']} | {interval_text(c['effect'], c['effect_ci'])} | "
+                     f"{interval_text(c['difference'], c['difference_ci'])} | {c['n']} | {p_value_text(c['p'])} | "
+                     f"{p_value_text(c['p_holm'])} | {power_text(c['power'])} | {mde_text(c['mde'])} | "
+                     f"{c['verdict']} |")
+    return "\n".join(lines)

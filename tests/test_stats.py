@@ -4,6 +4,7 @@ the sign-flip test against scipy's exact Wilcoxon test, and the Monte Carlo powe
 import math
 from fractions import Fraction
 
+import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
@@ -176,6 +177,33 @@ def test_minimum_detectable_effect_is_where_power_reaches_80_percent_and_shrinks
     assert stats.minimum_detectable_effect(8, sd=2.0, trials=1000) == pytest.approx(2 * mde[8], rel=0.01)
 
 
+def test_rank_sum_power_reads_the_exact_mann_whitney_p_of_each_draw():
+    """The same standard normal draws as rank_sum_power's (its rng seed and shape), judged one by one by scipy's
+    exact Mann-Whitney test: the share below 0.05 is the power, exactly."""
+    n, m, delta, trials = 6, 5, 1.2, 300
+    z = np.random.default_rng(7).standard_normal((trials, n + m))
+    p = [scipy_stats.mannwhitneyu(delta + row[:n], row[n:], method="exact").pvalue for row in z]
+    expected = sum(value < stats.ALPHA for value in p) / trials
+    assert 0.2 < expected < 0.9  # the case tells something
+    assert stats.rank_sum_power(n, m, delta, 1.0, trials=trials, seed=7) == expected
+
+
+def test_rank_sum_power_huge_none_and_unreachable():
+    assert stats.rank_sum_power(4, 4, delta=100.0, sd=1.0) == 1.0  # 2/70 < 0.05
+    assert stats.rank_sum_power(5, 5, delta=0.0, sd=1.0, trials=4000) <= stats.ALPHA + 0.01
+    # 3 a side: the smallest p is 2/20 = 0.1
+    assert stats.rank_sum_power(3, 3, delta=100.0, sd=1.0) == 0.0
+    assert stats.rank_sum_mde(3, 3, sd=1.0) == math.inf
+
+
+def test_rank_sum_mde_is_where_power_reaches_80_percent():
+    mde = stats.rank_sum_mde(6, 6, sd=1.0, trials=1000)
+    assert stats.rank_sum_power(6, 6, mde, 1.0, trials=1000) >= stats.POWER
+    assert stats.rank_sum_power(6, 6, mde * 0.95, 1.0, trials=1000) < stats.POWER
+    assert mde > stats.minimum_detectable_effect(6, sd=1.0, trials=1000) / math.sqrt(2)  # unpaired sees less
+    assert stats.rank_sum_mde(6, 6, sd=3.0, trials=1000) == pytest.approx(3 * mde, rel=0.01)
+
+
 # The verdict
 
 @pytest.mark.parametrize("p_holm, effect, expect, says", [
@@ -193,5 +221,6 @@ def test_verdict(p_holm, effect, expect, says):
 def test_verdict_without_a_detectable_effect_and_a_bad_direction():
     says = stats.verdict(0.2, 0.1, "positive", mde=math.inf)
     assert says == "not detected (no effect is detectable with these seeds)"
+    assert stats.verdict(0.2, 0.1, "positive", mde=math.nan).endswith("the minimum detectable effect, is unknown)")
     with pytest.raises(ValueError, match="positive"):
         stats.verdict(0.01, 0.1, "better", mde=0.1)

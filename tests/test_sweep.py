@@ -7,6 +7,7 @@ import math
 import os
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ import pytest
 
 from engine import run_folder
 from engine import files
+import lab.stats
 import lab.summary
 import sweep
 import train
@@ -301,6 +303,47 @@ def test_comparisons_without_shared_seeds_fall_back_to_the_unpaired_test():
              if r["metric"] == "final_loss@1e-2"]
     assert row["test"] == "Mann-Whitney" and row["reference_values"]["median"] == math.inf
     assert row["p_exact"] == "2/35"  # complete separation, 2 of C(7, 3) relabelings
+
+
+NO_EFFECT = "not detected (no effect is detectable with these seeds)"
+
+
+@pytest.mark.parametrize("values, reference, better, expect, verdict, observed", [
+    ([500, 520, 540, 560, 580], [300, 310, 320, 330, 340], "higher", "better", "agrees", "better"),
+    ([500, 520, 540, 560, 580], [300, 310, 320, 330, 340], "higher", "worse", "disagrees", "better"),
+    ([2.0, 2.1, 2.2, 2.3, 2.4], [1.0, 1.1, 1.2, 1.3, 1.4], "lower", "better", "disagrees", "worse"),
+    ([1.0, 1.1, 1.2, 1.3, 1.4], [math.inf] * 5, "lower", "better", "agrees", "better"),
+    ([1.0, 1.2, 1.4], [1.1, 1.3, 1.5], "lower", "better", NO_EFFECT, "better"),  # 3 a side: p >= 0.1
+    ([1.0, 2.0, 3.0], [4.0, 5.0, 6.0], "lower", "better", NO_EFFECT, "better"),  # p = 0.1
+])
+def test_unpaired_verdicts(values, reference, better, expect, verdict, observed):
+    result = lab.summary.unpaired(values, reference, better, expect)
+    assert (result["verdict"], result["observed"]) == (verdict, observed)
+    assert result["variant_values"]["n"] == len(values) and result["reference_values"]["n"] == len(reference)
+
+
+def test_unpaired_reports_medians_spread_the_exact_p_and_what_it_could_detect():
+    result = lab.summary.unpaired([2.0, 2.1, math.inf, math.inf], [math.inf, math.inf, math.inf, 3.0], "lower",
+                                  "better")
+    assert result["variant_values"] == {"median": math.inf, "min": 2.0, "max": math.inf, "n": 4}
+    assert result["reference_values"] == {"median": math.inf, "min": 3.0, "max": math.inf, "n": 4}
+    assert result["median_difference"] is None  # inf - inf
+    assert (result["p_exact"], result["p"]) == ("3/7", pytest.approx(3 / 7))
+    assert result["verdict"].endswith("the minimum detectable effect, is unknown)")  # one finite reference value
+    # 5 a side, overlapping: not detected, with the MDE of 5 vs 5 at the pooled spread (both sides' sd 1.5811)
+    result = lab.summary.unpaired([1.0, 2.0, 4.0, 5.0, 3.0], [3.0, 6.0, 7.0, 5.0, 4.0], "lower", "better")
+    assert result["median_difference"] == 3.0 - 5.0 and result["smallest_p"] == pytest.approx(2 / 252)
+    mde = lab.stats.rank_sum_mde(5, 5, math.sqrt(2.5))
+    assert result["mde"] == mde and result["verdict"] == f"not detected (minimum detectable effect {mde:.3g})"
+
+
+def test_paired_not_detected_names_the_minimum_detectable_mean_difference():
+    ours = {s: 2.0 + d for s, d in enumerate([0.1, -0.2, 0.3, -0.1, 0.2, 0.05])}
+    theirs = {s: 2.0 for s in range(6)}
+    row = lab.summary.paired(ours, theirs, "lower", "better")
+    mde = lab.stats.minimum_detectable_effect(6, statistics.stdev([ours[s] - 2.0 for s in range(6)]))
+    assert row["p"] > 0.05 and row["mde"] == mde
+    assert row["verdict"] == f"not detected (minimum detectable effect {mde:.3g})"
 
 
 @pytest.mark.parametrize("flags, expected", [
