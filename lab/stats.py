@@ -273,4 +273,6 @@ def verdict(p_holm, effect, expect, mde, alpha=ALPHA):
         return "not detected (no effect is detectable with these seeds)"
     if math.isnan(mde):
         return "not detected (the spread, and so the minimum detectable effect, is unknown)"
+    if mde == 0:  # no spread at all: with enough seeds only identical arms are not detected
+        return "not detected (no difference on any seed)"
     return f"not detected (minimum detectable effect {mde:.3g})"

@@ -188,6 +188,7 @@ print(data.prepare(dataset, "byte", data_dir))
 """
 
 
+@pytest.mark.slow
 def test_concurrent_prepare_tokenizes_once(tmp_path):
     corpus = (TEXT * 40).encode("utf-8")
     (tmp_path / "corpus.txt").write_bytes(corpus)
@@ -330,6 +331,7 @@ sys.exit({script}.main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["data", "train"])
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_or_sighup_while_preparing_data_is_one_line_and_removes_the_tmp(tmp_path, script, sig):

@@ -1,6 +1,6 @@
-"""Bad input to data.py and bench.py, each run as a real process: exit code 2, one line on stderr, no traceback,
-and every file under the working folder (data_dir included) exactly as it was. train.py's table is in
-test_train_errors.py."""
+"""Bad input to data.py (each run as a real process) and bench.py (in this process, and once as a real process):
+exit code 2, one line on stderr, no traceback, and every file under the working folder (data_dir included) exactly
+as it was. train.py's table is in test_train_errors.py."""
 
 import json
 import os
@@ -14,6 +14,7 @@ import torch
 
 import data
 from conftest import ROOT
+from lab import bench
 
 # a model no machine can hold: a bench case that gets past the check it names is refused by the memory check instead
 HUGE = ["--vocab_size=2000000000", "--n_embd=1000000"]
@@ -101,6 +102,7 @@ def set_token(path, index, value):
     tokens.tofile(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage, says", [
     (truncate("train.bin", -2), "train.bin has"),
     (truncate("train.bin", -1), "train.bin has"),  # half a token
@@ -127,7 +129,6 @@ def test_damaged_prepared_dataset(corpora, damage, says):
     assert says in err and "damaged" in err and str(folder.relative_to(corpora)) in err, err
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("args, says", [
     (["--variants=everything"], "--variants=everything is not allowed; choose one of norms"),
     (["--variants="], "--variants= is not allowed"),
@@ -144,8 +145,19 @@ def test_damaged_prepared_dataset(corpora, damage, says):
     pytest.param(["--device=cuda"], "CUDA is not available",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
 ])
-def test_bench_bad_input(tmp_path, args, says):
-    assert says in run(tmp_path, "bench.py", [*HUGE, *args])
+def test_bench_bad_input(tmp_path, monkeypatch, capsys, args, says):
+    """In this process (one real process below): bench.py's checks run before it allocates anything."""
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(tmp_path)
+    assert bench.main([*HUGE, *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("bench.py: ") and captured.err.count("\n") == 1 and says in captured.err
+    assert captured.out == "" and snapshot(tmp_path) == before
+
+
+@pytest.mark.slow
+def test_bench_bad_input_from_the_shell(tmp_path):
+    assert "unknown flag --bogus" in run(tmp_path, "bench.py", [*HUGE, "--bogus=1"])
 
 
 @pytest.mark.slow

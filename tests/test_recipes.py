@@ -129,6 +129,7 @@ def read_json(path):
         return json.load(f)
 
 
+@pytest.mark.slow
 def test_a_recipes_summary_records_its_design_and_claims_from_the_runs(tiny_experiments):
     summary = read_json(tiny_experiments / "sweeps" / "tiny_depth" / "summary.json")
     design = summary["recipe"]["design"]

@@ -222,6 +222,7 @@ def test_a_truncated_checkpoint_from_the_shell_prints_no_traceback(out_dir, tmp_
         assert line.startswith("sample.py: ") and expected in line
 
 
+@pytest.mark.slow
 def test_a_fifo_as_start_file_is_refused_unread(out_dir, tmp_path):
     os.mkfifo(tmp_path / "prompt")
     done = subprocess.run([sys.executable, "sample.py", f"--out_dir={out_dir}", f"--start=FILE:{tmp_path / 'prompt'}"],

@@ -222,5 +222,6 @@ def test_verdict_without_a_detectable_effect_and_a_bad_direction():
     says = stats.verdict(0.2, 0.1, "positive", mde=math.inf)
     assert says == "not detected (no effect is detectable with these seeds)"
     assert stats.verdict(0.2, 0.1, "positive", mde=math.nan).endswith("the minimum detectable effect, is unknown)")
+    assert stats.verdict(1.0, 0.0, "positive", mde=0.0) == "not detected (no difference on any seed)"
     with pytest.raises(ValueError, match="positive"):
         stats.verdict(0.01, 0.1, "better", mde=0.1)

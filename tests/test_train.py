@@ -315,10 +315,10 @@ def step():
     gpt(x, x)[1].backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-for _ in range(4):  # the first steps allocate the gradients and AdamW's states for good
+for _ in range(3):  # the first steps allocate the gradients and AdamW's states for good
     step()
 faults = []
-for _ in range(9):
+for _ in range(5):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     step()
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
