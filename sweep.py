@@ -18,8 +18,8 @@ to that process, never started a second time. A Ctrl-C, SIGTERM or SIGHUP to swe
 which stop with a checkpoint, and sweep.py waits for them.
 A finished or resumable run is this command's only where its config.json holds the configs this command resolves
 for it (train.py's own resolution; per-run bookkeeping aside, a key its config.json lacks counting as its
-default): another is refused, naming the run and the first differing setting, so that no summary publishes runs
-of other flags as this command's. Before anything starts, every run's flags pass train.py's checks; a variant is
+default): another is refused, naming the run and the first differing setting, as is one without a config.json,
+so that no summary publishes runs of other flags as this command's. Before anything starts, every run's flags pass train.py's checks; a variant is
 a plain folder name (its runs stay inside --out_dir), and two variants that resolve to one config are refused.
 
 --mode=ramp: the LR stability test (NormFormer §4, Table 3, Fig. 5, Table 8): --lr_schedule=ramp, the LR
@@ -290,12 +290,14 @@ def config_dicts(model_cfg, tc):
 
 
 def check_trained_as(run, settings, tc):
-    """The run's config.json holds the settings this command would run it with (a run without one, which train.py
-    did not start, is left to its log). A key its config.json lacks (written before nanonorm had it) counts as
-    its default; a setting train.py resolves when the run starts counts as given where it was left unset."""
+    """The finished or resumable run's config.json holds the settings this command would run it with (train.py
+    writes it before the first step, so a run without one cannot be told apart from another command's). A key its
+    config.json lacks (written before nanonorm had it) counts as its default; a setting train.py resolves when the
+    run starts counts as given where it was left unset."""
     saved = trained_config(run)
     if saved is None:
-        return
+        raise UsageError(f"{run.dir} has a result or a checkpoint but no config.json, so nothing says which flags "
+                         "trained it; remove the run (its folder, .exit and .out) to run it again")
     defaults = {"model": default_values(train.GPTConfig), "train": default_values(train.TrainConfig)}
     for section, expected in settings.items():
         for key, value in expected.items():

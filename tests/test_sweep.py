@@ -419,6 +419,7 @@ def test_a_run_that_diverged_without_an_exit_file_counts_as_finished_from_its_lo
     argv, (ended, fresh) = two_runs(tmp_path)
     start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
     write_log(ended.dir, [start, diverged(3, 0.01, "fc2", 0)])
+    write_config(ended, argv)
     assert lab.summary.is_finished(ended) and not os.path.exists(ended.dir + ".exit")
     assert sweep.main([*argv, "--dry_run"]) == 0
     commands = capsys.readouterr().out.splitlines()
@@ -440,6 +441,7 @@ def test_torn_and_foreign_logs_exit_files_and_summaries(tmp_path, capsys):
     os.remove(os.path.join(first.dir, "log.jsonl"))  # whole again, so that each line below is the one error
     os.rmdir(first.dir)
     write_log(first.dir, [start, diverged(3, 0.01, "fc2", 0)])
+    write_config(first, argv)
 
     def refused(expected):
         before = sorted(os.listdir(tmp_path / "sweep"))
@@ -559,6 +561,7 @@ def test_a_summary_that_cannot_be_written_is_one_line_and_keeps_the_old_one(tmp_
     start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
     for run in runs:
         write_log(run.dir, [start, {"event": "done", "step": 4, "val_loss": 2.0}])
+        write_config(run, argv)
     assert sweep.main(argv) == 0
     folder = tmp_path / "sweep"
     before = {name: (folder / name).read_bytes() for name in ("summary.json", "summary.csv")}
@@ -574,9 +577,19 @@ def test_a_summary_that_cannot_be_written_is_one_line_and_keeps_the_old_one(tmp_
 
 
 def finished_as(run, argv, tmp_path, drop=()):
-    """A finished run folder as train.py leaves it, trained with the flags of sweep argv: config.json with the
-    configs resolved as train.py resolves them (vocabulary padded from the data, dtype and compile made concrete,
-    paths absolute), less the keys in drop (a config.json written before those keys existed), and its log."""
+    """A finished run folder as train.py leaves it, trained with the flags of sweep argv: its log and config.json
+    (write_config)."""
+    start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
+    plan = sweep.parse_args(argv)
+    _, tc = train.build_configs(train.parse_flags(sweep.train_flags(run, plan)))
+    write_log(run.dir, [start, {"event": "done", "step": tc.max_iters, "val_loss": 2.0}])
+    write_config(run, argv, drop)
+
+
+def write_config(run, argv, drop=()):
+    """The run's config.json as train.py writes it before its first step, for the flags of sweep argv: the configs
+    resolved as train.py resolves them (vocabulary padded from the data, dtype and compile made concrete, paths
+    absolute), less the keys in drop (a config.json written before those keys existed)."""
     plan = sweep.parse_args(argv)
     flags = [f for f in sweep.train_flags(run, plan) if f not in ("--resume", "--overwrite")]
     model_cfg, tc = train.build_configs(train.parse_flags(flags))
@@ -586,30 +599,33 @@ def finished_as(run, argv, tmp_path, drop=()):
     for key in drop:
         model.pop(key, None)
         training.pop(key, None)
-    start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
-    write_log(run.dir, [start, {"event": "done", "step": tc.max_iters, "val_loss": 2.0}])
     with open(os.path.join(run.dir, "config.json"), "w") as f:
         json.dump({"model": model, "train": training, "world_size": 1}, f)
 
 
-def test_a_rerun_with_other_flags_is_refused_naming_the_run_and_the_setting(tmp_path, capsys):
-    """Runs trained with 2 layers and 6 steps are not the runs of a command asking for 3 layers and 9 steps: one
-    line naming the run and the first differing setting, exit code 2, nothing written; the same command again
-    (whose resolved configs match, with the keys train.py resolves at the start) takes them as finished."""
-    argv = ["--variants=baseline", "--lrs=1e-2", f"--out_dir={tmp_path / 'sweep'}", *SWEEP_TINY, "--n_layer=2",
-            "--max_iters=6", f"--data_dir={tmp_path / 'data'}"]
-    [run] = sweep.grid(sweep.parse_args(argv))
-    finished_as(run, argv, tmp_path, drop=("z_loss",))  # an older config.json: z_loss counts as its default
-    assert sweep.main([*argv, "--dry_run"]) == 0
-    assert capsys.readouterr().out == ""  # finished: nothing to run
-    before = sorted(os.listdir(tmp_path / "sweep"))
-    for other, setting in ((["--n_layer=3", "--max_iters=9"], "n_layer"), (["--z_loss=1e-4"], "z_loss"),
-                           (["--dataset=shakespeare"], "dataset")):
-        assert sweep.main([*argv, *other]) == 2
-        err = capsys.readouterr().err
-        assert err.startswith("sweep.py: ") and err.count("\n") == 1, err
-        assert run.dir in err and f"--{setting}" in err and "--out_dir" in err
-        assert sorted(os.listdir(tmp_path / "sweep")) == before
+def refused_without_config(argv, run, capsys):
+    assert sweep.main([*argv, "--dry_run"]) == 2
+    assert capsys.readouterr().err == (f"sweep.py: {run.dir} has a result or a checkpoint but no config.json, so "
+                                       "nothing says which flags trained it; remove the run (its folder, .exit and "
+                                       ".out) to run it again\n")
+
+
+def test_a_finished_or_resumable_run_without_its_config_json_is_refused(tmp_path, capsys):
+    """train.py writes config.json before the first step: a result or checkpoint without one (deleted, or copied in
+    from elsewhere) says nothing of the flags that made it, so a re-run sweep refuses to publish or resume it."""
+    argv, (finished, resumable) = two_runs(tmp_path)
+    finished_as(finished, argv, tmp_path)
+    config = os.path.join(finished.dir, "config.json")
+    with open(config, "rb") as f:
+        saved = f.read()
+    os.remove(config)
+    refused_without_config(argv, finished, capsys)
+    with open(config, "wb") as f:  # whole again; now the other run has a checkpoint and nothing else
+        f.write(saved)
+    os.makedirs(resumable.dir)
+    open(os.path.join(resumable.dir, "ckpt.pt"), "wb").close()
+    refused_without_config(argv, resumable, capsys)
+    assert not os.path.exists(os.path.join(tmp_path, "sweep", "summary.json"))
 
 
 def test_a_recipe_rerun_over_runs_of_other_flags_is_refused(tmp_path, capsys):
