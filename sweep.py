@@ -19,8 +19,9 @@ which stop with a checkpoint, and sweep.py waits for them.
 A finished or resumable run is this command's only where its config.json holds the configs this command resolves
 for it (train.py's own resolution; per-run bookkeeping aside, a key its config.json lacks counting as its
 default): another is refused, naming the run and the first differing setting, as is one without a config.json,
-so that no summary publishes runs of other flags as this command's. Before anything starts, every run's flags pass train.py's checks; a variant is
-a plain folder name (its runs stay inside --out_dir), and two variants that resolve to one config are refused.
+so that no summary publishes runs of other flags as this command's. Before anything starts, every run's flags
+pass train.py's checks; a variant is a plain folder name (its runs stay inside --out_dir), and two variants that
+resolve to one config are refused.
 
 --mode=ramp: the LR stability test (NormFormer §4, Table 3, Fig. 5, Table 8): --lr_schedule=ramp, the LR
 rises linearly from 0 to --lr at --max_iters; per variant and LR: steps survived and the LR reached (median,

@@ -261,24 +261,14 @@ def test_kill_9_leaves_a_loadable_checkpoint_and_resume_continues_exactly(corpus
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("n", [1, 3])
-def test_the_defaults_work_under_torchrun(corpus, tmp_path, n):
-    """No --grad_accum: one micro-step per process; the log states the global batch."""
-    out = tmp_path / "out"
-    result = torchrun(n, *flags(corpus, out, "--max_iters=2", "--eval_interval=2"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    config = json.loads((out / "config.json").read_text())
-    assert config["world_size"] == n and config["global_batch"] == {"sequences": 4 * n, "tokens": 4 * n * 32}
-    assert [s for s, _ in losses(out)] == [1, 2]
-    assert all(4.5 < loss < 6.5 for _, loss in losses(out))  # a real step: near ln(256) = 5.55 at the start
-
-
-@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads by their names in /proc (Linux)")
-def test_a_finished_torchrun_process_has_torn_gloo_down_before_it_exits(corpus, tmp_path):
-    """Gloo's threads still running when the interpreter exits can abort it (SIGABRT, "terminate called without an
-    active exception") after a run has finished. destroy_process_group joins them, unless something still holds
-    the group: torch.distributed.nn, when first imported after init_process_group, does."""
+@pytest.mark.parametrize("n", [1, 3])
+def test_the_defaults_work_under_torchrun_and_gloo_is_torn_down_before_exit(corpus, tmp_path, n):
+    """No --grad_accum: one micro-step per process; the log states the global batch. And gloo's threads still
+    running when the interpreter exits can abort it (SIGABRT, "terminate called without an active exception")
+    after a run has finished: destroy_process_group joins them, unless something still holds the group
+    (torch.distributed.nn, when first imported after init_process_group, does)."""
+    out = tmp_path / "out"
     script = tmp_path / "then_count_threads.py"
     script.write_text(
         f"import os, sys\nsys.path.insert(0, {ROOT!r})\nimport train\n"
@@ -287,10 +277,14 @@ def test_a_finished_torchrun_process_has_torn_gloo_down_before_it_exits(corpus, 
         f"open(os.path.join({str(tmp_path)!r}, 'gloo-threads-' + os.environ['RANK']), 'w')"
         ".write(str(sum('gloo' in name for name in names)))\n"
         "sys.exit(code)\n")
-    result = torchrun(2, *flags(corpus, tmp_path / "out", "--max_iters=2", "--eval_interval=2"), script=script)
+    result = torchrun(n, *flags(corpus, out, "--max_iters=2", "--eval_interval=2"), script=script)
     assert result.returncode == 0, result.stderr[-3000:]
-    left = [(tmp_path / f"gloo-threads-{rank}").read_text() for rank in (0, 1)]
-    assert left == ["0", "0"], f"gloo threads still running after train.main returned, by rank: {left}"
+    config = json.loads((out / "config.json").read_text())
+    assert config["world_size"] == n and config["global_batch"] == {"sequences": 4 * n, "tokens": 4 * n * 32}
+    assert [s for s, _ in losses(out)] == [1, 2]
+    assert all(4.5 < loss < 6.5 for _, loss in losses(out))  # a real step: near ln(256) = 5.55 at the start
+    left = [(tmp_path / f"gloo-threads-{rank}").read_text() for rank in range(n)]
+    assert left == ["0"] * n, f"gloo threads still running after train.main returned, by rank: {left}"
 
 
 @pytest.mark.slow
