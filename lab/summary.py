@@ -308,9 +308,9 @@ def comparisons(records, mode, lrs, variants, reference, claims=()):
     """Each variant against its reference on every metric: medians, [min, max] and n per side, the difference of
     medians, p and the verdict. Where both sides ran the same seeds the test is paired by seed (the exact sign-flip
     test of lab/stats.py on the per-seed differences, a diverged run's loss capped at L_0, as a claim's); else the
-    exact Mann-Whitney test of the two samples (a diverged run the worst value). A recipe's claims
-    give the paper's direction for their (variant, metric), and for the variant's other metrics; a variant without
-    a claim is read against "the variant is better"."""
+    exact Mann-Whitney test of the two samples (a diverged run the worst value). A recipe's claims give the paper's
+    direction for their (variant, metric), and for the variant's other metrics; a variant without a claim is read
+    against "the variant is better"."""
     expected = {(c.variant, c.metric): c.expect for c in claims}
     by_variant = {c.variant: c.expect for c in claims}
     rows = []
