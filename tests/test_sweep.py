@@ -576,24 +576,28 @@ def test_a_summary_that_cannot_be_written_is_one_line_and_keeps_the_old_one(tmp_
         assert not [p for p in folder.iterdir() if ".tmp" in p.name]
 
 
-def finished_as(run, argv, tmp_path, drop=()):
+def finished_as(run, argv, drop=()):
     """A finished run folder as train.py leaves it, trained with the flags of sweep argv: its log and config.json
     (write_config)."""
     start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
-    plan = sweep.parse_args(argv)
-    _, tc = train.build_configs(train.parse_flags(sweep.train_flags(run, plan)))
+    _, tc = resolved_configs(run, argv)
     write_log(run.dir, [start, {"event": "done", "step": tc.max_iters, "val_loss": 2.0}])
     write_config(run, argv, drop)
+
+
+def resolved_configs(run, argv):
+    """The run's configs for the flags of sweep argv, as train.py resolves them before it writes config.json (paths
+    absolute)."""
+    flags = [f for f in sweep.train_flags(run, sweep.parse_args(argv)) if f not in ("--resume", "--overwrite")]
+    model_cfg, tc = train.build_configs(train.parse_flags(flags))
+    return model_cfg, train.config_checks.absolute_paths(tc)
 
 
 def write_config(run, argv, drop=()):
     """The run's config.json as train.py writes it before its first step, for the flags of sweep argv: the configs
     resolved as train.py resolves them (vocabulary padded from the data, dtype and compile made concrete, paths
     absolute), less the keys in drop (a config.json written before those keys existed)."""
-    plan = sweep.parse_args(argv)
-    flags = [f for f in sweep.train_flags(run, plan) if f not in ("--resume", "--overwrite")]
-    model_cfg, tc = train.build_configs(train.parse_flags(flags))
-    tc = train.config_checks.absolute_paths(tc)
+    model_cfg, tc = resolved_configs(run, argv)
     model = {**dataclasses.asdict(model_cfg), "vocab_size": 64, "pn_warmup": 0}
     training = {**dataclasses.asdict(tc), "dtype": "float32", "compile": False}
     for key in drop:
@@ -601,6 +605,26 @@ def write_config(run, argv, drop=()):
         training.pop(key, None)
     with open(os.path.join(run.dir, "config.json"), "w") as f:
         json.dump({"model": model, "train": training, "world_size": 1}, f)
+
+
+def test_a_rerun_with_other_flags_is_refused_naming_the_run_and_the_setting(tmp_path, capsys):
+    """Runs trained with 2 layers and 6 steps are not the runs of a command asking for 3 layers and 9 steps: one
+    line naming the run and the first differing setting, exit code 2, nothing written; the same command again
+    (whose resolved configs match, with the keys train.py resolves at the start) takes them as finished."""
+    argv = ["--variants=baseline", "--lrs=1e-2", f"--out_dir={tmp_path / 'sweep'}", *SWEEP_TINY, "--n_layer=2",
+            "--max_iters=6", f"--data_dir={tmp_path / 'data'}"]
+    [run] = sweep.grid(sweep.parse_args(argv))
+    finished_as(run, argv, drop=("z_loss",))  # an older config.json: z_loss counts as its default
+    assert sweep.main([*argv, "--dry_run"]) == 0
+    assert capsys.readouterr().out == ""  # finished: nothing to run
+    before = sorted(os.listdir(tmp_path / "sweep"))
+    for other, setting in ((["--n_layer=3", "--max_iters=9"], "n_layer"), (["--z_loss=1e-4"], "z_loss"),
+                           (["--dataset=shakespeare"], "dataset")):
+        assert sweep.main([*argv, *other]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("sweep.py: ") and err.count("\n") == 1, err
+        assert run.dir in err and f"--{setting}" in err and "--out_dir" in err
+        assert sorted(os.listdir(tmp_path / "sweep")) == before
 
 
 def refused_without_config(argv, run, capsys):
@@ -614,7 +638,7 @@ def test_a_finished_or_resumable_run_without_its_config_json_is_refused(tmp_path
     """train.py writes config.json before the first step: a result or checkpoint without one (deleted, or copied in
     from elsewhere) says nothing of the flags that made it, so a re-run sweep refuses to publish or resume it."""
     argv, (finished, resumable) = two_runs(tmp_path)
-    finished_as(finished, argv, tmp_path)
+    finished_as(finished, argv)
     config = os.path.join(finished.dir, "config.json")
     with open(config, "rb") as f:
         saved = f.read()
@@ -634,7 +658,7 @@ def test_a_recipe_rerun_over_runs_of_other_flags_is_refused(tmp_path, capsys):
     out = f"--out_dir={tmp_path / 'r'}"
     tiny = ["--recipe=powernorm", out, "--max_iters=60", f"--dataset={tmp_path / 'corpus.txt'}"]
     for run in sweep.grid(sweep.parse_args(tiny)):
-        finished_as(run, tiny, tmp_path)
+        finished_as(run, tiny)
     assert sweep.main([*tiny, "--dry_run"]) == 0
     capsys.readouterr()
     assert sweep.main(["--recipe=powernorm", out]) == 2
@@ -650,7 +674,7 @@ def test_a_run_killed_by_a_signal_is_unfinished_and_the_stop_message_says_what_i
     argv, (killed, resumable) = two_runs(tmp_path)
     start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
     write_log(killed.dir, [start])
-    finished_as(resumable, argv, tmp_path)
+    finished_as(resumable, argv)
     with open(os.path.join(resumable.dir, "log.jsonl"), "w") as f:
         f.write(json.dumps(start) + "\n")
     open(os.path.join(resumable.dir, "ckpt.pt"), "wb").close()
