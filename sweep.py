@@ -230,13 +230,18 @@ def grid(plan):
             for seed in range(plan.first_seed, plan.first_seed + plan.seeds)]
 
 
+def has_checkpoint(run):
+    """Whether the run left a checkpoint to resume from (train.py's ckpt.pt)."""
+    return os.path.exists(os.path.join(run.dir, "ckpt.pt"))
+
+
 def train_flags(run, plan):
     """The flags of one run: the common ones, the variant's (they win), then what the sweep sets per run."""
     flags = [*plan.train_argv, *variant_flags(run.variant), f"--lr={run.lr}", f"--seed={run.seed}",
              f"--out_dir={run.dir}"]
     if plan.mode == "ramp":
         flags.append("--lr_schedule=ramp")
-    if os.path.exists(os.path.join(run.dir, "ckpt.pt")):
+    if has_checkpoint(run):
         flags.append("--resume")
     elif os.path.isdir(run.dir) and os.listdir(run.dir):
         flags.append("--overwrite")  # a previous attempt stopped before its first checkpoint
@@ -263,7 +268,7 @@ def check_runs(runs, plan):
         if same is not run:
             raise UsageError(f"--variants: {same.variant} and {run.variant} are the same runs (one config); give each "
                              "variant once")
-        if is_finished(run) or os.path.exists(os.path.join(run.dir, "ckpt.pt")):
+        if is_finished(run) or has_checkpoint(run):
             check_trained_as(run, settings, tc)
 
 
@@ -386,7 +391,7 @@ def stop_message(stopped, todo):
     run stopped, or killed, before its first checkpoint has none)."""
     name = "Ctrl-C" if stopped == signal.SIGINT else signal.Signals(stopped).name
     left = [run for run in todo if not is_finished(run)]
-    resume = sum(os.path.exists(os.path.join(run.dir, "ckpt.pt")) for run in left)
+    resume = sum(has_checkpoint(run) for run in left)
     return (f"sweep.py: stopped by {name}; of its {len(left)} unfinished runs, {resume} resume from a checkpoint, "
             f"{len(left) - resume} start afresh; run the same command again to go on")
 

@@ -138,15 +138,16 @@ def check_values(path, summary, advice=SUMMARY_ALLOWED):
     """A UsageError naming path where a run's LR is not a number, a finished run has no final loss, or a variant
     row's L(lr) column is not a number at an LR: the plots read each as a number. The summary has its shape."""
     for i, run in enumerate(summary["runs"]):
-        found = (f"runs[{i}].lr is {json.dumps(run['lr'])[:40]}, not a positive number" if not is_lr(run["lr"])
-                 else f"runs[{i}] is done without a final_loss" if run["status"] == "done"
-                 and not isinstance(run["final_loss"], NUMBER) else None)
-        if found:
-            raise UsageError(f"{path}: {found}; {advice}")
+        if not is_lr(run["lr"]):
+            raise UsageError(f"{path}: runs[{i}].lr is {json.dumps(run['lr'])[:40]}, not a positive number; {advice}")
+        if run["status"] == "done" and not isinstance(run["final_loss"], NUMBER):
+            raise UsageError(f"{path}: runs[{i}] is done without a final_loss; {advice}")
     for i, row in enumerate(summary["variants"]):
         for key in (k for k in row if k.startswith("L(")):
-            found = (f"variants[{i}].{key} is not L(an LR)" if not (key.endswith(")") and is_lr(key[2:-1]))
-                     else mismatch(row[key], NUMBER, f"variants[{i}].{key}"))
+            if not (key.endswith(")") and is_lr(key[2:-1])):
+                found = f"variants[{i}].{key} is not L(an LR)"
+            else:
+                found = mismatch(row[key], NUMBER, f"variants[{i}].{key}")
             if found:
                 raise UsageError(f"{path}: {found[:80]}; {advice}")
 

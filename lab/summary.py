@@ -339,6 +339,14 @@ def spread(values):
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
+def observed_side(lean, better):
+    """"better", "worse" or "same": which way the variant leans (lean: the sign of the statistic its p is about,
+    variant minus reference), for a metric where "higher" or "lower" is better."""
+    if lean == 0:
+        return "same"
+    return "better" if (lean > 0) == (better == "higher") else "worse"
+
+
 def paired(ours, theirs, better, expect):
     """A variant's per-seed values against its reference's on the same seeds ({seed: value} each): the sides'
     spread, the difference of medians, the exact sign-flip p of the differences, the direction read from their
@@ -347,7 +355,7 @@ def paired(ours, theirs, better, expect):
     diffs = [ours[s] - theirs[s] for s in seeds]
     p = stats.sign_flip_p(diffs)
     mean = statistics.fmean(diffs)
-    side = "same" if mean == 0 else ("better" if (mean > 0) == (better == "higher") else "worse")
+    side = observed_side(mean, better)
     mde = stats.minimum_detectable_effect(len(seeds), statistics.stdev(diffs)) if len(seeds) > 1 else math.inf
     a, b = spread([ours[s] for s in seeds]), spread([theirs[s] for s in seeds])
     return {"variant_values": a, "reference_values": b, "median_difference": a["median"] - b["median"],
@@ -366,7 +374,7 @@ def unpaired(values, reference, better, expect):
     p = stats.permutation_p(values, reference)
     ranks = stats.doubled_ranks([float(v) for v in [*values, *reference]])
     lean = sum(ranks[:len(values)]) - len(values) * (len(values) + len(reference) + 1)
-    side = "same" if lean == 0 else ("better" if (lean > 0) == (better == "higher") else "worse")
+    side = observed_side(lean, better)
     finite = [[v for v in side_values if math.isfinite(v)] for side_values in (values, reference)]
     if min(len(f) for f in finite) < 2:
         mde = math.nan
