@@ -11,13 +11,31 @@ import pytest
 ROOT = os.path.dirname(os.path.abspath(__file__))  # the repository root: scripts run from here
 # GPT-2's BPE ranks, offline: tests never reach the network (the README's test command sets nothing).
 os.environ.setdefault("TIKTOKEN_CACHE_DIR", os.path.join(os.path.dirname(ROOT), "shared", "tiktoken"))
+# cuBLAS is deterministic only with a fixed workspace, set before its first use in the process (CUDA's docs,
+# "Results reproducibility"): the exact-resume test on CUDA needs it; CPU runs ignore it.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+
+def cuda_available():
+    """Whether PyTorch sees a CUDA GPU (imported here, not at the top: conftest.py is read before test files that
+    need no torch)."""
+    import torch
+    return torch.cuda.is_available()
+
+
+# the reason a CUDA test gives where it is skipped
+NO_CUDA = "no CUDA GPU here: the CUDA tests run on a GPU machine (python -m lab.device_check runs them all)"
 
 # The tiny model of model.py's own tests: GPTConfig's keyword arguments.
 TINY_CONFIG = dict(n_layer=2, n_embd=32, n_head=4, block_size=16, vocab_size=64)
 # The tiny train.py run: a model that trains in milliseconds a step. A test file states how its runs differ with
 # tiny(flag=value) (None drops a flag), since its assertions count steps, evals and tokens of exactly these runs.
+# On the CPU, whatever the machine has: the tests about training (exact resume, float32 losses, dispatch counts)
+# are about CPU semantics, and --device=auto on a GPU machine would pick CUDA, bfloat16 and a compile for every
+# tiny run. The CUDA tests (tests/test_cuda.py, the cuda marker) ask for the GPU themselves.
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
-        "--log_interval=1", "--warmup_iters=2", "--lr=3e-3"]
+        "--log_interval=1", "--warmup_iters=2", "--lr=3e-3", "--device=cpu"]
 
 
 def tiny(**changes):

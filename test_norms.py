@@ -2,6 +2,8 @@
 norms.py against the papers: every forward and every gradient below is the paper's equation written out
 in plain tensor arithmetic (float64, seeded random inputs, odd sizes), never autograd run on a reference.
 X is the (N, C) matrix of the N = B*T tokens, the paper's B x d input (PowerNorm §3, footnote 1).
+The forward, backward and PowerNorm step tests run each module on the CPU and on a CUDA GPU where there is one
+(float64 on both, against the same formulas computed on the CPU).
 """
 
 import inspect
@@ -11,6 +13,7 @@ import pytest
 import torch
 
 import norms
+from conftest import NO_CUDA
 from norms import AFFINE, NORMS, make_norm
 
 SHAPES = [(4, 7, 13), (3, 1, 10), (2, 5, 24)]
@@ -18,6 +21,8 @@ EPS = 1e-3  # not the default 1e-5, so a module that ignores its eps argument fa
 GROUP_EPS = 1e-5  # PowerNorm's group scaling eps, fixed (reference code GroupScaling1D)
 EXACT = dict(rtol=1e-10, atol=1e-12)
 PER_TOKEN = ("layernorm", "rmsnorm", "cogview")
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda,
+                                              pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)])]
 BATCH_STAT = ("batchnorm", "pnv")
 
 
@@ -51,14 +56,15 @@ def gain_shift(m, dim):
     return g, b
 
 
-def run(m, x, dy, call=None):
-    """The module's y and autograd's dL/dx, dL/dg, dL/db for L = sum(y * dy); `call` wraps m (torch.compile)."""
-    x = x.clone().requires_grad_(True)
+def run(m, x, dy, call=None, device="cpu"):
+    """The module's y and autograd's dL/dx, dL/dg, dL/db for L = sum(y * dy), computed on `device` (where m is)
+    and returned on the CPU; `call` wraps m (torch.compile)."""
+    x = x.to(device, copy=True).requires_grad_(True)
     m.zero_grad(set_to_none=True)
     y = (m if call is None else call)(x)
-    y.backward(dy)
+    y.backward(dy.to(device))
     grads = [None if p is None else p.grad for p in (getattr(m, "weight", None), getattr(m, "bias", None))]
-    return (y.detach(), x.grad, *grads)
+    return tuple(None if t is None else t.detach().cpu() for t in (y, x.grad, *grads))
 
 
 # Forward formulas, each returning z (before g and b)
@@ -240,26 +246,28 @@ def test_batch_statistic_docstrings_warn_about_the_leak_and_ddp(kind):
 
 # Forward and backward against the papers
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("affine", AFFINE)
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("kind", PER_TOKEN + BATCH_STAT)
-def test_forward_matches_formula(kind, shape, affine):
+def test_forward_matches_formula(kind, shape, affine, device):
     gen = generator(1)
     m = build(kind, shape[-1], affine, gen)
     x = rand(shape, gen)
     g, b = gain_shift(m, shape[-1])
-    torch.testing.assert_close(m(x), Z_FORMULA[kind](x, EPS) * g + b, **EXACT)
+    torch.testing.assert_close(m.to(device)(x.to(device)).cpu(), Z_FORMULA[kind](x, EPS) * g + b, **EXACT)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("affine", AFFINE)
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("kind", PER_TOKEN + BATCH_STAT)
-def test_backward_matches_formula(kind, shape, affine):
+def test_backward_matches_formula(kind, shape, affine, device):
     gen = generator(2)
     m = build(kind, shape[-1], affine, gen)
     x, dy = rand(shape, gen), rand(shape, gen)
     g, _ = gain_shift(m, shape[-1])
-    _, dx, dg, db = run(m, x, dy)
+    _, dx, dg, db = run(m.to(device), x, dy, device=device)
     torch.testing.assert_close(dx, DX_FORMULA[kind](x, g, dy, EPS), **EXACT)
     z = Z_FORMULA[kind](x, EPS)
     if dg is not None:
@@ -310,28 +318,27 @@ def test_group_scale_is_rmsnorm_per_group_without_a_gain(shape, groups):
     assert torch.autograd.gradcheck(lambda v: norms.group_scale(v, groups), (x.requires_grad_(True),))
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("affine", AFFINE)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_dyt_forward_and_backward_match_formula(shape, affine):
+def test_dyt_forward_and_backward_match_formula(shape, affine, device):
     """DyT eq. (1): y = g tanh(alpha x) + b, so dL/dx = dy g alpha (1 - tanh^2(alpha x)),
     dL/dalpha = sum over every element of dy g x (1 - tanh^2(alpha x)), dL/dg = sum_i dy_i tanh(alpha x_i)."""
     gen = generator(18)
     m = build("dyt", shape[-1], affine, gen)
     x, dy = rand(shape, gen), rand(shape, gen)
     g, b = gain_shift(m, shape[-1])
-    alpha = m.alpha.detach()
+    alpha = m.alpha.detach().clone()
     t = torch.tanh(alpha * x)
-    xr = x.clone().requires_grad_(True)
-    y = m(xr)
-    y.backward(dy)
+    y, dx, dg, db = run(m.to(device), x, dy, device=device)
     torch.testing.assert_close(y, t * g + b, **EXACT)
-    torch.testing.assert_close(xr.grad, dy * g * alpha * (1 - t ** 2), **EXACT)
-    torch.testing.assert_close(m.alpha.grad, (dy * g * x * (1 - t ** 2)).sum(), **EXACT)
-    if m.weight is not None:
-        torch.testing.assert_close(m.weight.grad, tokens(dy * t).sum(0), **EXACT)
-    if m.bias is not None:
-        torch.testing.assert_close(m.bias.grad, tokens(dy).sum(0), **EXACT)
-    assert module_gradcheck(m, x)
+    torch.testing.assert_close(dx, dy * g * alpha * (1 - t ** 2), **EXACT)
+    torch.testing.assert_close(m.alpha.grad.cpu(), (dy * g * x * (1 - t ** 2)).sum(), **EXACT)
+    if dg is not None:
+        torch.testing.assert_close(dg, tokens(dy * t).sum(0), **EXACT)
+    if db is not None:
+        torch.testing.assert_close(db, tokens(dy).sum(0), **EXACT)
+    assert module_gradcheck(m, x.to(device))
 
 
 def test_none_is_the_identity():
@@ -411,17 +418,19 @@ def test_training_mode_mixes_tokens(kind):
 PN_CASES = [((4, 7, 13), 0), ((3, 1, 10), 2), ((2, 5, 24), 4), ((2, 5, 24), 0)]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("affine", AFFINE)
 @pytest.mark.parametrize("shape,groups", PN_CASES)
-def test_powernorm_follows_eqs_8_to_13_over_steps(shape, groups, affine):
+def test_powernorm_follows_eqs_8_to_13_over_steps(shape, groups, affine, device):
     gen, warmup, a_fwd, a_bwd = generator(9), 2, 0.8, 0.7  # two alphas that differ, so a swap shows
     C = shape[-1]
     m = build("powernorm", C, affine, gen, alpha_fwd=a_fwd, alpha_bwd=a_bwd, warmup=warmup, groups=groups)
     g, b = gain_shift(m, C)
+    m.to(device)
     psi2, nu = torch.ones(C, dtype=torch.float64), torch.zeros(C, dtype=torch.float64)
     for t in range(6):
         x, dy = rand(shape, gen, offset=0.3 * t), rand(shape, gen)
-        y, dx, dg, db = run(m, x, dy)
+        y, dx, dg, db = run(m, x, dy, device=device)
 
         X, dY = tokens(group_scale(x, groups)), tokens(dy)
         psi2_batch = (X ** 2).mean(0)
@@ -441,8 +450,8 @@ def test_powernorm_follows_eqs_8_to_13_over_steps(shape, groups, affine):
 
         torch.testing.assert_close(y, (Z * g + b).reshape(shape), **EXACT)
         torch.testing.assert_close(dx, group_scale_dx(x, dX.reshape(shape), groups), **EXACT)
-        torch.testing.assert_close(m.running_psi2, psi2, **EXACT)
-        torch.testing.assert_close(m.nu, nu, **EXACT)
+        torch.testing.assert_close(m.running_psi2.cpu(), psi2, **EXACT)
+        torch.testing.assert_close(m.nu.cpu(), nu, **EXACT)
         assert m.calls.item() == t + 1
         if dg is not None:
             torch.testing.assert_close(dg, (dY * Z).sum(0), **EXACT)

@@ -55,6 +55,8 @@ VARIANTS = {
     # the plainest GPT-2 of the same shape (PlainGPT, below) against nanonorm's model with every flag at its
     # default: the same math, so a ratio above 1 is work that a switched-off flag left in the step
     "baseline": {PLAIN: {}, "nanonorm defaults": {}},
+    # the default model alone: one compile, for timing it at several batch sizes (lab/device_check.py's MFU part)
+    "defaults": {"nanonorm defaults": {}},
     # LayerNorm's own two fused kernels, called through a Python torch.autograd.Function (LayerNormFunction,
     # below): a ratio above 1 is what the Function itself costs, which PowerNorm's approximate gradient pays
     "function": {"norm=layernorm": {"norm": "layernorm"}, THROUGH_FUNCTION: {"norm": "layernorm"}},

@@ -155,7 +155,7 @@ BAD_FLAGS = [
 
 @pytest.mark.parametrize("flags, expected", BAD_FLAGS, ids=lambda v: v[0] if isinstance(v, list) else "")
 def test_bad_flags_are_one_line_and_exit_code_2(out_dir, capsys, flags, expected):
-    assert sample.main([f"--out_dir={out_dir}", *flags]) == 2
+    assert sample.main([f"--out_dir={out_dir}", "--device=cpu", *flags]) == 2
     printed = capsys.readouterr()
     assert printed.out == "" and printed.err.count("\n") == 1
     assert printed.err.startswith("sample.py: ") and expected in printed.err
@@ -163,7 +163,7 @@ def test_bad_flags_are_one_line_and_exit_code_2(out_dir, capsys, flags, expected
 
 def test_a_start_file_that_is_not_utf8(out_dir, capsys, tmp_path):
     (tmp_path / "latin1.txt").write_bytes("café".encode("latin-1"))
-    assert sample.main([f"--out_dir={out_dir}", f"--start=FILE:{tmp_path / 'latin1.txt'}"]) == 2
+    assert sample.main([f"--out_dir={out_dir}", "--device=cpu", f"--start=FILE:{tmp_path / 'latin1.txt'}"]) == 2
     assert capsys.readouterr().err.startswith(f"sample.py: --start=FILE:{tmp_path / 'latin1.txt'} is not UTF-8")
 
 
@@ -192,7 +192,7 @@ def test_bad_checkpoints_are_one_line_and_exit_code_2(out_dir, capsys, tmp_path,
         write(tmp_path / "out", content(torch.load(out_dir / "ckpt.pt", weights_only=True)))
     else:
         write(tmp_path / "out", content)
-    assert sample.main([f"--out_dir={tmp_path / 'out'}"]) == 2
+    assert sample.main([f"--out_dir={tmp_path / 'out'}", "--device=cpu"]) == 2
     printed = capsys.readouterr()
     assert printed.out == "" and printed.err.count("\n") == 1
     assert printed.err.startswith("sample.py: ") and expected in printed.err
@@ -203,7 +203,7 @@ def test_a_model_smaller_than_its_tokenizer_is_refused(out_dir, capsys, tmp_path
     gpt2_ranks(monkeypatch)
     write(tmp_path / "out", edited(train_config=lambda c: {**c, "tokenizer": "gpt2"})(
         torch.load(out_dir / "ckpt.pt", weights_only=True)))
-    assert sample.main([f"--out_dir={tmp_path / 'out'}"]) == 2
+    assert sample.main([f"--out_dir={tmp_path / 'out'}", "--device=cpu"]) == 2
     printed = capsys.readouterr()
     assert printed.out == "" and printed.err.count("\n") == 1
     assert "vocab_size=256 is smaller than its tokenizer's (gpt2, 50257)" in printed.err

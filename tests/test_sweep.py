@@ -152,7 +152,7 @@ def test_the_runs_flags_pass_train_checks_before_anything_starts(tmp_path, capsy
 
 @pytest.mark.skipif(sweep.runtime.torch.cuda.is_available(), reason="a machine with a GPU runs --device=cuda")
 def test_a_device_this_machine_lacks_is_refused_unless_the_commands_are_for_another(tmp_path, capsys):
-    argv = ["--variants=baseline", "--lrs=1e-2", "--device=cuda", f"--out_dir={tmp_path / 's'}", *SWEEP_TINY]
+    argv = ["--variants=baseline", "--lrs=1e-2", f"--out_dir={tmp_path / 's'}", *SWEEP_TINY, "--device=cuda"]
     assert sweep.main(argv) == 2
     assert "--device=cuda: CUDA is not available here" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "s")

@@ -1,0 +1,249 @@
+"""
+The one check a maintainer with a GPU runs: every test on the GPU machine, the quickstart, GPT-2 small's bench,
+each norm's compiled cost beside layernorm's, the batch that gives the best MFU, and where powernorm's time goes.
+    python -m lab.device_check                      # every part but the whole suite: 8 minutes on one H100
+    python -m lab.device_check --parts=suite        # README command 1, every test, on the GPU machine
+    python -m lab.device_check --parts=tests,quickstart
+Each part is a subprocess with its own time box, so one slow part cannot eat the rest: a part past its box is
+stopped and reported as such, and the next one starts. The figures go to OUT/device_check.json and
+OUT/device_check.md (with the GPU, torch and the commands), every part's output to OUT/device_check.log, and one
+table is printed at the end. Absolute times mean something only on a GPU with nothing else running.
+"""
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engine import files
+from engine.flags import UsageError, build, fail, help_of, parse, print_help, wants_help
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# GPT-2 small (124M parameters with the padded vocabulary), nanoGPT's shape, at batch 16
+GPT2_SMALL = ["--n_layer=12", "--n_head=12", "--n_embd=768", "--block_size=1024", "--vocab_size=50304"]
+BATCHES = (24, 32, 48)  # the batches the MFU part tries at GPT-2 small beyond 16, in turn, while its box lasts
+
+
+@dataclass
+class Options:
+    out: str = help_of("folder for device_check.json, .md and .log (and the quickstart's run)",
+                       default="out/device_check")
+    parts: str = help_of("comma-separated parts to run, in this order: tests, quickstart, headline, baseline, "
+                         "norms, batch, profile, suite; all: every part but suite (the whole test suite, about "
+                         "5 minutes more)", default="all")
+    profile: bool = help_of("(internal) print where the compiled layernorm and powernorm spend their time",
+                            default=False)
+
+
+@dataclass
+class Part:
+    name: str
+    box_s: int  # the time box: the part is stopped after this many seconds
+    commands: list  # run one after another inside the box
+    what: str
+
+
+def python(*args):
+    return [sys.executable, *args]
+
+
+def bench(*args):
+    return python("-m", "lab.bench", *args)
+
+
+def parts(out):
+    """The parts in their order. The default ones (every part but suite) have boxes that add up to 8 minutes."""
+    # pytest-xdist where it is installed: the tests spread over 16 processes, test by test (the compiles too)
+    xdist = ["-n", "16", "--dist=load"] if importlib.util.find_spec("xdist") else []
+    pytest = python("-m", "pytest", "-p", "no:cacheprovider", "-rfE", *xdist)
+    quickstart = python("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", "train.py",
+                        f"--out_dir={os.path.join(out, 'quickstart')}", f"--data_dir={os.path.join(out, 'data')}",
+                        "--overwrite")
+    return [
+        Part("tests", 120, [[*pytest, "-q", "-m", "cuda or not slow"]],
+             "every CUDA test, and the quick loop, on this machine"),
+        Part("quickstart", 65, [quickstart], "README command 2: the default model on the built-in corpus"),
+        Part("headline", 110, [bench("--variants=headline", *GPT2_SMALL, "--batch_size=16", "--rounds=10")],
+             "GPT-2 small, bf16, compiled: baseline, NormFormer, PowerNorm"),
+        Part("baseline", 35, [bench("--variants=baseline", *GPT2_SMALL, "--batch_size=16", "--rounds=10")],
+             "the default model against plain GPT-2, same shape"),
+        Part("norms", 35, [bench("--variants=norms", "--part=norm", "--compile=True", "--n_embd=768",
+                                 "--block_size=1024", "--batch_size=16", "--rounds=20")],
+             "each norm module alone at GPT-2 small's activations, compiled, against layernorm"),
+        Part("batch", 100, [bench("--variants=defaults", *GPT2_SMALL, f"--batch_size={b}", "--rounds=5")
+                            for b in BATCHES], "the default model at GPT-2 small: MFU by batch (16: baseline)"),
+        Part("profile", 15, [python("-m", "lab.device_check", "--profile")],
+             "the compiled layernorm and powernorm modules' kernels"),
+        # not in the default 8 minutes: README command 1 whole, every test one by one in the log
+        Part("suite", 300, [[*pytest, "-v"]], "README command 1 on this machine: every test"),
+    ]
+
+
+def run_part(part, log):
+    """Runs the part's commands in turn until its box runs out; returns (status, seconds, output)."""
+    start, output, status = time.perf_counter(), [], "ok"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for command in part.commands:
+        left = part.box_s - (time.perf_counter() - start)
+        if left <= 0:
+            status = f"box of {part.box_s} s ran out"
+            break
+        log.write(f"\n$ {' '.join(command)}\n")
+        log.flush()
+        # a process group of its own, so that a part past its box is stopped with every process it started
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True, start_new_session=True)
+        try:
+            text, _ = process.communicate(timeout=left)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            text, _ = process.communicate()
+            status = f"stopped at its box of {part.box_s} s"
+        log.write(text)
+        log.flush()
+        output.append(text)
+        if status != "ok":
+            break
+        if process.returncode != 0:
+            status = f"exit code {process.returncode}"
+            break
+    return status, time.perf_counter() - start, "\n".join(output)
+
+
+def tests_figures(output):
+    """pytest's closing counts, and every failed test named so far (from -rfE's summary, or -v's lines as they
+    come, which a part stopped at its box still has)."""
+    match = re.findall(r"^=*\s*(\d+ (?:passed|failed).*?) in ([\d.]+)s", output, re.M)
+    failed = [word for line in output.splitlines() if "FAILED" in line.split()
+              for word in line.split() if "::" in word]
+    figures = {"summary": match[-1][0]} if match else {}
+    return {**figures, "rows": [f"FAILED {name}" for name in dict.fromkeys(failed)]} if failed else figures
+
+
+def quickstart_figures(output, out):
+    path = os.path.join(out, "quickstart", "log.jsonl")
+    figures = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            events = [json.loads(line) for line in f]
+        done = [e for e in events if e["event"] == "done"]
+        steps = [e["ms_per_step"] for e in events if e["event"] == "train"][1:]  # the first holds the compile
+        if done:
+            figures["val_loss"] = round(done[-1]["val_loss"], 4)
+        if steps:
+            figures["ms_per_step_median"] = round(statistics.median(steps), 2)
+    mfu = re.findall(r"MFU ([\d.]+)%", output)
+    if mfu:
+        figures["mfu_last"] = f"{mfu[-1]}%"
+    return figures
+
+
+def bench_rows(output):
+    """The rows of bench.py's tables (and its header lines) as printed."""
+    return [line for line in output.splitlines()
+            if line.startswith(("device ", "MFU ", "variant ", "guard", "preset=", "norm=", "plain ", "nanonorm ",
+                                "powernorm", "layernorm"))]
+
+
+def figures_of(part, output, out):
+    if part.name in ("tests", "suite"):
+        return tests_figures(output)
+    if part.name == "quickstart":
+        return quickstart_figures(output, out)
+    if part.name == "profile":
+        return {"rows": [line for line in output.splitlines() if line.startswith(("  ", "norm="))]}
+    return {"rows": bench_rows(output)}
+
+
+def environment():
+    cuda = torch.cuda.is_available()
+    return {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name() if cuda else "no CUDA GPU",
+            "torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0],
+            "cpu_cores": os.cpu_count()}
+
+
+def markdown(env, results):
+    lines = [f"device check, {env['date']}: {env['gpu']}, torch {env['torch']} (CUDA {env['cuda']}), Python "
+             f"{env['python']}, {env['cpu_cores']} CPU cores", "", "| part | what | status | seconds | figures |",
+             "|---|---|---|---|---|"]
+    for r in results:
+        short = {k: v for k, v in r["figures"].items() if k != "rows"}
+        lines.append(f"| {r['part']} | {r['what']} | {r['status']} | {r['seconds']:.0f} | "
+                     f"{', '.join(f'{k} {v}' for k, v in short.items())} |")
+    for r in results:
+        if r["figures"].get("rows"):
+            lines += ["", f"{r['part']}: `{' '.join(os.path.basename(a) for a in r['commands'][0])}`", "```",
+                      *r["figures"]["rows"], "```"]
+    return "\n".join(lines) + "\n"
+
+
+def profile_norms():
+    """The CUDA kernels of one compiled forward and backward of layernorm and of powernorm (norm modules as the
+    model builds them, GPT-2 small's activations, bf16 autocast), with their total time over 10 calls."""
+    from lab.bench import NormVariant
+    from model import GPTConfig
+    from train import TrainConfig
+    tc = TrainConfig(batch_size=16, device="cuda", dtype="bfloat16", compile=True)
+    for kind in ("layernorm", "powernorm"):
+        variant = NormVariant(GPTConfig(n_embd=768, block_size=1024, norm=kind), tc, "cuda", torch.bfloat16)
+        for _ in range(3):
+            variant.step()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                variant.step()
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.key_averages() if e.device_time_total > 0]
+        kernels.sort(key=lambda e: -e.device_time_total)
+        total = sum(e.device_time_total for e in kernels)
+        print(f"norm={kind}: {total / 10:.0f} us a forward and backward, {len(kernels)} kernels")
+        for e in kernels[:8]:
+            print(f"  {e.device_time_total / 10:8.1f} us x{e.count // 10:<3} {e.key[:90]}")
+    return 0
+
+
+def main(argv):
+    if wants_help(argv):
+        print_help(__doc__, Options)
+        return 0
+    try:
+        opts = build(Options, parse(argv, Options))
+        out = os.path.abspath(opts.out)
+        chosen = [p for p in parts(out) if p.name != "suite"] if opts.parts == "all" else \
+            [p for p in parts(out) if p.name in opts.parts.split(",")]
+        unknown = set(opts.parts.split(",")) - {p.name for p in parts(out)} if opts.parts != "all" else set()
+        if unknown:
+            raise UsageError(f"--parts: {', '.join(sorted(unknown))} is not a part; choose from "
+                             f"{', '.join(p.name for p in parts(out))}")
+        if not torch.cuda.is_available():
+            raise UsageError("PyTorch sees no CUDA GPU here; the device check is for a machine with one")
+    except UsageError as e:
+        return fail("device_check.py", e)
+    if opts.profile:
+        return profile_norms()
+    os.makedirs(out, exist_ok=True)
+    env, results = environment(), []
+    with open(os.path.join(out, "device_check.log"), "w") as log:
+        for part in chosen:
+            print(f"device_check: {part.name} ({part.what}), at most {part.box_s} s", flush=True)
+            status, seconds, output = run_part(part, log)
+            results.append({"part": part.name, "what": part.what, "status": status, "seconds": seconds,
+                            "commands": part.commands, "figures": figures_of(part, output, out)})
+    files.write_atomic(os.path.join(out, "device_check.json"),
+                       json.dumps({"environment": env, "parts": results}, indent=1).encode())
+    page = markdown(env, results)
+    files.write_atomic(os.path.join(out, "device_check.md"), page.encode())
+    print(page)
+    return 0 if all(r["status"] == "ok" for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,68 @@
+"""lab/device_check.py as far as a machine without a GPU can check it: its time boxes, its refusals, and how it
+reads the figures out of its parts' output."""
+import json
+import sys
+
+import pytest
+import torch
+
+from lab import device_check
+
+
+def test_the_default_parts_add_up_to_eight_minutes():
+    assert sum(part.box_s for part in device_check.parts("out") if part.name != "suite") <= 8 * 60
+
+
+@pytest.mark.slow
+def test_a_part_past_its_box_is_stopped_with_what_it_started_and_the_next_command_never_runs(tmp_path):
+    marker = tmp_path / "ran"
+    sleeper = [sys.executable, "-c", "import subprocess, sys, time; "
+               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); print('began', flush=True); "
+               "time.sleep(60)"]
+    part = device_check.Part("slow", 2, [sleeper, [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]], "a test")
+    with open(tmp_path / "log", "w") as log:
+        status, seconds, output = device_check.run_part(part, log)
+    assert status == "stopped at its box of 2 s" and seconds < 10
+    assert "began" in output and not marker.exists()
+
+
+def test_a_failing_command_ends_its_part_with_its_exit_code(tmp_path):
+    part = device_check.Part("failing", 30, [[sys.executable, "-c", "raise SystemExit(3)"],
+                                             [sys.executable, "-c", "print('after')"]], "a test")
+    with open(tmp_path / "log", "w") as log:
+        status, _, output = device_check.run_part(part, log)
+    assert status == "exit code 3" and "after" not in output
+
+
+def test_the_test_summary_is_read_from_pytests_last_line():
+    output = "....F.\n= 2 failed, 1517 passed, 150 skipped in 171.20s (0:02:51) =\n"
+    assert device_check.tests_figures(output) == {"summary": "2 failed, 1517 passed, 150 skipped"}
+    assert device_check.tests_figures("....\n") == {}  # stopped before pytest's last line
+    verbose = ("[gw3] [ 40%] FAILED tests/test_a.py::test_one[x] \n[gw1] [ 41%] PASSED tests/test_a.py::test_two \n"
+               "FAILED tests/test_a.py::test_one[x] - AssertionError: no\n")
+    assert device_check.tests_figures(verbose) == {"rows": ["FAILED tests/test_a.py::test_one[x]"]}
+
+
+def test_the_quickstart_figures_come_from_its_log_and_progress_lines(tmp_path):
+    run = tmp_path / "quickstart"
+    run.mkdir()
+    events = [{"event": "train", "step": 25, "ms_per_step": 900.0}, {"event": "train", "step": 50, "ms_per_step": 12.0},
+              {"event": "train", "step": 75, "ms_per_step": 14.0}, {"event": "train", "step": 100, "ms_per_step": 13.0},
+              {"event": "done", "step": 100, "val_loss": 1.84261}]
+    (run / "log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    output = "step 25 | loss 3.1 | MFU 0.1% | ETA 0:10\nstep 100 | loss 2.0 | MFU 0.2% | ETA 0:00\n"
+    assert device_check.quickstart_figures(output, str(tmp_path)) == {
+        "val_loss": 1.8426, "ms_per_step_median": 13.0, "mfu_last": "0.2%"}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with a GPU runs the check")
+def test_without_a_gpu_the_check_is_refused_in_one_line(capsys):
+    assert device_check.main([]) == 2
+    assert capsys.readouterr().err == ("device_check.py: PyTorch sees no CUDA GPU here; the device check is for a "
+                                       "machine with one\n")
+
+
+def test_an_unknown_part_is_refused_naming_the_parts(capsys):
+    assert device_check.main(["--parts=tests,bench"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--parts: bench is not a part; choose from tests, quickstart, headline" in err
