@@ -7,8 +7,9 @@ Flags are --key=value (or --key value); a bare --flag sets a boolean. python tra
 (configurable.txt). A run writes out_dir/config.json (the resolved config), out_dir/log.jsonl (one JSON object
 per event) and out_dir/ckpt.pt (atomically, at each eval); --resume continues from it exactly. One run at a time
 uses an out_dir (it holds out_dir/run.lock).
-Read on for TrainConfig, the LR schedule and train(), the loop; beside this file are flags.py (the command line),
-config_checks.py (its checks), run_folder.py (the run folder), runtime.py (device, DDP) and instruments.py (spikes).
+Read on for TrainConfig, the LR schedule and train(), the loop. engine/ holds the command line (flags.py) and its
+checks (config_checks.py), the run folder (run_folder.py), and the device and processes (runtime.py); diagnostics/
+the loss-spike instruments (instruments.py) and PowerNorm's leakage measurement (leakage.py).
 """
 
 import contextlib
@@ -32,8 +33,8 @@ from engine import files
 from engine import flags
 from engine import runtime
 from diagnostics.instruments import Instruments
+from diagnostics.leakage import Leakage
 from model import GPT, GPTConfig, PRESETS, flops_per_token
-from norms import PNV, BatchNorm, PowerNorm
 
 
 @dataclass
@@ -106,8 +107,11 @@ def train(model_cfg, tc, machine, checkpoint, events, folder, meta, stop):
     per process. Returns the exit code: 0 done, 3 diverged, 130 stopped by Ctrl-C, SIGTERM or SIGHUP (with a
     checkpoint)."""
     autocast = torch.autocast(machine.device_type, dtype=getattr(torch, tc.dtype), enabled=tc.dtype != "float32")
-    raw_model, optimizer, scaler, instruments, (step, best_val, best_step) = build(model_cfg, tc, machine,
-                                                                                   checkpoint, autocast)
+    raw_model, optimizer, scaler, instruments = build(model_cfg, tc, machine, autocast)
+    step, best_val, best_step = 0, float("inf"), 0  # the best val loss so far, and its step
+    if checkpoint:
+        step, best_val, best_step = run_folder.restore(checkpoint, raw_model, optimizer, scaler, tc, machine)
+        instruments.load_state_dict(checkpoint)  # a resumed run flags, skips and diverges where the whole one would
     log_path = run_folder.start_run(model_cfg, tc, machine, raw_model, step if checkpoint else None, events, folder,
                                      meta)
     model = torch.compile(raw_model) if tc.compile else raw_model
@@ -116,12 +120,12 @@ def train(model_cfg, tc, machine, checkpoint, events, folder, meta, stop):
     saved_at = step if checkpoint else None
     # a checkpoint written by a stop during its step's evaluation is evaluated again on resume
     resumed_at = step if checkpoint and checkpoint.get("evaluated", True) else None
-    progress, stop_everywhere = runtime.Progress(step), False
+    progress, stop_agreed = runtime.Progress(step), False
     while True:
         lr = get_lr(step, tc)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        # every eval_interval steps: the loss of both splits, then a checkpoint if it improved (or always)
+        # ---- EVALUATE AND CHECKPOINT every eval_interval steps: both splits' loss, then a checkpoint if it improved
         evaluated = (step % tc.eval_interval == 0 or step == tc.max_iters) and step != resumed_at
         losses = evaluate(model, raw_model, folder, tc, machine, autocast, model_cfg.block_size, stop) \
             if evaluated else None
@@ -130,22 +134,20 @@ def train(model_cfg, tc, machine, checkpoint, events, folder, meta, stop):
             spread = runtime.rank_spread(raw_model) if machine.ddp else 0.0
             if machine.master:
                 print(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-                diagnostics = {key: value for key, value in losses.items() if key not in ("train", "val")}
+                leakage = {key: value for key, value in losses.items() if key not in ("train", "val")}
                 run_folder.log_event(log_path, {"event": "eval", "step": step, "train_loss": losses["train"],
-                                                 "val_loss": losses["val"], **diagnostics, "lr": lr,
-                                                 "rank_spread": spread})
+                                                 "val_loss": losses["val"], **leakage, "lr": lr, "rank_spread": spread})
             if not math.isfinite(losses["val"]):
                 return instruments.report(step, lr, f"non-finite validation loss ({losses['val']})")
             improved = losses["val"] < best_val
             if improved:
                 best_val, best_step = losses["val"], step
         # a stop request ends the run here: one during the evaluation (then losses is None), or one during the step
+        # (under DDP the one the last step's host read agreed on, so that every process stops at the same step)
         stopped_in_eval = evaluated and losses is None
-        stop_requested = stop_everywhere if machine.ddp else stop.requested
-        stopping = stopped_in_eval or (stop_requested and step < tc.max_iters)
+        stopping = stopped_in_eval or ((stop_agreed if machine.ddp else stop.requested) and step < tc.max_iters)
         checkpoint_due = losses and step > 0 and (improved or tc.always_save_checkpoint)
-        unsaved_stop = stopping and saved_at != step
-        if checkpoint_due or unsaved_stop:
+        if checkpoint_due or (stopping and saved_at != step):
             run_folder.save(tc.out_dir, {
                 "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
                 "step": step, "best_val": best_val, "best_step": best_step, **instruments.state_dict(),
@@ -159,49 +161,48 @@ def train(model_cfg, tc, machine, checkpoint, events, folder, meta, stop):
             if machine.master:
                 run_folder.log_event(log_path, {"event": "done", "step": step, "val_loss": losses["val"]})
             return 0
-        # TRAINING SECTION BEGIN: one optimizer step over grad_accum micro-batches on each process
+        # ---- TRAINING SECTION BEGIN: one optimizer step over grad_accum micro-batches on each process
         shape = sequence_shape(step, tc, model_cfg.block_size)
-        pre_step = instruments.before_step()
-        # cross-entropy and z-loss term (means over micro-steps), and runtime.STOP's slot for the stop request
-        sums = torch.zeros(3, device=machine.device)
-        for micro in range(tc.grad_accum):
-            x, y = get_batch(folder, "train", tc, machine, step, micro, shape=shape)
-            # DDP: all-reduce the gradients only on the last micro-step
-            sync = micro == tc.grad_accum - 1 or not machine.ddp
-            with (contextlib.nullcontext() if sync else model.no_sync()), autocast:
-                logits, loss = model(x, y)
-                z_term = z_loss_term(logits) if tc.z_loss else torch.zeros((), device=machine.device)
-            scaler.scale((loss + tc.z_loss * z_term) / tc.grad_accum).backward()
-            sums[:2] += torch.stack([loss.detach(), z_term.detach()]) / tc.grad_accum
+        means = torch.zeros(2, device=machine.device)  # the cross-entropy and the z-loss term, over micro-steps
+        with instruments.watching(step):  # forensics' pre-step buffers; --fp16_overflow_fails's forward hooks
+            for micro in range(tc.grad_accum):
+                x, y = get_batch(folder, "train", tc, machine, step, micro, shape=shape)
+                # DDP: all-reduce the gradients only on the last micro-step
+                sync = micro == tc.grad_accum - 1 or not machine.ddp
+                with (contextlib.nullcontext() if sync else model.no_sync()), autocast:
+                    logits, loss = model(x, y)
+                    z_term = z_loss_term(logits) if tc.z_loss else torch.zeros((), device=machine.device)
+                scaler.scale((loss + tc.z_loss * z_term) / tc.grad_accum).backward()
+                means += torch.stack([loss.detach(), z_term.detach()]) / tc.grad_accum
         scaler.unscale_(optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), tc.grad_clip or float("inf"))
-        loss_value, z_value, stop_everywhere, grad_value = runtime.host_read(sums, grad_norm, stop, machine)
-        verdict = instruments.judge(step, loss_value, grad_value, scaler)  # spikes, divergence: before the update
+        read = runtime.host_read(means, grad_norm, stop, machine)
+        stop_agreed = read.stop
+        verdict = instruments.judge(step, read.loss, read.grad_norm, scaler)  # spikes, divergence: before the update
         if verdict.diverged:
             batches = (get_batch(folder, "train", tc, machine, step, i, shape=shape) for i in range(tc.grad_accum))
-            return instruments.report(step, lr, verdict.diverged, pre_step, batches)
-        before = instruments.weights_before(step)
+            return instruments.report(step, lr, verdict.diverged, batches)
         if not verdict.skip:
             scaler.step(optimizer)
         scaler.update()
-        instruments.after_update(step + 1, verdict, scaler, before, x, y)
+        instruments.after_update(step + 1, verdict, scaler, x, y)
         optimizer.zero_grad(set_to_none=True)
         step += 1
-        # TRAINING SECTION END: everything below is logging
+        # ---- TRAINING SECTION END: everything below is logging
         progress.step_done(step, tc.log_interval)
         if step % tc.log_interval == 0 and machine.master:
             dt, _ = progress.lap(step)
             tokens = tc.batch_size * tc.grad_accum * machine.world_size * model_cfg.block_size
             mfu = runtime.mfu(flops_per_token(raw_model, model_cfg) * tokens / dt, tc, machine)
-            grad_text = "overflow (update skipped)" if verdict.overflow else f"{grad_value:.3f}"
-            print(f"step {step} | loss {loss_value:.4f} | lr {lr:.2e} | grad norm {grad_text} | {dt * 1000:.1f} "
+            grad_text = "overflow (update skipped)" if verdict.overflow else f"{read.grad_norm:.3f}"
+            print(f"step {step} | loss {read.loss:.4f} | lr {lr:.2e} | grad norm {grad_text} | {dt * 1000:.1f} "
                   f"ms/step | {tokens / dt:,.0f} tokens/s{f' | MFU {mfu:.1%}' if mfu else ''} | ETA "
                   f"{runtime.format_duration(dt * (tc.max_iters - step))}")
-            event = {"event": "train", "step": step, "loss": loss_value, "lr": lr,
-                     "grad_norm": None if verdict.overflow else grad_value,
+            event = {"event": "train", "step": step, "loss": read.loss, "lr": lr,
+                     "grad_norm": None if verdict.overflow else read.grad_norm,
                      "ms_per_step": dt * 1000, "tokens_per_s": tokens / dt}
             if tc.z_loss:
-                event["z_loss"] = z_value
+                event["z_loss"] = read.z_loss
             if tc.seq_warmup_iters:
                 event["seq_len"] = shape[0]
             run_folder.log_event(log_path, event)
@@ -250,31 +251,23 @@ def get_batch(folder, split, tc, machine, *stream, shape):
                           machine.device)
 
 
-# the norms that normalize a training token with statistics of the whole batch (PowerNorm §3; PowerNorm in warmup)
-BATCH_STATISTIC_NORMS = (BatchNorm, PNV, PowerNorm)
-
-
 @torch.no_grad()
 def evaluate(model, raw_model, folder, tc, machine, autocast, block_size, stop):
     """Mean loss per split over the same eval_iters x batch_size windows at every evaluation, in every run
-    (data.eval_starts), shared among the processes, in eval mode (running statistics). None when a stop request
-    (Ctrl-C) comes first: the processes agree on it before each batch.
-    With a batch-statistic norm in the model, also "<split>_loss_batch_stats": the loss of the same batches with
-    those norms in training mode (batch statistics, where a token sees the rest of its batch, future tokens
-    included), and "batch_stat_dist", PowerNorm §3's distance between the val batches' statistics and the
-    running ones: together, how much a training loss gains from the batch, which an eval loss cannot."""
+    (data.eval_starts), shared among the processes, in eval mode (running statistics), and with a batch-statistic
+    norm PowerNorm §3's leakage of the same batches (diagnostics/leakage.py). None when a stop request (Ctrl-C)
+    comes first: the processes agree on it before each batch."""
     if machine.ddp:
         # running statistics are per process; rank 0's win, as DDP's own broadcast does
         for buffer in raw_model.buffers():
             dist.broadcast(buffer, src=0)
     model.eval()
     eval_model = model.module if machine.ddp else model  # compiled if --compile; no DDP wrapper, as nothing syncs
-    norms = [m for m in raw_model.modules() if isinstance(m, BATCH_STATISTIC_NORMS)]
+    leakage = Leakage(raw_model)
     losses = {}
     for split in ("train", "val"):
         starts = data.eval_starts(data.split_tokens(folder, split), block_size, tc.eval_iters * tc.batch_size)
-        # sums over windows: the loss in eval mode and with batch statistics, and PowerNorm §3's distances
-        sums = torch.zeros(1 + (1 + len(norms[0].STATISTICS) if norms else 0), device=machine.device)
+        sums = torch.zeros(1 + len(leakage), device=machine.device)  # over windows: the loss, then the leakage's
         for batch in data.eval_batches(starts, tc.batch_size, machine.rank, machine.world_size):
             if runtime.agree(stop.requested, machine):
                 model.train()
@@ -283,62 +276,26 @@ def evaluate(model, raw_model, folder, tc, machine, autocast, block_size, stop):
                 continue  # this process's share ran out before the others'
             x, y = data.windows(folder, split, batch, block_size, machine.device)
             with autocast:
-                sums[0] += eval_model(x, y)[1].float() * len(batch)  # the model's loss is a mean over its batch
-                if norms:
-                    sums[1:] += batch_statistics_loss(raw_model, norms, x, y) * len(batch)
+                loss = eval_model(x, y)[1].float().reshape(1)  # the model's loss is a mean over its batch
+                sums += torch.cat([loss, leakage.measure(x, y)]) * len(batch)
         if machine.ddp:
             dist.all_reduce(sums)
         means = (sums / len(starts)).tolist()
-        losses[split] = means[0]
-        if norms:
-            losses[f"{split}_loss_batch_stats"] = means[1]
-            if split == "val":
-                losses["batch_stat_dist"] = dict(zip(norms[0].STATISTICS, means[2:]))
+        losses.update({split: means[0], **leakage.named(split, means[1:])})
     model.train()
     return losses
 
 
-def batch_statistics_loss(raw_model, norms, x, y):
-    """The loss of (x, y) with the batch-statistic norms in training mode and the rest in eval mode (no dropout),
-    and the mean over those norms of PowerNorm §3's distance between the batch's statistics and the running
-    ones (norms.distance). The norms' buffers (running statistics, PowerNorm's call count) are put back as
-    they were: an evaluation learns nothing."""
-    saved = [(module, name, buffer, buffer.clone()) for module in norms
-             for name, buffer in module.named_buffers(recurse=False)]
-    distances = []
-    hooks = [module.register_forward_pre_hook(lambda module, args: distances.append(module.batch_distance(args[0])))
-             for module in norms]
-    try:
-        for module in norms:
-            module.train()
-        loss = raw_model(x, y)[1].float()
-    finally:
-        for hook in hooks:
-            hook.remove()
-        for module, name, buffer, value in saved:
-            # PowerNorm replaces its buffers by new tensors in training: the originals come back, with their values
-            buffer.copy_(value)
-            setattr(module, name, buffer)
-            module.eval()
-    per_statistic = torch.stack([torch.stack([d[key] for key in norms[0].STATISTICS]) for d in distances]).mean(0)
-    return torch.cat([loss.reshape(1), per_statistic])
-
-
-def build(model_cfg, tc, machine, checkpoint, autocast):
-    """The model, AdamW, the GradScaler (float16 only) and the instruments, with the checkpoint's state on
-    --resume; returns them and (step, best val loss, its step)."""
+def build(model_cfg, tc, machine, autocast):
+    """The model (plain: not compiled, not DDP-wrapped), AdamW, the GradScaler (float16 only) and the instruments."""
     torch.manual_seed(tc.seed)  # the same initial weights on every process
     model = GPT(model_cfg).to(machine.device)
     optimizer = configure_optimizer(model, tc, machine.device_type)
     scaler = torch.amp.GradScaler(machine.device_type, enabled=tc.dtype == "float16")
     instruments = Instruments(model, tc, os.path.join(tc.out_dir, "log.jsonl"), machine.master, autocast,
                               machine.device)
-    torch.manual_seed(tc.seed + machine.rank)  # dropout differs between processes
-    if not checkpoint:
-        return model, optimizer, scaler, instruments, (0, float("inf"), 0)
-    progress = run_folder.restore(checkpoint, model, optimizer, scaler, tc, machine)
-    instruments.load_state_dict(checkpoint)  # a resumed run flags, skips and diverges where the whole one would
-    return model, optimizer, scaler, instruments, progress
+    torch.manual_seed(tc.seed + machine.rank)  # dropout differs between processes; a checkpoint's RNG replaces it
+    return model, optimizer, scaler, instruments
 
 
 CHOICES = {"preset": list(PRESETS)}  # allowed values of the flags whose type does not list them

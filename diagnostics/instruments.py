@@ -3,17 +3,17 @@ probes.py's instruments applied to train.py's steps: the spike monitor (and --sk
 float16 loss-scale criterion, first-overflow forensics and the "diverged" report, and the telemetry and
 headroom events. One object, a few verbs; every event it writes goes to log.jsonl (process 0 only).
 
-How train.py uses this: `instruments = Instruments(raw_model, tc, log_path, master, autocast, device)` once, with
-`load_state_dict(checkpoint)` on --resume and `state_dict()` into each checkpoint (a resumed run flags, skips and
-diverges exactly where the uninterrupted one would, unless --diverge_loss, --spike_window or --spike_z is given
-anew: those apply from the resumed step). Each step, `pre_step = instruments.before_step()` keeps the
-buffers forensics needs; after the backward passes and the step's one host read, `verdict =
-instruments.judge(step, loss, grad_norm, scaler)` is the one place where a step's fate is decided, before the
-weights change: diverged (then `instruments.report(...)` re-runs the step for the failed op and ends the run with
-exit code 3), skipped (a spike under --skip_spikes), or taken. Around the optimizer step,
-`weights_before(step)` and `after_update(step, ...)` write the overflow, telemetry and headroom events.
+The instruments keep their own state from step to step, and their windows and bounds go into each checkpoint
+(state_dict): a resumed run flags, skips and diverges exactly where the uninterrupted one would, unless
+--diverge_loss, --spike_window or --spike_z is given anew (those apply from the resumed step). A step meets them
+three times, as llm.c's loop meets its outlier detectors: `with watching(step)` around its forward and backward
+passes (the buffers forensics re-runs it from; --fp16_overflow_fails's hooks), `judge(...)` once before the update,
+the one place where its fate is decided: diverged (then `report(...)` re-runs the step for the failed op and ends
+the run with exit code 3), skipped (a spike under --skip_spikes), or taken; and `after_update(...)` once after it,
+for the overflow, telemetry and headroom events.
 """
 
+import contextlib
 import functools
 import math
 import os
@@ -80,8 +80,10 @@ class Instruments:
         if tc.fp16_overflow_fails and tc.compile:
             raise UsageError("--fp16_overflow_fails needs --compile=False: its forward hooks see nothing inside "
                              "torch.compile")
-        self.step_probe = None  # --fp16_overflow_fails: the hooks on the training step's own forward passes
+        self.pre_step = None  # the buffers before this step's forward passes, for forensics to re-run it from
+        self.forward_overflow = None  # --fp16_overflow_fails: the op over 65504 in this step's forward passes
         self.peaks = deque(maxlen=GROWTH_WINDOW)  # --fp16_overflow_fails: (step, {(layer, op, module): max |x|})
+        self.weights = None  # the weights before this step's update, when telemetry or headroom is due
         self.ended = None  # the verdict that ended the run, for report()
 
     def state_dict(self):
@@ -101,21 +103,24 @@ class Instruments:
         if self.master:
             log_event(self.log_path, event)
 
-    def before_step(self):
-        """The buffers that the step's forward passes will update, for forensics to re-run it from."""
-        if self.tc.fp16_overflow_fails:
-            self.step_probe = probes.Probe(self.model, self.points)
-            self.step_probe.__enter__()
-        return probes.snapshot(self.model, parameters=False) if self.stateful else None
+    @contextlib.contextmanager
+    def watching(self, step):
+        """Around a training step's forward and backward passes: keeps the buffers they will update, for forensics
+        to re-run the step from, and with --fp16_overflow_fails hooks the forward passes for judge()."""
+        self.pre_step = probes.snapshot(self.model, parameters=False) if self.stateful else None
+        if not self.tc.fp16_overflow_fails:
+            yield
+            return
+        with probes.Probe(self.model, self.points) as probe:
+            yield
+        self.forward_overflow = self.fp16_overflow(step, probe)
 
-    def fp16_overflow(self, step):
+    def fp16_overflow(self, step, probe):
         """--fp16_overflow_fails, NormFormer arXiv v1 §4 (final: §6): its runs fail when an op's output is "too
         large to be represented in 16 bits". Emulated in any dtype: the first forward output of this step's
         micro-batches, in forward order, that is non-finite or above 65504, or None. The hooks only took one amax
         per output; the maxima are agreed across processes so that every one reaches the same verdict, and read
         from the device once; each op's largest goes into the window that grew_most() reads."""
-        probe, self.step_probe = self.step_probe, None
-        probe.__exit__()
         if not probe.pending:
             return None
         peaks = torch.stack([stats[0] for _, _, stats in probe.pending])
@@ -154,12 +159,13 @@ class Instruments:
                 "to": new[(layer, op, module)], "ratio": ratio, "steps": last - first}
 
     def judge(self, step, loss, grad_norm, scaler):
-        """The step's verdict from its loss and gradient norm (the same on every process)."""
+        """The step's verdict from its loss and gradient norm (the same on every process), before the update; with
+        telemetry or headroom due, the weights before it, for the update/weight ratio."""
         # float16: a non-finite gradient from a finite loss is the loss scale overflowing, not a divergence.
         # GradScaler skips this update and halves the scale (Micikevicius et al. 2018 §3.2); only the loss is
         # checked, and the spike monitor does not see the step
         overflow = scaler.is_enabled() and math.isfinite(loss) and not math.isfinite(grad_norm)
-        record = self.fp16_overflow(step) if self.step_probe else None
+        record = self.forward_overflow
         if record:
             layer = at_layer(record["layer"])
             reason = f"{record['op']}{layer} output max |x| {record['max_abs']:.3g} is above the float16 range (65504)"
@@ -179,6 +185,7 @@ class Instruments:
         if verdict.spike:
             self.log({"event": "spike", "step": step + 1, "loss": loss, "grad_norm": grad_norm,
                       "z_loss_score": z_scores[0], "z_grad_score": z_scores[1], "skipped": verdict.skip})
+        self.weights = probes.snapshot(self.model) if self.due(step) else None
         return verdict
 
     def due(self, step):
@@ -186,21 +193,17 @@ class Instruments:
         return self.master and any(n and (step + 1) % n == 0
                                    for n in (self.tc.telemetry_interval, self.tc.fp16_headroom_interval))
 
-    def weights_before(self, step):
-        """The weights before the update, for the update/weight ratio of the telemetry event (None if not due)."""
-        return probes.snapshot(self.model) if self.due(step) else None
-
-    def after_update(self, step, verdict, scaler, before, x, y):
+    def after_update(self, step, verdict, scaler, x, y):
         """The events of a step after its update (step: its number in the log, gradients still in .grad): the
         loss scale after an overflow, and telemetry and headroom from a hooked pass over its last micro-batch."""
         if verdict.overflow:
             self.log({"event": "overflow", "step": step, "loss": verdict.loss, "loss_scale": scaler.get_scale()})
-        if before is None:
+        if self.weights is None:
             return
         tc = self.tc
         weights = None
         if tc.telemetry_interval and step % tc.telemetry_interval == 0:
-            weights = probes.weight_stats(self.model, before, splits=weight_splits(self.model),
+            weights = probes.weight_stats(self.model, self.weights, splits=weight_splits(self.model),
                                              label=op_label)
         headroom = bool(tc.fp16_headroom_interval) and step % tc.fp16_headroom_interval == 0
         records, logits = self.probe_pass(x, y, backward=headroom)
@@ -231,13 +234,13 @@ class Instruments:
         probes.restore(self.model, saved)
         return probe.records, logits.detach()
 
-    def failed_op(self, pre_step, batches):
+    def failed_op(self, batches):
         """NormFormer Table 3's "failed operation": the step's micro-batches re-run from the pre-step state
         with hooks on, until one shows an op whose output (or its gradient) is non-finite or above 65504."""
         self.model.zero_grad(set_to_none=True)
         for x, y in batches:
-            if pre_step:
-                probes.restore(self.model, pre_step)
+            if self.pre_step:
+                probes.restore(self.model, self.pre_step)
             record, _ = probes.find_first_overflow(self.model, self.points, functools.partial(self.backward, x, y))
             self.model.zero_grad(set_to_none=True)
             if record:
@@ -249,7 +252,7 @@ class Instruments:
             loss = self.model(x, y)[1]
         loss.backward()
 
-    def report(self, step, lr, reason, pre_step=None, batches=()):
+    def report(self, step, lr, reason, batches=()):
         """The "diverged" event and line, with the failed op of the step's micro-batches (batches: (x, y) of
         each, drawn again); returns exit code 3. The last good checkpoint, if the run has written one, stays as
         it is."""
@@ -258,7 +261,7 @@ class Instruments:
         ended = self.ended if self.ended and self.ended.diverged == reason else None
         criterion = ended.criterion if ended else criterion_of(reason)
         # --fp16_overflow_fails names the op of the step itself; the other criteria re-run the step to find one
-        record = ended.failed_op if ended and ended.failed_op else self.failed_op(pre_step, batches)
+        record = ended.failed_op if ended and ended.failed_op else self.failed_op(batches)
         grew = self.grew_most() if record is None else None
         notes = []
         if record is None:

@@ -6,8 +6,8 @@ How train.py uses this: `Machine.from_env()` reads torchrun's environment (one p
 `resolve_device(tc)` makes --device=auto and --dtype=auto concrete; `check_memory(model_cfg, tc, device,
 machine)` refuses a model that cannot fit before anything is allocated. Once every input is checked (on every
 process, each on its own: no process group yet), `start(tc, machine)` joins the process group and sets the CPU
-threads. In the loop, `host_read(...)` is a step's one read of the device, through which the processes
-agree on the loss, gradient norm and a stop request (StopRequest, Ctrl-C); `agree` makes a failure on one
+threads. In the loop, `host_read(...)` is a step's one read of the device (StepRead), through which the
+processes agree on the loss, gradient norm and a stop request (StopRequest, Ctrl-C); `agree` makes a failure on one
 process (a checkpoint write) a failure on all, and `rank_spread` checks that DDP kept their weights identical.
 `Progress` times the progress lines and `mfu` divides their FLOP/s by the GPUs' peak (`gpu_peak_flops`).
 """
@@ -19,6 +19,7 @@ import platform
 import signal
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -32,7 +33,6 @@ from engine.flags import UsageError
 
 # what a gloo collective says when the process at the other end has exited
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
-STOP = 2  # the slot of a step's sums (after the cross-entropy and the z-loss term) that carries a stop request
 
 
 @dataclass
@@ -235,17 +235,25 @@ def lost_a_peer(error, machine):
     return isinstance(error, dist.DistError) or any(words in str(error) for words in PEER_GONE)
 
 
-def host_read(sums, grad_norm, stop, machine):
-    """A step's one read of the device: (loss, z-loss term, stop everywhere, grad norm). Under DDP the
-    processes' means are all-reduced first, so that every process takes the same divergence and spike
-    decisions, and a stop request (Ctrl-C) on any process rides along: all stop before the next step without
-    a sync of their own."""
+class StepRead(NamedTuple):
+    """A step's numbers on the host, the same on every process."""
+    loss: float  # the cross-entropy, mean over the micro-steps (and under DDP over the processes)
+    z_loss: float  # the z-loss term, likewise
+    grad_norm: float
+    stop: bool  # a stop request on any process
+
+
+def host_read(means, grad_norm, stop, machine):
+    """A step's one read of the device: StepRead from means (the cross-entropy and the z-loss term over the
+    micro-steps) and the gradient norm. Under DDP the processes' means are all-reduced first, so that every process
+    takes the same divergence and spike decisions, and a stop request (Ctrl-C) on any process rides along in the
+    same all-reduce: all stop before the next step without a sync of their own."""
+    shared = torch.cat([means, means.new_full((1,), float(stop.requested))])
     if machine.ddp:
-        sums[STOP] = stop.requested
-        dist.all_reduce(sums)
-        sums /= machine.world_size
-    loss, z_loss, stops, grad = torch.cat([sums, grad_norm.view(1).float()]).tolist()
-    return loss, z_loss, stops > 0 if machine.ddp else stop.requested, grad
+        dist.all_reduce(shared)
+        shared /= machine.world_size
+    loss, z_loss, stops, grad = torch.cat([shared, grad_norm.view(1).float()]).tolist()
+    return StepRead(loss, z_loss, grad, stops > 0)
 
 
 def agree(value, machine):

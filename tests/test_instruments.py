@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import data
 import model
 from diagnostics import probes
+from diagnostics.instruments import Instruments
 import train
 from conftest import run_train, tiny
 
@@ -170,6 +171,35 @@ def test_skip_spikes_skips_the_flagged_steps_and_resumes_exactly(corpus, tmp_pat
         assert same == (step in skipped), step
     final = torch.load(tmp_path / "split" / "ckpt.pt", weights_only=True)["model"]
     assert all(torch.equal(states[-1][k], final[k]) for k in final)
+
+
+def hooked(gpt):
+    return any(m._forward_hooks or m._forward_pre_hooks for m in gpt.modules())
+
+
+def test_watching_keeps_the_pre_step_buffers_and_leaves_no_hook_behind():
+    """Instruments.watching, around a step's forward and backward passes: it keeps the buffers from before them
+    (forensics re-runs the step from there), and --fp16_overflow_fails's forward hooks are on during the step
+    only, gone after it also when the step fails; the step's peaks are judged (none over 65504 here)."""
+    torch.manual_seed(0)
+    gpt = model.GPT(model.GPTConfig(n_layer=1, n_embd=16, n_head=2, block_size=8, vocab_size=32, norm="batchnorm"))
+    tc = train.TrainConfig(fp16_overflow_fails=True, compile=False)
+    instruments = Instruments(gpt, tc, os.devnull, False, torch.autocast("cpu", enabled=False), "cpu")
+    before = {name: buffer.clone() for name, buffer in gpt.named_buffers()}
+    x = torch.randint(0, 32, (2, 8))
+    with instruments.watching(0):
+        assert hooked(gpt)
+        gpt(x, x)[1].backward()
+    assert not hooked(gpt)
+    assert any(not torch.equal(buffer, before[name]) for name, buffer in gpt.named_buffers())  # running statistics
+    assert instruments.pre_step.keys() == before.keys()
+    assert all(torch.equal(instruments.pre_step[name], before[name]) for name in before)
+    assert instruments.forward_overflow is None and [step for step, _ in instruments.peaks] == [0]
+    with pytest.raises(ZeroDivisionError):
+        with instruments.watching(1):
+            gpt(x, x)
+            1 / 0
+    assert not hooked(gpt)
 
 
 def test_z_loss_value_and_gradient():

@@ -263,6 +263,21 @@ def test_rank_spread_sees_one_rank_drift(tmp_path):
     assert [float((tmp_path / f"spread{rank}").read_text()) for rank in (0, 1)] == [0.5, 0.5]
 
 
+def test_host_read_averages_over_the_processes_and_carries_a_stop_request(monkeypatch):
+    """A step's one read of the device: the loss and z-loss term averaged over the processes, this process's
+    gradient norm, and a stop request from any process (here the other one's, which all_reduce adds in)."""
+    means, grad_norm, stop = torch.tensor([2.5, 0.25]), torch.tensor(1.5, dtype=torch.float64), runtime.StopRequest()
+    alone = runtime.host_read(means, grad_norm, stop, runtime.Machine())
+    assert alone == runtime.StepRead(loss=2.5, z_loss=0.25, grad_norm=1.5, stop=False)
+    stop.requested = True
+    assert runtime.host_read(means, grad_norm, stop, runtime.Machine()).stop is True
+    other_process = torch.tensor([3.5, 0.75, 1.0])  # its loss, its z-loss term, its stop request
+    monkeypatch.setattr(runtime.dist, "all_reduce", lambda tensor: tensor.add_(other_process))
+    stop.requested = False
+    shared = runtime.host_read(means, grad_norm, stop, runtime.Machine(ddp=True, world_size=2))
+    assert shared == runtime.StepRead(loss=3.0, z_loss=0.5, grad_norm=1.5, stop=True)
+
+
 @pytest.mark.parametrize("device_type, local_rank, processes, gpus, expected", [
     ("cpu", 1, 2, 0, ("cpu", "gloo")), ("cuda", 1, 2, 2, ("cuda:1", "nccl")), ("cuda", 3, 4, 8, ("cuda:3", "nccl")),
     ("cuda", 1, 2, 1, ("cuda:0", "gloo")), ("cuda", 3, 4, 2, ("cuda:1", "gloo")),

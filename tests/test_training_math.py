@@ -20,6 +20,7 @@ behind: log.jsonl, config.json, and ckpt.pt, whose AdamW state holds the applied
 (exp_avg = (1 - beta1) * g, Loshchilov & Hutter 2019, Alg. 2).
 """
 
+import copy
 import json
 import math
 import os
@@ -31,6 +32,7 @@ import torch
 import torch.nn as nn
 
 import data
+from diagnostics import leakage
 import model
 import norms
 import train
@@ -380,6 +382,67 @@ def test_eval_with_batch_statistics_is_logged_for_batchnorm_on_the_same_windows(
 def test_eval_of_a_per_token_norm_logs_no_batch_statistics(corpus, tmp_path):
     final = events(run(corpus, tmp_path, "--max_iters=1", "--norm=rmsnorm"), "eval")[-1]
     assert set(final) == {"event", "step", "train_loss", "val_loss", "lr", "rank_spread"}
+
+
+def running_statistics(module):
+    """A batch-statistic norm's running statistics, in its STATISTICS' order, as float64 copies."""
+    if isinstance(module, norms.BatchNorm):
+        return [module.running_mean.double().clone(), module.running_var.double().clone()]
+    return [module.running_psi2.double().clone()]
+
+
+def batch_statistics(module, x):
+    """The batch's statistics of x by hand in float64: BatchNorm's mean and biased variance per channel,
+    PowerNorm's quadratic mean psi_B^2 (its eq. (8) before the update)."""
+    u = x.double().reshape(-1, x.shape[-1])
+    if isinstance(module, norms.BatchNorm):
+        return [u.mean(0), u.var(0, unbiased=False)]
+    return [u.square().mean(0)]
+
+
+@pytest.mark.parametrize("norm", ["batchnorm", "powernorm"])
+def test_leakage_measures_with_batch_statistics_and_gives_the_norms_back_as_they_were(norm):
+    """diagnostics.leakage on a model in eval mode (PowerNorm in warmup, so it normalizes with the batch's
+    psi_B; no group scaling, so psi_B is of the norm's input): L_B is the loss of a copy whose batch-statistic
+    norms train and whose dropout does not, each distance PowerNorm §3's ||s_B - s|| / d written out here,
+    averaged over the norms; afterwards every buffer is the same tensor with the same values (PowerNorm replaces
+    its buffers by new ones in training, BatchNorm updates its own in place) and every module is in eval mode."""
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig(n_layer=2, n_embd=16, n_head=2, block_size=8, vocab_size=32, norm=norm, pn_warmup=5,
+                        pn_group_scaling=False, dropout=0.3)).eval()
+    x, y = torch.randint(0, 32, (3, 8)), torch.randint(0, 32, (3, 8))
+    buffers = {name: (buffer, buffer.clone()) for name, buffer in gpt.named_buffers()}
+    reference, seen = copy.deepcopy(gpt), []
+    for module in reference.modules():
+        if isinstance(module, leakage.BATCH_STATISTIC_NORMS):
+            module.train()
+            module.register_forward_pre_hook(lambda module, args: seen.append(
+                (batch_statistics(module, args[0]), running_statistics(module))))
+    with torch.no_grad():
+        expected_loss = reference(x, y)[1].item()
+        measured = leakage.Leakage(gpt).measure(x, y).tolist()
+    d = gpt.config.n_embd
+    distances = [[(s_b - s).norm().item() / d for s_b, s in zip(batch, running)] for batch, running in seen]
+    assert len(seen) == 2 * 2 + 1  # two per block and the final norm
+    assert measured[0] == pytest.approx(expected_loss, rel=1e-6)
+    assert measured[1:] == pytest.approx(np.mean(distances, axis=0).tolist(), rel=1e-5)
+    for name, buffer in gpt.named_buffers():
+        assert buffer is buffers[name][0] and torch.equal(buffer, buffers[name][1]), name
+    assert not any(module.training for module in gpt.modules())
+
+
+def test_leakage_names_the_eval_events_keys():
+    """The means over a split's batches become <split>_loss_batch_stats, and on val batch_stat_dist; a model
+    without a batch-statistic norm measures and names nothing."""
+    batchnorm = leakage.Leakage(GPT(GPTConfig(n_layer=1, n_embd=16, n_head=2, block_size=8, vocab_size=32,
+                                              norm="batchnorm")))
+    assert len(batchnorm) == 3
+    assert batchnorm.named("train", [2.5, 0.1, 0.2]) == {"train_loss_batch_stats": 2.5}
+    assert batchnorm.named("val", [2.5, 0.1, 0.2]) == {"val_loss_batch_stats": 2.5,
+                                                       "batch_stat_dist": {"mean": 0.1, "var": 0.2}}
+    per_token = leakage.Leakage(GPT(GPTConfig(n_layer=1, n_embd=16, n_head=2, block_size=8, vocab_size=32)))
+    assert len(per_token) == 0 and per_token.named("val", []) == {}
+    assert per_token.measure(torch.zeros(2, 8, dtype=torch.long), torch.zeros(2, 8, dtype=torch.long)).numel() == 0
 
 
 def test_eval_does_not_update_running_statistics(corpus, tmp_path):
