@@ -25,12 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from norms import make_norm, upcast
-
-
-# norms that act on each token alone: the only ones that mean something over one head's q or k (--qk_norm). DyT has
-# no statistic, but tanh bounds every entry of q and k, and with them the logits, which is what QK-norm is for
-PER_TOKEN_NORMS = ("layernorm", "rmsnorm", "cogview", "dyt")
+from norms import NORMS, PER_TOKEN_NORMS, make_norm, upcast
 
 
 @dataclass
@@ -49,7 +44,7 @@ class GPTConfig:
     mix_ln_ratio: float = 0.25  # Mix-LN: the first round(ratio * n_layer) layers are Post-LN (Li, Yin, Liu 2025)
     layer_norm_scaling: bool = False
     subln: bool = False
-    norm: Literal["layernorm", "rmsnorm", "cogview", "dyt", "batchnorm", "pnv", "powernorm", "none"] = "layernorm"
+    norm: Literal[NORMS] = "layernorm"  # norms.TABLE
     # DyT's alpha0 (Zhu et al. 2025): 0.5 is the paper's default outside LLMs; its LLaMA runs use 0.8 before
     # attention and 0.2 elsewhere at d = 4096 (smaller at larger d), and have no width near nanonorm's
     dyt_alpha: float = 0.5
@@ -114,6 +109,8 @@ class GPTConfig:
             raise ValueError(f"--init_std={self.init_std} must be > 0")
         if self.init_std is not None and self.init == "xavier":
             raise ValueError("--init_std has no meaning with --init=xavier (its std comes from the fan-in and fan-out)")
+        # only a norm that acts on each token alone means something over one head's q or k. DyT has no statistic,
+        # but tanh bounds every entry of q and k, and with them the logits, which is what QK-norm is for
         if self.qk_norm and self.norm not in PER_TOKEN_NORMS:
             raise ValueError(f"--qk_norm normalizes each token's q and k per head; --norm={self.norm} has no per-token "
                              f"statistic over head_dim (use one of {', '.join(PER_TOKEN_NORMS)})")

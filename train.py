@@ -33,7 +33,7 @@ from engine import flags
 from engine import runtime
 from diagnostics.instruments import Instruments
 from model import GPT, GPTConfig, PRESETS, flops_per_token
-from norms import PNV, BatchNorm, PowerNorm
+from norms import BATCH_STATISTIC_NORMS
 
 
 @dataclass
@@ -248,10 +248,6 @@ def get_batch(folder, split, tc, machine, *stream, shape):
     length, batch = shape
     return data.get_batch(folder, split, batch, length, batch_generator(tc.seed, machine.rank, *stream),
                           machine.device)
-
-
-# the norms that normalize a training token with statistics of the whole batch (PowerNorm §3; PowerNorm in warmup)
-BATCH_STATISTIC_NORMS = (BatchNorm, PNV, PowerNorm)
 
 
 @torch.no_grad()

@@ -21,6 +21,7 @@ import re
 import data
 from engine.flags import UsageError
 from model import GPTConfig, PRESETS, block_layout
+from norms import NORM_FLAGS, reads
 
 # Flags of the machine, not of the run: a resume takes them from its own command line, not the checkpoint.
 SYSTEM_FLAGS = ("out_dir", "device", "dtype", "compile", "overwrite", "resume")
@@ -101,14 +102,7 @@ def absolute_paths(tc):
 
 def no_effect_warnings(given, m, tc):
     """Flags given on the command line that change nothing in this configuration (a warning, not an error)."""
-    by_norm = {"pn_alpha_fwd": ("batchnorm", "pnv", "powernorm"), "pn_alpha_bwd": ("powernorm",),
-               "pn_warmup": ("powernorm",), "pn_group_scaling": ("powernorm",), "dyt_alpha": ("dyt",),
-               "dyt_alpha_attn": ("dyt",)}
-    unused = {name: f"--norm={m.norm}" for name, norms in by_norm.items() if m.norm not in norms}
-    if m.norm in ("none", "dyt"):
-        unused["norm_eps"] = f"--norm={m.norm}"  # DyT has no statistic, so no eps (Zhu et al. 2025, eq. (1))
-    if m.norm == "none":
-        unused["norm_affine"] = "--norm=none"
+    unused = {name: f"--norm={m.norm}" for name in NORM_FLAGS if name not in reads(m.norm)}
     if not m.scale_resids:
         unused["scale_resids_init"] = "--scale_resids=False"
     if not m.layer_scale:

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from lab import bench
 import norms
 from diagnostics.probe_points import op_label, probe_points, weight_splits
-from model import GPT, GPTConfig, PER_TOKEN_NORMS, PRESETS, flops_per_token, norm
+from model import GPT, GPTConfig, PRESETS, flops_per_token, norm
+from norms import PER_TOKEN_NORMS
 from conftest import TINY_CONFIG
 
 
@@ -774,6 +775,43 @@ def test_every_norm_flag_reaches_every_norm_module(kind, affine):
             if kind == "powernorm":
                 assert (m.alpha_fwd, m.alpha_bwd, m.warmup) == (0.7, 0.6, 17)
                 assert m.groups == (H if group_scaling else 0)  # one group per head (PowerNorm App. A.1)
+
+
+# a value other than each flag's default
+NORM_FLAG_VALUES = dict(pn_alpha_fwd=0.7, pn_alpha_bwd=0.6, pn_warmup=17, pn_group_scaling=False, dyt_alpha=0.3,
+                        dyt_alpha_attn=0.8, norm_eps=3e-4, norm_affine="none")
+
+
+def norm_modules(**kw):
+    """Every norm module of a model: its class, its number settings and its tensors."""
+    modules = [m for m in build(**kw).modules() if isinstance(m, NORM_CLASSES)]
+    return [(type(m), {k: v for k, v in vars(m).items() if isinstance(v, (int, float))},
+             {k: t.tolist() for k, t in m.state_dict().items()}) for m in modules]
+
+
+def sees_the_batch(kind):
+    """Whether a token's output in training changes when another token of the batch changes (beyond a whole-tensor
+    scale's effect through eps: CogView's)."""
+    x = torch.randn(2, 3, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    other = x.clone()
+    other[1, 2] *= 0.5
+    # fresh modules (PowerNorm in its warmup), so that both see the same running statistics
+    first, second = (norms.make_norm(kind, 8, warmup=1).double()(batch)[0, 0] for batch in (x, other))
+    return not torch.allclose(first, second, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", norms.NORMS)
+def test_norms_table_says_what_each_norm_is(kind):
+    """norms.TABLE: a norm's class is make_norm's, it uses batch statistics exactly when a token's output depends on
+    the batch, and it reads a flag exactly when the flag changes its modules."""
+    module, depends_on, flags = norms.TABLE[kind]
+    assert type(norms.make_norm(kind, 8)) is module
+    assert sees_the_batch(kind) == (depends_on == "batch") == (module in norms.BATCH_STATISTIC_NORMS)
+    assert set(norms.NORM_FLAGS) == set(NORM_FLAG_VALUES) and set(flags) <= set(norms.NORM_FLAGS)
+    assert type(norms.make_norm(kind, 8)) is norms.TABLE[kind][0]
+    plain = norm_modules(norm=kind, **ALL_SLOTS)
+    for flag, value in NORM_FLAG_VALUES.items():
+        assert (norm_modules(norm=kind, **ALL_SLOTS, **{flag: value}) != plain) == (flag in norms.reads(kind)), flag
 
 
 @pytest.mark.parametrize("bias", [True, False])
