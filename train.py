@@ -31,6 +31,7 @@ import data
 from engine import files
 from engine import flags
 from engine import runtime
+from engine import signals
 from diagnostics.instruments import Instruments
 from model import GPT, GPTConfig, PRESETS, flops_per_token
 from norms import BATCH_STATISTIC_NORMS
@@ -408,7 +409,7 @@ def main(argv):
         return 0
     machine = runtime.Machine.from_env()
     stop, handlers, lock = runtime.StopRequest(), {}, None
-    before = data.stop_on_signals()  # until training: SIGTERM and SIGHUP stop at once, as Ctrl-C does
+    before = signals.stop_on_signals()  # until training: SIGTERM and SIGHUP stop at once, as Ctrl-C does
     try:
         run, lock = setup(argv, machine)
         # SIGHUP: a closed terminal or ssh session stops the run as Ctrl-C does, with a checkpoint
@@ -432,14 +433,14 @@ def main(argv):
     except KeyboardInterrupt as e:
         # a second Ctrl-C, or a Ctrl-C, SIGTERM or SIGHUP before training: every write is whole or absent
         # (files.py), so no traceback
+        sig = signals.signum(e)
         if machine.master:
             print("train.py: stopped at once by a second Ctrl-C; the checkpoints written so far are kept" if handlers
-                  else f"train.py: stopped by {data.stopped_by(e)} before training began; prepared data is complete "
+                  else f"train.py: stopped by {signals.name(sig)} before training began; prepared data is complete "
                   "or absent", file=sys.stderr)
-        return data.exit_code(e)
+        return signals.exit_code(sig)
     finally:
-        for sig, handler in {**handlers, **before}.items():
-            signal.signal(sig, handler)
+        signals.restore({**handlers, **before})
         if lock:
             lock.close()
         if dist.is_initialized():
