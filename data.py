@@ -353,7 +353,8 @@ def load_meta(folder):
             raise DataError(f"{damaged} meta.json's {key} is {value!r} (wanted: {kind.__name__}"
                             f"{' >= 0' if kind is int else ''})")
     if not isinstance(meta["source"].get("sha256"), str):
-        raise DataError(f"{damaged} meta.json's source has no sha256 of the text (an older nanonorm prepared it)")
+        raise DataError(f"{damaged} meta.json's source has no sha256 of the text, which every preparation "
+                        "records")
     if meta["tokenizer"] not in VOCAB_SIZES:
         raise DataError(f"{damaged} meta.json's tokenizer is {meta['tokenizer']!r}, not one of {', '.join(TOKENIZERS)}")
     if meta["vocab_size"] != VOCAB_SIZES[meta["tokenizer"]]:

@@ -7,8 +7,9 @@ Flags are --key=value (or --key value); a bare --flag sets a boolean. python tra
 (configurable.txt). A run writes out_dir/config.json (the resolved config), out_dir/log.jsonl (one JSON object
 per event) and out_dir/ckpt.pt (atomically, at each eval); --resume continues from it exactly. One run at a time
 uses an out_dir (it holds out_dir/run.lock).
-Read on for TrainConfig, the LR schedule and train(), the loop; beside this file are flags.py (the command line),
-config_checks.py (its checks), run_folder.py (the run folder), runtime.py (device, DDP) and instruments.py (spikes).
+Read on for TrainConfig, the LR schedule and train(), the loop; in engine/ are flags.py (the command line),
+config_checks.py (its checks), run_folder.py (the run folder), runtime.py (device, DDP) and signals.py (stops and
+exit codes), and in diagnostics/ instruments.py (spikes, divergence).
 """
 
 import contextlib

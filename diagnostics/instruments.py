@@ -1,17 +1,17 @@
 """
-probes.py's instruments applied to train.py's steps: the spike monitor (and --skip_spikes), divergence, the
+probes.py's instruments applied to the steps of a training run: the spike monitor (and --skip_spikes), divergence, the
 float16 loss-scale criterion, first-overflow forensics and the "diverged" report, and the telemetry and
 headroom events. One object, a few verbs; every event it writes goes to log.jsonl (process 0 only).
 
-How train.py uses this: `instruments = Instruments(raw_model, tc, log_path, master, autocast, device)` once, with
-`load_state_dict(checkpoint)` on --resume and `state_dict()` into each checkpoint (a resumed run flags, skips and
-diverges exactly where the uninterrupted one would, unless --diverge_loss, --spike_window or --spike_z is given
-anew: those apply from the resumed step). Each step, `pre_step = instruments.before_step()` keeps the
-buffers forensics needs; after the backward passes and the step's one host read, `verdict =
-instruments.judge(step, loss, grad_norm, scaler)` is the one place where a step's fate is decided, before the
-weights change: diverged (then `instruments.report(...)` re-runs the step for the failed op and ends the run with
-exit code 3), skipped (a spike under --skip_spikes), or taken. Around the optimizer step,
-`weights_before(step)` and `after_update(step, ...)` write the overflow, telemetry and headroom events.
+In the order a run meets them: `instruments = Instruments(raw_model, tc, log_path, master, autocast, device)` once,
+with `load_state_dict(checkpoint)` on --resume and `state_dict()` into each checkpoint (a resumed run flags, skips
+and diverges exactly where the uninterrupted one would, unless --diverge_loss, --spike_window or --spike_z is given
+anew: those apply from the resumed step). Each step, `pre_step = instruments.before_step()` keeps the buffers
+forensics needs; after the backward passes and the step's one host read, `verdict = instruments.judge(step, loss,
+grad_norm, scaler)` is the one place where a step's fate is decided, before the weights change: diverged (then
+`instruments.report(...)` re-runs the step for the failed op and ends the run with exit code 3), skipped (a spike
+under --skip_spikes), or taken. Around the optimizer step, `weights_before(step)` and `after_update(step, ...)`
+write the overflow, telemetry and headroom events.
 """
 
 import functools

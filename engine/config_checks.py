@@ -3,13 +3,13 @@ train.py's flags made into its two configs, and checked: model.py's GPTConfig (a
 explicit flags) and train.py's TrainConfig. GPTConfig checks its own combinations; here are the ranges of the
 training flags, the warnings for flags that change nothing in a configuration, and the configs of a resumed run.
 
-How train.py uses this: `model_flags(given)` are the GPTConfig fields the command line asks for (its preset's,
-then the explicit ones); `check_train_config(tc, given)` refuses a value out of range in one line, before anything
-is written, and `absolute_paths(tc)` makes --dataset and --data_dir absolute, as the run records them;
-`no_effect_warnings(given, model_cfg, tc)` are the warnings it prints. On --resume,
+In the order a run meets them: `model_flags(given)` are the GPTConfig fields the command line asks for (its
+preset's, then the explicit ones); `check_train_config(tc, given)` refuses a value out of range in one line, before
+anything is written, and `absolute_paths(tc)` makes --dataset and --data_dir absolute, as the run records them;
+`no_effect_warnings(given, model_cfg, tc)` are the warnings for flags that change nothing. On --resume,
 `resume_configs(given, checkpoint, world_size, tc)` takes the checkpoint's configs, with the flags given on top
-where a resume may change them; a change that would make it another run is one line. Once the data is
-prepared, `fit_to_data(model_cfg, tc, meta, given, resumed)` sets the vocabulary from the tokenizer's, and
+where a resume may change them; a change that would make it another run is one line. Once the data is prepared,
+`fit_to_data(model_cfg, tc, meta, given, resumed)` sets the vocabulary from the tokenizer's, and
 `check_resumed_data(checkpoint, meta)` refuses a resume onto data other than the run's.
 """
 

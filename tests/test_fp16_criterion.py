@@ -1,7 +1,7 @@
 """--fp16_overflow_fails (NormFormer arXiv v1 §4, Table 3; final §6, Table 8: runs fail by float16 overflow): on a
 float32 run, diverged at the first step whose forward passes put an op's output above 65504 or non-finite, with
 that op and layer named from the step itself; the criterion that ended a run named in its diverged event; and,
-where no op crossed 65504, the op whose max |x| grew the most over the last steps (issue #22 §2)."""
+where no op crossed 65504, the op whose max |x| grew the most over the last steps."""
 
 import json
 import math

@@ -1,5 +1,5 @@
-"""The loss-spike instruments wired into train.py (issue: LR ramp, divergence, first-overflow forensics,
-spike monitor, telemetry, z-loss, sequence-length warmup), end to end on a tiny corpus, each checked
+"""The loss-spike instruments wired into train.py (LR ramp, divergence, first-overflow forensics, spike monitor,
+telemetry, z-loss, sequence-length warmup), end to end on a tiny corpus, each checked
 against a quantity computed here independently (from checkpoints, .grad, an explicit q@k, a formula)."""
 
 import json

@@ -524,13 +524,13 @@ def block_grad_norms(preset, seeds=3, N=8, dw=128, Tw=64, B=8, Vw=256):
 
 def test_spike_no_more_gradients_explode_toward_shallow_layers_only_in_vanilla():
     # Measured with this function (N=8, d=128, T=64, batch 8, vocab 256, mean of seeds 0-2), block grad norms
-    # from first to last block: vanilla_scaled 2.32 -> 0.83 (ratio 2.79, falling at every block; single
-    # seeds 2.3-2.8), scaled_embed 0.62 -> 0.54 (1.14), embed_ln 0.29 -> 0.27 (1.07).
+    # from first to last block: snm_vanilla 2.32 -> 0.83 (ratio 2.79, falling at every block; single
+    # seeds 2.3-2.8), snm_scaled_embed 0.62 -> 0.54 (1.14), snm_embed_ln 0.29 -> 0.27 (1.07).
     # Small embeddings (std sqrt(2/5d)) in front of a pre-LN amplify the gradient by 1/std (Spike No More §3.2).
-    vanilla = block_grad_norms("vanilla_scaled")
+    vanilla = block_grad_norms("snm_vanilla")
     assert vanilla[0] / vanilla[-1] > 2.0
     assert torch.all(vanilla[:-1] > vanilla[1:])  # grows toward the shallow layers, layer by layer
-    for preset in ("scaled_embed", "embed_ln"):
+    for preset in ("snm_scaled_embed", "snm_embed_ln"):
         g = block_grad_norms(preset)
         assert g.max() / g.min() < 1.3, preset
         assert vanilla[0] / vanilla[-1] > 1.5 * g[0] / g[-1], preset
@@ -746,7 +746,7 @@ def test_op_labels_and_weight_splits():
     assert "blocks.0.mlp.fc.weight" not in weight_splits(build())
 
 
-# 15. every flag reaches where it acts (each of these was once a one-line mutation that no test noticed)
+# 15. every flag reaches where it acts: a one-line mutation that drops or swaps a flag fails one of these
 
 NORM_CLASSES = tuple(type(norms.make_norm(k, 8)) for k in norms.NORMS)
 
