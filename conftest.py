@@ -1,6 +1,7 @@
 """The tests' shared fixtures and helpers (pytest reads this file for test_norms.py and every file in tests/; a test
 file imports a plain helper as `from conftest import ROOT`). A test file never imports another test file."""
 import builtins
+import json
 import os
 import random
 import subprocess
@@ -57,6 +58,18 @@ def run_train(corpus, data_dir, out_dir, *flags):
     """train.main in this process (fast, and monkeypatch reaches into it); returns its exit code."""
     import train  # here, not at the top: conftest.py is read before every test file, even those without torch
     return train.main(train_argv(corpus, data_dir, out_dir, *flags))
+
+
+def run(corpus, folder, *flags, out="out"):
+    """train.main in this process on corpus, its data prepared in folder/data and the run in folder/out; returns its
+    exit code."""
+    return run_train(corpus, folder / "data", folder / out, *flags)
+
+
+def events(out_dir, kind=None):
+    """The events of out_dir/log.jsonl (all, or those of one kind), each line read as JSON here, not by nanonorm."""
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return [e for e in map(json.loads, f) if kind in (None, e["event"])]
 
 
 def train_process(*args, timeout=300, env=None, **kwargs):

@@ -2,7 +2,6 @@
 telemetry, z-loss, sequence-length warmup), end to end on a tiny corpus, each checked
 against a quantity computed here independently (from checkpoints, .grad, an explicit q@k, a formula)."""
 
-import json
 import os
 
 import pytest
@@ -13,18 +12,9 @@ import data
 import model
 from diagnostics import probes
 import train
-from conftest import run_train, tiny
+from conftest import events, run, tiny
 
 TINY = tiny(block_size=16, eval_iters=1, warmup_iters=0)
-
-
-def run(corpus, tmp_path, *flags, out="out"):
-    return run_train(corpus, tmp_path / "data", tmp_path / out, *TINY, *flags)
-
-
-def events(out_dir, kind=None):
-    with open(os.path.join(out_dir, "log.jsonl")) as f:
-        return [e for e in map(json.loads, f) if kind is None or e["event"] == kind]
 
 
 def test_ramp_schedule_values():
@@ -33,7 +23,7 @@ def test_ramp_schedule_values():
 
 
 def test_loss_bound_stops_before_the_first_update(corpus, tmp_path, capsys):
-    assert run(corpus, tmp_path, "--max_iters=6", "--eval_interval=2", "--diverge_loss=0.5") == 3
+    assert run(corpus, tmp_path, *TINY, "--max_iters=6", "--eval_interval=2", "--diverge_loss=0.5") == 3
     out = tmp_path / "out"
     [event] = events(out, "diverged")  # above the bound on 3 steps in a row: steps 0, 1 and 2
     assert event["step"] == 2 and event["steps_survived"] == 2 and "above the bound 0.5000" in event["reason"]
@@ -49,7 +39,7 @@ def test_loss_bound_stops_before_the_first_update(corpus, tmp_path, capsys):
 def test_gap_rule_and_default_bound_come_from_the_run(corpus, tmp_path):
     """A loss that rises: the ramp to an absurd LR without clipping, in float32, stops with the gap rule
     or the default bound (first loss + 1), never running to max_iters."""
-    code = run(corpus, tmp_path, "--max_iters=200", "--eval_interval=1000", "--lr_schedule=ramp", "--lr=20",
+    code = run(corpus, tmp_path, *TINY, "--max_iters=200", "--eval_interval=1000", "--lr_schedule=ramp", "--lr=20",
                "--grad_clip=0", "--diverge_gap=0.5")
     assert code == 3
     [event] = events(tmp_path / "out", "diverged")
@@ -75,7 +65,7 @@ def plant(factor, where):
 ])
 def test_forensics_names_the_planted_op_and_layer(corpus, tmp_path, monkeypatch, factor, where, expected):
     monkeypatch.setattr(model.GPT, "init_weights", plant(factor, where))
-    assert run(corpus, tmp_path, "--max_iters=4", "--attn_impl=manual", "--diverge_loss=0.01") == 3
+    assert run(corpus, tmp_path, *TINY, "--max_iters=4", "--attn_impl=manual", "--diverge_loss=0.01") == 3
     [event] = events(tmp_path / "out", "diverged")
     failed = event["failed_op"]
     assert (failed["op"], failed["layer"], failed["pass"]) == (*expected, "forward")
@@ -89,7 +79,7 @@ def test_forensics_names_a_backward_op_for_an_inf_gradient(corpus, tmp_path, mon
         logits, loss = forward(self, idx, targets)
         return logits, loss * 1e30  # finite, but its gradient into the logits is far above 65504
     monkeypatch.setattr(model.GPT, "forward", huge_loss)
-    assert run(corpus, tmp_path, "--max_iters=2", "--diverge_loss=1e40") == 3  # the gradient norm is not finite
+    assert run(corpus, tmp_path, *TINY, "--max_iters=2", "--diverge_loss=1e40") == 3  # the gradient norm is not finite
     failed = events(tmp_path / "out", "diverged")[0]["failed_op"]
     assert failed["pass"] == "backward" and failed["op"] == "logits"
 
@@ -97,7 +87,7 @@ def test_forensics_names_a_backward_op_for_an_inf_gradient(corpus, tmp_path, mon
 def test_telemetry_equals_direct_computation(corpus, tmp_path):
     flags = ["--max_iters=2", "--eval_interval=1", "--keep_checkpoints=3", "--attn_impl=manual",
              "--telemetry_interval=2", "--fp16_headroom_interval=2", "--scale_heads", "--norm=powernorm"]
-    assert run(corpus, tmp_path, *flags) == 0
+    assert run(corpus, tmp_path, *TINY, *flags) == 0
     out = tmp_path / "out"
     [event] = events(out, "telemetry")
     before = torch.load(out / "ckpt-1.pt", weights_only=True)["model"]
@@ -147,8 +137,9 @@ def test_instruments_leave_training_unchanged(corpus, tmp_path):
     """Hooked passes restore weights, buffers, gradients and the RNG: dropout and PowerNorm still train
     exactly as without them."""
     flags = ["--max_iters=4", "--eval_interval=4", "--dropout=0.1", "--norm=powernorm"]
-    assert run(corpus, tmp_path, *flags, out="plain") == 0
-    assert run(corpus, tmp_path, *flags, "--telemetry_interval=1", "--fp16_headroom_interval=2", out="probed") == 0
+    assert run(corpus, tmp_path, *TINY, *flags, out="plain") == 0
+    assert run(corpus, tmp_path, *TINY, *flags, "--telemetry_interval=1", "--fp16_headroom_interval=2",
+               out="probed") == 0
     plain = torch.load(tmp_path / "plain" / "ckpt.pt", weights_only=True)["model"]
     probed = torch.load(tmp_path / "probed" / "ckpt.pt", weights_only=True)["model"]
     assert all(torch.equal(plain[k], probed[k]) for k in plain)
@@ -158,9 +149,9 @@ def test_instruments_leave_training_unchanged(corpus, tmp_path):
 def test_skip_spikes_skips_the_flagged_steps_and_resumes_exactly(corpus, tmp_path):
     flags = ["--eval_interval=1", "--keep_checkpoints=20", "--spike_window=3", "--spike_z=0.5", "--skip_spikes",
              "--lr_schedule=constant"]
-    assert run(corpus, tmp_path, "--max_iters=10", *flags, out="straight") == 0
-    assert run(corpus, tmp_path, "--max_iters=5", *flags, out="split") == 0
-    assert run(corpus, tmp_path, "--max_iters=10", "--resume", *flags, out="split") == 0
+    assert run(corpus, tmp_path, *TINY, "--max_iters=10", *flags, out="straight") == 0
+    assert run(corpus, tmp_path, *TINY, "--max_iters=5", *flags, out="split") == 0
+    assert run(corpus, tmp_path, *TINY, "--max_iters=10", "--resume", *flags, out="split") == 0
     spikes = events(tmp_path / "straight", "spike")
     assert spikes and all(e["skipped"] for e in spikes) and spikes == events(tmp_path / "split", "spike")
     skipped = {e["step"] for e in spikes}
@@ -183,8 +174,8 @@ def test_z_loss_value_and_gradient():
 
 
 def test_z_loss_adds_to_the_objective_and_logs_the_cross_entropy(corpus, tmp_path):
-    assert run(corpus, tmp_path, "--max_iters=1", "--eval_interval=1", "--z_loss=0.5", out="z") == 0
-    assert run(corpus, tmp_path, "--max_iters=1", "--eval_interval=1", out="plain") == 0
+    assert run(corpus, tmp_path, *TINY, "--max_iters=1", "--eval_interval=1", "--z_loss=0.5", out="z") == 0
+    assert run(corpus, tmp_path, *TINY, "--max_iters=1", "--eval_interval=1", out="plain") == 0
     z_event, plain_event = events(tmp_path / "z", "train")[0], events(tmp_path / "plain", "train")[0]
     assert z_event["loss"] == pytest.approx(plain_event["loss"], rel=1e-6)  # the same CE at the same weights
     assert z_event["z_loss"] > 1.0  # log Z of 256 near-uniform logits is about ln 256 = 5.5
@@ -201,6 +192,6 @@ def test_sequence_warmup_shapes():
 
 
 def test_sequence_warmup_trains_and_logs_lengths(corpus, tmp_path):
-    assert run(corpus, tmp_path, "--max_iters=4", "--eval_interval=4", "--seq_warmup_iters=4",
+    assert run(corpus, tmp_path, *TINY, "--max_iters=4", "--eval_interval=4", "--seq_warmup_iters=4",
                "--seq_warmup_start=4") == 0
     assert [e["seq_len"] for e in events(tmp_path / "out", "train")] == [4, 7, 10, 13]

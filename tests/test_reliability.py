@@ -22,15 +22,11 @@ import data
 import model
 import train
 from engine import files, flags, run_folder, runtime
-from conftest import PAUSED_TRAIN, ROOT, TINY, FailingWrites, prepared, torchrun, train_argv, train_process
+from conftest import PAUSED_TRAIN, ROOT, TINY, FailingWrites, events, prepared, torchrun, train_argv, train_process
 
 
 def flags_of(corpus, out, *more):
     return train_argv(corpus, prepared(corpus), out, *TINY, *more)
-
-
-def events(out):
-    return files.read_log(os.path.join(out, "log.jsonl"))[0]
 
 
 def steps(out, kind="train"):

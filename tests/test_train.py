@@ -13,21 +13,11 @@ import model
 from engine import runtime
 import train
 from norms import NORMS
-from conftest import ROOT, TINY, run_train, torchrun, train_argv
-
-
-def run(corpus, tmp_path, *flags):
-    """train.main in this process; returns its exit code."""
-    return run_train(corpus, tmp_path / "data", tmp_path / "out", *TINY, *flags)
-
-
-def events(out_dir, kind):
-    with open(os.path.join(out_dir, "log.jsonl")) as f:
-        return [e for e in map(json.loads, f) if e["event"] == kind]
+from conftest import ROOT, TINY, events, run, torchrun, train_argv
 
 
 def test_run_writes_config_log_and_checkpoint(corpus, tmp_path):
-    assert run(corpus, tmp_path, "--max_iters=6", "--eval_interval=3", "--preset=normformer",
+    assert run(corpus, tmp_path, *TINY, "--max_iters=6", "--eval_interval=3", "--preset=normformer",
                "--scale_heads=False") == 0
     out = tmp_path / "out"
     config = json.loads((out / "config.json").read_text())
@@ -65,7 +55,7 @@ def test_the_first_step_is_left_out_of_the_progress_timing(corpus, tmp_path, mon
     clock = StepClock(train.batch_generator)
     monkeypatch.setattr(runtime.time, "perf_counter", clock)
     monkeypatch.setattr(train, "batch_generator", clock.batch_generator)
-    assert run(corpus, tmp_path, "--max_iters=6", "--eval_interval=6", "--log_interval=3") == 0
+    assert run(corpus, tmp_path, *TINY, "--max_iters=6", "--eval_interval=6", "--log_interval=3") == 0
     first, second = events(tmp_path / "out", "train")
     assert (first["step"], first["ms_per_step"]) == (3, 1000.0)
     assert (second["step"], second["ms_per_step"]) == (6, 1000.0)
@@ -93,7 +83,7 @@ def test_gpt2_tokenizer_pads_the_model_vocab(corpus, tmp_path, monkeypatch):
     if not os.environ.get("TIKTOKEN_CACHE_DIR") and not os.path.isdir(shared):
         pytest.skip("GPT-2's BPE ranks are not available offline (set TIKTOKEN_CACHE_DIR)")
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", os.environ.get("TIKTOKEN_CACHE_DIR") or shared)
-    assert run(corpus, tmp_path, "--tokenizer=gpt2", "--max_iters=2", "--eval_interval=2") == 0
+    assert run(corpus, tmp_path, *TINY, "--tokenizer=gpt2", "--max_iters=2", "--eval_interval=2") == 0
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["data"]["vocab_size"] == 50257 and config["model"]["vocab_size"] == 50304  # 64 * 786
 
@@ -103,9 +93,9 @@ def test_resume_continues_exactly(corpus, tmp_path):
     """Ten steps, stop, resume for ten more == twenty steps in one go (fp32 CPU; dropout on, so the RNG
     state must come back too)."""
     common = ["--dropout=0.1", "--lr_decay_iters=20", "--eval_interval=5"]
-    assert run(corpus, tmp_path / "whole", *common, "--max_iters=20") == 0
-    assert run(corpus, tmp_path / "split", *common, "--max_iters=10") == 0
-    assert run(corpus, tmp_path / "split", "--resume", "--max_iters=20") == 0
+    assert run(corpus, tmp_path / "whole", *TINY, *common, "--max_iters=20") == 0
+    assert run(corpus, tmp_path / "split", *TINY, *common, "--max_iters=10") == 0
+    assert run(corpus, tmp_path / "split", *TINY, "--resume", "--max_iters=20") == 0
     whole = events(tmp_path / "whole" / "out", "train")
     split = events(tmp_path / "split" / "out", "train")
     assert [e["step"] for e in split] == list(range(1, 21))
@@ -116,29 +106,29 @@ def test_resume_continues_exactly(corpus, tmp_path):
 
 
 def test_a_run_never_replaces_another_unless_told(corpus, tmp_path, capsys):
-    assert run(corpus, tmp_path, "--max_iters=3", "--eval_interval=3") == 0
+    assert run(corpus, tmp_path, *TINY, "--max_iters=3", "--eval_interval=3") == 0
     before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
     capsys.readouterr()
-    assert run(corpus, tmp_path, "--max_iters=2", "--eval_interval=2") == 2
+    assert run(corpus, tmp_path, *TINY, "--max_iters=2", "--eval_interval=2") == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--resume" in err and "--overwrite" in err
     assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before
-    assert run(corpus, tmp_path, "--max_iters=2", "--eval_interval=2", "--overwrite") == 0
+    assert run(corpus, tmp_path, *TINY, "--max_iters=2", "--eval_interval=2", "--overwrite") == 0
     assert [e["step"] for e in events(tmp_path / "out", "train")] == [1, 2]  # a new log
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["ckpt-2.pt", "ckpt.pt", "config.json", "log.jsonl",
                                                                    "run.lock"]
 
 
 def test_resume_refuses_to_change_the_model(corpus, tmp_path, capsys):
-    assert run(corpus, tmp_path, "--max_iters=2", "--eval_interval=2") == 0
-    assert run(corpus, tmp_path, "--resume", "--n_layer=3") == 2
+    assert run(corpus, tmp_path, *TINY, "--max_iters=2", "--eval_interval=2") == 0
+    assert run(corpus, tmp_path, *TINY, "--resume", "--n_layer=3") == 2
     assert "--n_layer differ from the checkpoint" in capsys.readouterr().err
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_mixed_precision_trains_on_cpu(corpus, tmp_path, dtype):
-    assert run(corpus, tmp_path, f"--dtype={dtype}", "--max_iters=8", "--eval_interval=8") == 0
+    assert run(corpus, tmp_path, *TINY, f"--dtype={dtype}", "--max_iters=8", "--eval_interval=8") == 0
     losses = [e["loss"] for e in events(tmp_path / "out", "train")]
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
     scaler = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["scaler"]
@@ -147,7 +137,7 @@ def test_mixed_precision_trains_on_cpu(corpus, tmp_path, dtype):
 
 @pytest.mark.slow
 def test_a_diverged_run_keeps_the_last_good_checkpoint(corpus, tmp_path, monkeypatch, capsys):
-    assert run(corpus, tmp_path, "--max_iters=4", "--eval_interval=2") == 0
+    assert run(corpus, tmp_path, *TINY, "--max_iters=4", "--eval_interval=2") == 0
     good = (tmp_path / "out" / "ckpt.pt").read_bytes()
     forward = model.GPT.forward
 
@@ -156,7 +146,7 @@ def test_a_diverged_run_keeps_the_last_good_checkpoint(corpus, tmp_path, monkeyp
         return logits, loss * float("nan")
 
     monkeypatch.setattr(model.GPT, "forward", poisoned)
-    assert run(corpus, tmp_path, "--resume", "--max_iters=8") == 3
+    assert run(corpus, tmp_path, *TINY, "--resume", "--max_iters=8") == 3
     assert "the last good checkpoint is kept" in capsys.readouterr().out
     assert (tmp_path / "out" / "ckpt.pt").read_bytes() == good
     events = [json.loads(line) for line in open(tmp_path / "out" / "log.jsonl")]
@@ -183,7 +173,7 @@ def test_bad_input_is_one_line_and_exit_code_2(corpus, tmp_path, capsys, flags, 
 def test_a_damaged_checkpoint_is_one_line(corpus, tmp_path, capsys):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "ckpt.pt").write_bytes(b"not a checkpoint")
-    assert run(corpus, tmp_path, "--resume") == 2
+    assert run(corpus, tmp_path, *TINY, "--resume") == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot read" in err
 
@@ -214,7 +204,7 @@ def test_a_bad_choice_is_one_line_naming_every_allowed_value(capsys):
 @pytest.mark.parametrize("norm", NORMS)
 def test_every_norm_trains(corpus, tmp_path, norm):
     """Every --norm value fills every norm slot and trains; PowerNorm switches out of warmup mid-run."""
-    assert run(corpus, tmp_path, f"--norm={norm}", "--max_iters=12", "--eval_interval=12", "--pn_warmup=4") == 0
+    assert run(corpus, tmp_path, *TINY, f"--norm={norm}", "--max_iters=12", "--eval_interval=12", "--pn_warmup=4") == 0
     losses = [e["loss"] for e in events(tmp_path / "out", "train")]
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
 

@@ -35,7 +35,7 @@ import model
 import norms
 import train
 from model import GPT, GPTConfig
-from conftest import prepared, run_train, tiny, torchrun, train_argv
+from conftest import events, prepared, run_train, tiny, torchrun, train_argv
 
 TINY = tiny(n_layer=1, block_size=16, eval_interval=1, warmup_iters=0, lr="1e-3", min_lr="1e-4")
 
@@ -45,11 +45,6 @@ def run(corpus, out_dir, *flags):
     code = run_train(corpus, prepared(corpus), out_dir, *TINY, *flags)
     assert code == 0
     return out_dir
-
-
-def events(out_dir, kind):
-    with open(out_dir / "log.jsonl") as f:
-        return [e for e in map(json.loads, f) if e["event"] == kind]
 
 
 def checkpoint(out_dir):
