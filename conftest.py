@@ -72,6 +72,29 @@ def events(out_dir, kind=None):
         return [e for e in map(json.loads, f) if kind in (None, e["event"])]
 
 
+def folder_snapshot(root):
+    """Every file under root with its bytes (a folder: None), to compare before and after a command."""
+    return {p.relative_to(root): p.read_bytes() if p.is_file() else None for p in root.rglob("*")}
+
+
+LAB_MODULES = {"bench.py": "lab.bench"}  # the lab's commands run as modules from the root
+
+
+def refused(folder, script, args):
+    """`python SCRIPT ARGS` in folder, which must refuse them: exit code 2, one line on stderr naming the script, no
+    traceback, nothing on stdout, and every file under folder as it was. Returns the line."""
+    before = folder_snapshot(folder)
+    command = [sys.executable, "-m", LAB_MODULES[script]] if script in LAB_MODULES else [
+        sys.executable, os.path.join(ROOT, script)]
+    r = subprocess.run([*command, *args], cwd=folder, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert r.stderr.startswith(f"{script}: ") and r.stderr.count("\n") == 1, r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert folder_snapshot(folder) == before  # nothing written, nothing changed
+    return r.stderr
+
+
 def train_process(*args, timeout=300, env=None, **kwargs):
     """`python train.py ARGS` from the repository root, as a user runs it, on one intra-op thread."""
     return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args], capture_output=True, text=True,

@@ -45,7 +45,7 @@ def perturb_(module, seed=7, scale=0.3):
             p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
 
 
-def layer_norm(x, norm, scale=1.0):
+def scaled_layer_norm(x, norm, scale=1.0):
     """Ba et al. 2016 with norm's g and b, written out: (x - E[x]) / sqrt(Var[x] + eps) * g + b, times scale."""
     mu = x.mean(-1, keepdim=True)
     var = (x - mu).square().mean(-1, keepdim=True)
@@ -63,7 +63,7 @@ def attention(attn, x, cap=0.0, sub_norm=None):
         s = cap * torch.tanh(s / cap)
     s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
     y = (F.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
-    return attn.proj(y if sub_norm is None else layer_norm(y, sub_norm))
+    return attn.proj(y if sub_norm is None else scaled_layer_norm(y, sub_norm))
 
 
 # 1. DyT: y = g * tanh(alpha * x) + b
@@ -157,8 +157,8 @@ def test_layer_norm_scaling_divides_each_pre_ln_norm_output_by_sqrt_l():
     perturb_(model)
     x = hidden(scale=2.0)
     for layer, block in enumerate(model.blocks, start=1):
-        h = x + block.attn(layer_norm(x, block.attn_norm, 1 / math.sqrt(layer)))
-        expected = h + block.mlp(layer_norm(h, block.ffn_norm, 1 / math.sqrt(layer)))
+        h = x + block.attn(scaled_layer_norm(x, block.attn_norm, 1 / math.sqrt(layer)))
+        expected = h + block.mlp(scaled_layer_norm(h, block.ffn_norm, 1 / math.sqrt(layer)))
         torch.testing.assert_close(block(x), expected, rtol=0, atol=1e-12)
 
 
@@ -168,10 +168,12 @@ def test_mix_ln_is_post_ln_in_the_first_round_alpha_l_layers_then_pre_ln():
     x = hidden(scale=2.0)
     assert [b.layout for b in model.blocks] == ["post", "post", "pre", "pre"]
     last_post, first_pre = model.blocks[1], model.blocks[2]  # the switch
-    h = layer_norm(x + last_post.attn(x), last_post.attn_norm)
-    torch.testing.assert_close(last_post(x), layer_norm(h + last_post.mlp(h), last_post.ffn_norm), rtol=0, atol=1e-12)
-    h = x + first_pre.attn(layer_norm(x, first_pre.attn_norm))
-    torch.testing.assert_close(first_pre(x), h + first_pre.mlp(layer_norm(h, first_pre.ffn_norm)), rtol=0, atol=1e-12)
+    h = scaled_layer_norm(x + last_post.attn(x), last_post.attn_norm)
+    torch.testing.assert_close(last_post(x), scaled_layer_norm(h + last_post.mlp(h), last_post.ffn_norm), rtol=0,
+                               atol=1e-12)
+    h = x + first_pre.attn(scaled_layer_norm(x, first_pre.attn_norm))
+    torch.testing.assert_close(first_pre(x), h + first_pre.mlp(scaled_layer_norm(h, first_pre.ffn_norm)), rtol=0,
+                               atol=1e-12)
     assert model.final_norm is not None  # the last layers are pre-LN
     # the default ratio 0.25, rounded half up: 10 layers -> 3 Post-LN (Python's round would give 2), 4 -> 1, 1 -> 0
     for n_layer, posts in ((10, 3), (4, 1), (1, 0)):
@@ -184,8 +186,8 @@ def test_reordered_norms_each_sublayer_output_only():
     perturb_(model)
     x = hidden(scale=2.0)
     block = model.blocks[1]
-    h = x + layer_norm(block.attn(x), block.attn_norm)
-    torch.testing.assert_close(block(x), h + layer_norm(block.mlp(h), block.ffn_norm), rtol=0, atol=1e-12)
+    h = x + scaled_layer_norm(block.attn(x), block.attn_norm)
+    torch.testing.assert_close(block(x), h + scaled_layer_norm(block.mlp(h), block.ffn_norm), rtol=0, atol=1e-12)
     assert model.final_norm is not None  # OLMo 2 keeps a final norm
     with pytest.raises(ValueError, match="reordered"):
         GPTConfig(layout="reordered", scale_attn=True)
@@ -196,11 +198,11 @@ def test_peri_ln_preset_norms_each_sublayer_input_and_output_and_the_embeddings(
     perturb_(model)
     x = hidden(scale=2.0)
     block = model.blocks[0]
-    h = x + layer_norm(block.attn(layer_norm(x, block.attn_norm)), block.attn_out_norm)
-    expected = h + layer_norm(block.mlp(layer_norm(h, block.ffn_norm)), block.ffn_out_norm)
+    h = x + scaled_layer_norm(block.attn(scaled_layer_norm(x, block.attn_norm)), block.attn_out_norm)
+    expected = h + scaled_layer_norm(block.mlp(scaled_layer_norm(h, block.ffn_norm)), block.ffn_out_norm)
     torch.testing.assert_close(block(x), expected, rtol=0, atol=1e-12)
     idx = tokens()
-    embedded = layer_norm(model.wte.weight[idx] + model.wpe.weight[:16], model.embed_norm)
+    embedded = scaled_layer_norm(model.wte.weight[idx] + model.wpe.weight[:16], model.embed_norm)
     torch.testing.assert_close(model.embed(idx), embedded, rtol=0, atol=1e-12)
     assert model.final_norm is not None
 
@@ -213,7 +215,7 @@ def test_subln_puts_a_norm_before_w_o_and_before_w_2():
     torch.testing.assert_close(block.attn(x), attention(block.attn, x, sub_norm=block.attn.sub_norm),
                                rtol=0, atol=1e-12)
     mlp = block.mlp
-    torch.testing.assert_close(mlp(x), mlp.proj(layer_norm(F.gelu(mlp.fc(x)), mlp.fc_norm)), rtol=0, atol=1e-12)
+    torch.testing.assert_close(mlp(x), mlp.proj(scaled_layer_norm(F.gelu(mlp.fc(x)), mlp.fc_norm)), rtol=0, atol=1e-12)
 
 
 def test_subln_init_multiplies_v_w_o_w_1_and_w_2_by_sqrt_log_2n():
@@ -309,7 +311,7 @@ def test_coord_check_gives_the_mean_abs_a_direct_computation_gives():
     optimizer = torch.optim.AdamW(twin.parameters(), lr=0.01, weight_decay=0.0)
     for step, (idx, targets) in enumerate(batches):
         h = twin.embed(idx)
-        q = twin.blocks[0].attn.qkv(layer_norm(h, twin.blocks[0].attn_norm)).chunk(3, dim=-1)[0]
+        q = twin.blocks[0].attn.qkv(scaled_layer_norm(h, twin.blocks[0].attn_norm)).chunk(3, dim=-1)[0]
         direct = {(step, None, "embed"): h, (step, 0, "q"): q}
         for layer, block in enumerate(twin.blocks):
             h = block(h)

@@ -12,13 +12,13 @@ from model import GPT, GPTConfig, PRESETS
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def build(preset, seed=0, **overrides):
+def build_preset(preset, seed=0, **overrides):
     """The model of --preset=NAME plus explicit flags, applied as train.py applies them (the preset first)."""
     torch.manual_seed(seed)
     return GPT(GPTConfig(**{**PRESETS[preset], **overrides}))
 
 
-def tokens(B=4, T=64, V=256, seed=1):
+def preset_tokens(B=4, T=64, V=256, seed=1):
     return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
@@ -99,11 +99,11 @@ def sinusoids_by_hand(T, d):
 def test_normformer_context_has_sinusoidal_positions_unit_tokens_and_an_embedding_ln(preset):
     """fairseq (NormFormer final §4: "We train ... in fairseq"): token embeddings drawn from N(0, d^-1/2) and
     multiplied by sqrt(d), so of std 1 like the sinusoids; then the embedding LN."""
-    model = build(preset, block_size=32, n_embd=256)
+    model = build_preset(preset, block_size=32, n_embd=256)
     d = model.config.n_embd
     assert not any(name.startswith("wpe") for name, _ in model.named_parameters())  # no learned table
     assert close(model.wte.weight.std().item(), d ** -0.5, 0.03)
-    idx = tokens(T=32)
+    idx = preset_tokens(T=32)
     x = model.wte.weight[idx].detach() * math.sqrt(d) + sinusoids_by_hand(32, d)
     mu, var = x.mean(-1, keepdim=True), (x - x.mean(-1, keepdim=True)).square().mean(-1, keepdim=True)
     expected = (x - mu) / torch.sqrt(var + model.config.norm_eps)  # LN at init: gain 1, bias 0
@@ -112,7 +112,7 @@ def test_normformer_context_has_sinusoidal_positions_unit_tokens_and_an_embeddin
 
 def test_embed_init_draws_the_token_embedding_alone_with_std_inverse_sqrt_d():
     d = 256
-    fairseq, gpt2 = build("baseline", n_embd=d, embed_init="inv_sqrt_d"), build("baseline", n_embd=d)
+    fairseq, gpt2 = build_preset("baseline", n_embd=d, embed_init="inv_sqrt_d"), build_preset("baseline", n_embd=d)
     assert close(fairseq.wte.weight.std().item(), d ** -0.5, 0.03)
     assert close(fairseq.wpe.weight.std().item(), 0.02, 0.03)  # positions keep --init's sigma
     for name, weight in gpt2.named_parameters():
@@ -157,7 +157,7 @@ def heads_by_hand(attn, x):
 def test_head_scale_before_w_o_as_the_paper_or_after_it_as_fairseq(where):
     """Paper (NormFormer final §2.1, Fig. 1 right): Concat(gamma_1 h_1, ..., gamma_H h_H) W_O. fairseq
     (transformer_layer.py, c_attn): W_O's output, bias included, viewed as H groups of hd channels, times gamma."""
-    model = build("nf_normformer", n_embd=24, n_head=3, block_size=8, head_scale_at=where).double()
+    model = build_preset("nf_normformer", n_embd=24, n_head=3, block_size=8, head_scale_at=where).double()
     attn = model.blocks[0].attn
     gamma = torch.tensor([1.7, -0.4, 0.6], dtype=torch.float64)
     with torch.no_grad():
@@ -182,7 +182,7 @@ SNM_SHAPE = dict(n_layer=4, n_embd=256, n_head=4)  # wide enough for stds measur
 
 @pytest.mark.parametrize("preset", SNM)
 def test_spike_no_more_init_stds_measured_on_the_weights(preset):
-    model = build(preset, **SNM_SHAPE)
+    model = build_preset(preset, **SNM_SHAPE)
     d, N = SNM_SHAPE["n_embd"], SNM_SHAPE["n_layer"]
     sigma = math.sqrt(2 / (5 * d))  # §2.2, after Nguyen & Salazar and Le Scao et al.
     assert model.config.layout == "pre" and model.config.pos == "learned" and model.config.tie_embeddings
@@ -200,10 +200,10 @@ def test_spike_no_more_embeddings_of_each_method():
     multiplies the token embedding by sqrt(d) (std sqrt(2/5)); Embed LN normalizes each token's embedding."""
     d = SNM_SHAPE["n_embd"]
     sigma = math.sqrt(2 / (5 * d))
-    idx = tokens()
-    vanilla = embedding_output(build("snm_vanilla", **SNM_SHAPE), idx)
-    scaled = embedding_output(build("snm_scaled_embed", **SNM_SHAPE), idx)
-    normed = embedding_output(build("snm_embed_ln", **SNM_SHAPE), idx)
+    idx = preset_tokens()
+    vanilla = embedding_output(build_preset("snm_vanilla", **SNM_SHAPE), idx)
+    scaled = embedding_output(build_preset("snm_scaled_embed", **SNM_SHAPE), idx)
+    normed = embedding_output(build_preset("snm_embed_ln", **SNM_SHAPE), idx)
     assert close(vanilla.std().item(), math.sqrt(2) * sigma, 0.05)
     assert close(scaled.std().item(), math.sqrt(2 / 5 + sigma ** 2), 0.05)
     # same seed, same draws: the vanilla embedding is what Embed LN normalizes (gain 1, bias 0 at init)
@@ -213,8 +213,9 @@ def test_spike_no_more_embeddings_of_each_method():
 
 def test_spike_no_more_embed_detach_keeps_the_value_and_shrinks_the_gradient_tenfold():
     """eq. (14): e = gamma e + (1 - gamma) detach(e), gamma = 0.1 (as Zeng et al. 2023, GLM-130B)."""
-    idx = tokens()
-    vanilla, detach = build("snm_vanilla", **SNM_SHAPE).double(), build("snm_embed_detach", **SNM_SHAPE).double()
+    idx = preset_tokens()
+    vanilla = build_preset("snm_vanilla", **SNM_SHAPE).double()
+    detach = build_preset("snm_embed_detach", **SNM_SHAPE).double()
     torch.testing.assert_close(embedding_output(detach, idx), embedding_output(vanilla, idx))
     probe = torch.randn(4, 64, SNM_SHAPE["n_embd"], dtype=torch.float64)
     grads = []
@@ -235,7 +236,7 @@ def test_spike_no_more_embed_detach_keeps_the_value_and_shrinks_the_gradient_ten
 def test_deepnet_context_at_each_depth(preset, depth):
     """xavier_normal per logical matrix, std sqrt(2 / (fan_in + fan_out)); DeepNorm: x_{l+1} = LN(alpha x_l +
     G(x_l)), alpha = (2N)^(1/4), and gain beta = (8N)^(-1/4) on v, W_O, W_1 and W_2 (q and k keep gain 1)."""
-    model = build(preset) if depth == 6 else build(preset, n_layer=depth)  # 6: the preset's own depth
+    model = build_preset(preset) if depth == 6 else build_preset(preset, n_layer=depth)  # 6: the preset's own depth
     d = model.config.n_embd
     assert (d, model.config.n_head, len(model.blocks)) == (64, 4, depth)
     assert model.final_norm is None  # post and deepnorm blocks end with their own norm
@@ -284,7 +285,7 @@ def normalized_statistics(norm_module, d, groups):
     ("pn_layernorm", "token_mean0_var1"), ("pn_batchnorm", "channel_mean0_var1"),
     ("pn_pnv", "channel_quadratic_mean1_mean_kept"), ("pn_powernorm", "group_quadratic_mean1")])
 def test_powernorm_context_puts_the_compared_norm_in_every_slot(preset, statistic):
-    model = build(preset, pn_warmup=0)
+    model = build_preset(preset, pn_warmup=0)
     cfg = model.config
     assert cfg.layout == "pre" and model.final_norm is not None
     slots = [model.final_norm] + [norm for block in model.blocks for norm in (block.attn_norm, block.ffn_norm)]

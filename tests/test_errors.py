@@ -13,29 +13,11 @@ import pytest
 import torch
 
 import data
-from conftest import ROOT
+from conftest import ROOT, folder_snapshot, refused
 from lab import bench
 
 # a model no machine can hold: a bench case that gets past the check it names is refused by the memory check instead
 HUGE = ["--vocab_size=2000000000", "--n_embd=1000000"]
-MODULES = {"bench.py": "lab.bench"}  # the lab's commands run as modules from the root
-
-
-def snapshot(root):
-    return {p.relative_to(root): p.read_bytes() if p.is_file() else None for p in root.rglob("*")}
-
-
-def run(tmp_path, script, args):
-    before = snapshot(tmp_path)
-    path = os.path.join(ROOT, script)
-    command = [sys.executable, "-m", MODULES[script]] if script in MODULES else [sys.executable, path]
-    r = subprocess.run([*command, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": ROOT})
-    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
-    assert r.stderr.startswith(f"{script}: ") and r.stderr.count("\n") == 1, r.stderr
-    assert "Traceback" not in r.stderr and r.stdout == ""
-    assert snapshot(tmp_path) == before  # nothing written, nothing changed
-    return r.stderr
 
 
 @pytest.fixture
@@ -72,13 +54,13 @@ def corpora(tmp_path):
 def test_data_bad_input(corpora, args, says):
     if not any(arg.startswith("--data_dir") for arg in args):
         args = [*args, "--data_dir=data"]
-    assert says in run(corpora, "data.py", args)
+    assert says in refused(corpora, "data.py", args)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into any folder")
 def test_data_dir_not_writable(corpora):
     (corpora / "locked").mkdir(mode=0o555)
-    assert "--data_dir=locked/data" in run(corpora, "data.py", ["--dataset=corpus.txt", "--data_dir=locked/data"])
+    assert "--data_dir=locked/data" in refused(corpora, "data.py", ["--dataset=corpus.txt", "--data_dir=locked/data"])
 
 
 def damage_meta(edit):
@@ -125,7 +107,7 @@ def set_token(path, index, value):
 def test_damaged_prepared_dataset(corpora, damage, says):
     folder = Path(data.prepare(str(corpora / "corpus.txt"), "byte", str(corpora / "data")))
     damage(folder)
-    err = run(corpora, "data.py", ["--dataset=corpus.txt", "--data_dir=data"])
+    err = refused(corpora, "data.py", ["--dataset=corpus.txt", "--data_dir=data"])
     assert says in err and "damaged" in err and str(folder.relative_to(corpora)) in err, err
 
 
@@ -148,16 +130,16 @@ def test_damaged_prepared_dataset(corpora, damage, says):
 def test_bench_bad_input(tmp_path, monkeypatch, capsys, args, says):
     """In this process (one real process below): bench.py's checks run before it allocates anything."""
     monkeypatch.chdir(tmp_path)
-    before = snapshot(tmp_path)
+    before = folder_snapshot(tmp_path)
     assert bench.main([*HUGE, *args]) == 2
     captured = capsys.readouterr()
     assert captured.err.startswith("bench.py: ") and captured.err.count("\n") == 1 and says in captured.err
-    assert captured.out == "" and snapshot(tmp_path) == before
+    assert captured.out == "" and folder_snapshot(tmp_path) == before
 
 
 @pytest.mark.slow
 def test_bench_bad_input_from_the_shell(tmp_path):
-    assert "unknown flag --bogus" in run(tmp_path, "bench.py", [*HUGE, "--bogus=1"])
+    assert "unknown flag --bogus" in refused(tmp_path, "bench.py", [*HUGE, "--bogus=1"])
 
 
 @pytest.mark.slow

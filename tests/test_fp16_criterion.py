@@ -13,7 +13,7 @@ import model
 import train
 from conftest import run_train, tiny
 
-TINY = tiny(block_size=16, eval_iters=1, warmup_iters=0, grad_accum=1, max_iters=6, eval_interval=3,
+FP16_TINY = tiny(block_size=16, eval_iters=1, warmup_iters=0, grad_accum=1, max_iters=6, eval_interval=3,
             dtype="float32", device="cpu")
 PLANTED_STEP = 4  # the step (0-based, as the diverged event counts) whose forward pass plants the value
 LAST_STEP = 12  # Grow: the loss bound ends the run here, after GROWTH_WINDOW = 10 steps of growth and more
@@ -75,13 +75,13 @@ def train_planted(corpus, tmp_path, monkeypatch, hooks, flags):
         return gpt
 
     monkeypatch.setattr(train, "GPT", planted_gpt)
-    code = run_train(corpus, tmp_path / "data", tmp_path / "out", *TINY, *flags)
+    code = run_train(corpus, tmp_path / "data", tmp_path / "out", *FP16_TINY, *flags)
     with open(tmp_path / "out" / "log.jsonl") as f:
         diverged = [e for e in map(json.loads, f) if e["event"] == "diverged"]
     return code, diverged
 
 
-def run(corpus, tmp_path, monkeypatch, value, *flags):
+def run_planted(corpus, tmp_path, monkeypatch, value, *flags):
     plant = Plant(value)
     code, diverged = train_planted(corpus, tmp_path, monkeypatch, {"blocks.1.mlp.fc": plant}, flags)
     return code, diverged, plant
@@ -97,7 +97,7 @@ def run_grown(corpus, tmp_path, monkeypatch, *flags):
 
 @pytest.mark.slow
 def test_stops_at_the_planted_step_and_names_its_op(corpus, tmp_path, monkeypatch, capsys):
-    code, [event], plant = run(corpus, tmp_path, monkeypatch, 70000.0, "--fp16_overflow_fails=True")
+    code, [event], plant = run_planted(corpus, tmp_path, monkeypatch, 70000.0, "--fp16_overflow_fails=True")
     assert code == 3 and event["step"] == PLANTED_STEP and event["steps_survived"] == PLANTED_STEP
     assert event["criterion"] == "fp16 overflow"
     # the value of that step's own forward pass: a re-run would see -65000 (the plant's later calls)
@@ -111,27 +111,28 @@ def test_stops_at_the_planted_step_and_names_its_op(corpus, tmp_path, monkeypatc
 
 @pytest.mark.slow
 def test_non_finite_output_fails_too(corpus, tmp_path, monkeypatch):
-    code, [event], _ = run(corpus, tmp_path, monkeypatch, float("nan"), "--fp16_overflow_fails=True")
+    code, [event], _ = run_planted(corpus, tmp_path, monkeypatch, float("nan"), "--fp16_overflow_fails=True")
     assert code == 3 and event["step"] == PLANTED_STEP and event["criterion"] == "fp16 overflow"
     assert event["failed_op"]["op"] == "fc1" and event["failed_op"]["max_abs"] == float("inf")
 
 
 @pytest.mark.slow
 def test_without_the_flag_the_run_does_not_stop_for_it(corpus, tmp_path, monkeypatch):
-    code, diverged, plant = run(corpus, tmp_path, monkeypatch, 70000.0)
+    code, diverged, plant = run_planted(corpus, tmp_path, monkeypatch, 70000.0)
     assert code == 0 and diverged == [] and plant.calls == 6
 
 
 def test_other_rules_name_their_criterion(corpus, tmp_path, monkeypatch):
     # a NaN output without the flag: the loss turns non-finite at the same step, a rule of nanonorm's own
-    code, [event], _ = run(corpus, tmp_path, monkeypatch, float("nan"))
+    code, [event], _ = run_planted(corpus, tmp_path, monkeypatch, float("nan"))
     assert code == 3 and event["step"] == PLANTED_STEP and event["criterion"] == "non-finite loss"
     assert event["reason"].startswith("non-finite loss")
 
 
 def test_refused_with_compile(corpus, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(train, "GPT", model.GPT)
-    code = run_train(corpus, tmp_path / "data", tmp_path / "out", *TINY, "--fp16_overflow_fails=True", "--compile=True")
+    code = run_train(corpus, tmp_path / "data", tmp_path / "out", *FP16_TINY, "--fp16_overflow_fails=True",
+                     "--compile=True")
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err == ["train.py: --fp16_overflow_fails needs --compile=False: its forward hooks see "
                                  "nothing inside torch.compile"]

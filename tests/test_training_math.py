@@ -37,12 +37,12 @@ import train
 from model import GPT, GPTConfig
 from conftest import events, prepared, run_train, tiny, torchrun, train_argv
 
-TINY = tiny(n_layer=1, block_size=16, eval_interval=1, warmup_iters=0, lr="1e-3", min_lr="1e-4")
+MATH_TINY = tiny(n_layer=1, block_size=16, eval_interval=1, warmup_iters=0, lr="1e-3", min_lr="1e-4")
 
 
-def run(corpus, out_dir, *flags):
+def finished_run(corpus, out_dir, *flags):
     """train.main in this process; returns out_dir after checking the run finished."""
-    code = run_train(corpus, prepared(corpus), out_dir, *TINY, *flags)
+    code = run_train(corpus, prepared(corpus), out_dir, *MATH_TINY, *flags)
     assert code == 0
     return out_dir
 
@@ -178,13 +178,14 @@ def test_accumulated_step_equals_one_step_on_the_concatenated_batch(corpus, tmp_
     """grad_accum=2 with 2 sequences per micro-step == grad_accum=1 with those 4 sequences at once: the same
     logged loss (their mean) and gradient norm, and the same applied gradient in AdamW's state."""
     drawn = record_batches(monkeypatch)
-    accumulated = run(corpus, tmp_path / "accumulated", "--grad_accum=2", "--batch_size=2", "--max_iters=1",
+    accumulated = finished_run(corpus, tmp_path / "accumulated", "--grad_accum=2", "--batch_size=2", "--max_iters=1",
                       "--grad_clip=0")
     micro = [(x, y) for training, _, x, y in drawn if training]
     assert len(micro) == 2 and all(x.size(0) == 2 for x, _ in micro)
     concatenated = torch.cat([x for x, _ in micro]), torch.cat([y for _, y in micro])
     record_batches(monkeypatch, training_batch=concatenated)
-    whole = run(corpus, tmp_path / "whole", "--grad_accum=1", "--batch_size=4", "--max_iters=1", "--grad_clip=0")
+    whole = finished_run(corpus, tmp_path / "whole", "--grad_accum=1", "--batch_size=4", "--max_iters=1",
+                         "--grad_clip=0")
     (a,), (b,) = events(accumulated, "train"), events(whole, "train")
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
     assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
@@ -195,7 +196,7 @@ def test_accumulated_step_equals_one_step_on_the_concatenated_batch(corpus, tmp_
 @pytest.fixture(scope="module")
 def unclipped(corpus, tmp_path_factory):
     """One float32 step without clipping: its logged norm is the true gradient norm of step 0."""
-    return run(corpus, tmp_path_factory.mktemp("unclipped"), "--max_iters=1", "--grad_clip=0")
+    return finished_run(corpus, tmp_path_factory.mktemp("unclipped"), "--max_iters=1", "--grad_clip=0")
 
 
 def test_grad_clip_logs_the_norm_before_and_applies_the_clipped_gradient(corpus, tmp_path, unclipped):
@@ -204,13 +205,13 @@ def test_grad_clip_logs_the_norm_before_and_applies_the_clipped_gradient(corpus,
     beta1 = json.loads((unclipped / "config.json").read_text())["train"]["beta1"]
     assert total_norm(adam_first_moments(unclipped)) / (1 - beta1) == pytest.approx(norm, rel=1e-5)
     clip = round(norm / 3, 4)
-    clipped = run(corpus, tmp_path / "clipped", "--max_iters=1", f"--grad_clip={clip}")
+    clipped = finished_run(corpus, tmp_path / "clipped", "--max_iters=1", f"--grad_clip={clip}")
     (step,) = events(clipped, "train")
     assert step["grad_norm"] == pytest.approx(norm, rel=1e-6)  # logged before clipping
     assert total_norm(adam_first_moments(clipped)) / (1 - beta1) == pytest.approx(clip, rel=1e-5)
     for g, g_true in zip(adam_first_moments(clipped), adam_first_moments(unclipped), strict=True):
         torch.testing.assert_close(g, g_true * (clip / norm), rtol=1e-4, atol=1e-10)  # same direction
-    loose = run(corpus, tmp_path / "loose", "--max_iters=1", f"--grad_clip={2 * norm}")
+    loose = finished_run(corpus, tmp_path / "loose", "--max_iters=1", f"--grad_clip={2 * norm}")
     for g, g_true in zip(adam_first_moments(loose), adam_first_moments(unclipped), strict=True):
         torch.testing.assert_close(g, g_true, rtol=1e-6, atol=0.0)  # below the threshold: untouched
 
@@ -220,11 +221,12 @@ def test_float16_clips_the_unscaled_gradient(corpus, tmp_path, unclipped):
     and the gradient clipped, or both see the scaled gradient."""
     (step,) = events(unclipped, "train")
     norm = step["grad_norm"]
-    half = run(corpus, tmp_path / "half", "--max_iters=1", "--dtype=float16", "--grad_clip=0")
+    half = finished_run(corpus, tmp_path / "half", "--max_iters=1", "--dtype=float16", "--grad_clip=0")
     (step,) = events(half, "train")
     assert step["grad_norm"] == pytest.approx(norm, rel=1e-2)  # float16 activations: close, not equal
     clip = round(norm / 3, 4)
-    half_clipped = run(corpus, tmp_path / "half_clipped", "--max_iters=1", "--dtype=float16", f"--grad_clip={clip}")
+    half_clipped = finished_run(corpus, tmp_path / "half_clipped", "--max_iters=1", "--dtype=float16",
+                                f"--grad_clip={clip}")
     beta1 = json.loads((half_clipped / "config.json").read_text())["train"]["beta1"]
     assert total_norm(adam_first_moments(half_clipped)) / (1 - beta1) == pytest.approx(clip, rel=1e-4)
 
@@ -242,7 +244,7 @@ def test_float16_overflow_skips_the_update_and_halves_the_scale(corpus, tmp_path
     at the float16 logits, scale * (1 - p) / 64 tokens, is above 65504, so step 1 overflows; at the default 2^16
     it does not (test_float16_clips_the_unscaled_gradient), so the run updates again within 10 steps."""
     monkeypatch.setattr(torch.amp, "GradScaler", ScaledFrom)
-    out = run(corpus, tmp_path, "--max_iters=10", "--dtype=float16", "--always_save_checkpoint")
+    out = finished_run(corpus, tmp_path, "--max_iters=10", "--dtype=float16", "--always_save_checkpoint")
     overflows = events(out, "overflow")
     assert overflows[0]["step"] == 1 and len(overflows) < 10
     assert [e["loss_scale"] for e in overflows] == [2.0 ** (23 - k) for k in range(1, len(overflows) + 1)]
@@ -270,7 +272,7 @@ def test_float16_overflow_at_any_scale_is_a_divergence(corpus, tmp_path, monkeyp
     """The scale halves at each overflow; once the next one would be below instruments.MIN_LOSS_SCALE (1e-4, fairseq's
     minimum) the run has diverged: 2^-12 -> 2^-13 = 1.2e-4 at step 1, and at step 2 the next, 6.1e-5, is below."""
     monkeypatch.setattr(torch.amp, "GradScaler", AlwaysOverflowing)
-    code = run_train(corpus, prepared(corpus), tmp_path, *TINY, "--max_iters=5", "--dtype=float16")
+    code = run_train(corpus, prepared(corpus), tmp_path, *MATH_TINY, "--max_iters=5", "--dtype=float16")
     assert code == 3
     assert [(e["step"], e["loss_scale"]) for e in events(tmp_path, "overflow")] == [(1, 2.0 ** -13)]
     (diverged,) = events(tmp_path, "diverged")
@@ -300,7 +302,7 @@ def eval_windows(corpus, out, split):
 def test_eval_loss_is_the_eval_mode_loss_over_the_fixed_windows(corpus, tmp_path, norm):
     """The eval event after the last step == the mean over the evaluation windows (data.eval_starts) of the saved
     model's eval-mode loss (no dropout, running statistics), each window on its own."""
-    out = run(corpus, tmp_path, "--max_iters=1", "--dropout=0.3", f"--norm={norm}")
+    out = finished_run(corpus, tmp_path, "--max_iters=1", "--dropout=0.3", f"--norm={norm}")
     gpt = saved_model(out)
     final = events(out, "eval")[-1]
     assert final["step"] == 1
@@ -324,7 +326,7 @@ def test_eval_windows_do_not_depend_on_the_seed_or_the_variant(corpus, tmp_path,
             return windows(folder, split, starts, block_size, device)
 
         monkeypatch.setattr(data, "windows", recording)
-        run(corpus, out, "--max_iters=2", "--eval_interval=1", *more)
+        finished_run(corpus, out, "--max_iters=2", "--eval_interval=1", *more)
         monkeypatch.undo()
         return reads
 
@@ -340,7 +342,7 @@ def test_eval_with_batch_statistics_is_logged_for_batchnorm_on_the_same_windows(
     the norms in training mode (batch statistics; no dropout), and PowerNorm §3's distance ||s_B - s|| / d between
     each val batch's mean and biased variance and the running ones, averaged over norms and batches; all by hand
     here (float64 statistics) from the saved model."""
-    out = run(corpus, tmp_path, "--max_iters=1", "--dropout=0.3", "--norm=batchnorm")
+    out = finished_run(corpus, tmp_path, "--max_iters=1", "--dropout=0.3", "--norm=batchnorm")
     gpt = saved_model(out)
     running = {name: (m.running_mean.clone(), m.running_var.clone()) for name, m in gpt.named_modules()
                if isinstance(m, norms.BatchNorm)}
@@ -373,14 +375,14 @@ def test_eval_with_batch_statistics_is_logged_for_batchnorm_on_the_same_windows(
 
 
 def test_eval_of_a_per_token_norm_logs_no_batch_statistics(corpus, tmp_path):
-    final = events(run(corpus, tmp_path, "--max_iters=1", "--norm=rmsnorm"), "eval")[-1]
+    final = events(finished_run(corpus, tmp_path, "--max_iters=1", "--norm=rmsnorm"), "eval")[-1]
     assert set(final) == {"event", "step", "train_loss", "val_loss", "lr", "rank_spread"}
 
 
 def test_eval_does_not_update_running_statistics(corpus, tmp_path):
     """batchnorm: more eval batches change nothing in the checkpoint (weights and running statistics)."""
-    few = checkpoint(run(corpus, tmp_path / "few", "--max_iters=1", "--norm=batchnorm", "--eval_iters=1"))
-    many = checkpoint(run(corpus, tmp_path / "many", "--max_iters=1", "--norm=batchnorm", "--eval_iters=3"))
+    few = checkpoint(finished_run(corpus, tmp_path / "few", "--max_iters=1", "--norm=batchnorm", "--eval_iters=1"))
+    many = checkpoint(finished_run(corpus, tmp_path / "many", "--max_iters=1", "--norm=batchnorm", "--eval_iters=3"))
     assert any("running_mean" in name for name in few["model"])
     for name, tensor in few["model"].items():
         torch.testing.assert_close(many["model"][name], tensor, rtol=0, atol=0, msg=name)
@@ -391,7 +393,7 @@ def test_powernorm_counts_training_forward_calls(corpus, tmp_path):
     """PowerNorm's warmup default is the LR warmup in training forward calls (warmup_iters x micro-steps,
     one process), and only training forward calls count: the evals at steps 0 and 3 add none, and the
     model trains again after the eval at step 0."""
-    out = run(corpus, tmp_path, "--norm=powernorm", "--warmup_iters=2", "--max_iters=3", "--grad_accum=2",
+    out = finished_run(corpus, tmp_path, "--norm=powernorm", "--warmup_iters=2", "--max_iters=3", "--grad_accum=2",
               "--eval_interval=3")
     assert json.loads((out / "config.json").read_text())["model"]["pn_warmup"] == 2 * 2
     calls = {name: t.item() for name, t in checkpoint(out)["model"].items() if name.endswith(".calls")}
@@ -421,7 +423,7 @@ def test_logged_losses_are_cross_entropy_by_hand(corpus, tmp_path, monkeypatch):
         return logits, loss
 
     monkeypatch.setattr(model.GPT, "forward", recording)
-    out = run(corpus, tmp_path, "--max_iters=1")
+    out = finished_run(corpus, tmp_path, "--max_iters=1")
     vocab = json.loads((out / "config.json").read_text())["model"]["vocab_size"]
     first_eval, (training,) = forwards[:4], [loss for is_training, loss in forwards if is_training]
     assert not any(is_training for is_training, _ in first_eval)
@@ -438,7 +440,7 @@ def test_ddp_eval_is_the_one_process_eval_over_the_same_windows(corpus, tmp_path
     """torchrun, 2 processes: each evaluates its share of the windows (data.eval_batches), and the logged loss is
     the mean over all of them, as one process computes it: the same windows whatever the number of processes.
     3 x 3 windows: the shares (5 and 4) end in short batches (2 and 1), which count for their windows alone."""
-    result = torchrun(2, *train_argv(corpus, prepared(corpus), tmp_path, *TINY, "--max_iters=1", "--grad_accum=2",
+    result = torchrun(2, *train_argv(corpus, prepared(corpus), tmp_path, *MATH_TINY, "--max_iters=1", "--grad_accum=2",
                                      "--dropout=0.3", "--batch_size=3", "--eval_iters=3"))
     assert result.returncode == 0, result.stderr[-2000:]
     gpt = saved_model(tmp_path)
