@@ -1,6 +1,7 @@
 """The tests' shared fixtures and helpers (pytest reads this file for test_norms.py and every file in tests/; a test
 file imports a plain helper as `from conftest import ROOT`). A test file never imports another test file."""
 import builtins
+import json
 import os
 import random
 import subprocess
@@ -75,6 +76,41 @@ def run_train(corpus, data_dir, out_dir, *flags):
     """train.main in this process (fast, and monkeypatch reaches into it); returns its exit code."""
     import train  # here, not at the top: conftest.py is read before every test file, even those without torch
     return train.main(train_argv(corpus, data_dir, out_dir, *flags))
+
+
+def run(corpus, folder, *flags, out="out"):
+    """train.main in this process on corpus, its data prepared in folder/data and the run in folder/out; returns its
+    exit code."""
+    return run_train(corpus, folder / "data", folder / out, *flags)
+
+
+def events(out_dir, kind=None):
+    """The events of out_dir/log.jsonl (all, or those of one kind), each line read as JSON here, not by nanonorm."""
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return [e for e in map(json.loads, f) if kind in (None, e["event"])]
+
+
+def folder_snapshot(root):
+    """Every file under root with its bytes (a folder: None), to compare before and after a command."""
+    return {p.relative_to(root): p.read_bytes() if p.is_file() else None for p in root.rglob("*")}
+
+
+LAB_MODULES = {"bench.py": "lab.bench"}  # the lab's commands run as modules from the root
+
+
+def refused(folder, script, args):
+    """`python SCRIPT ARGS` in folder, which must refuse them: exit code 2, one line on stderr naming the script, no
+    traceback, nothing on stdout, and every file under folder as it was. Returns the line."""
+    before = folder_snapshot(folder)
+    command = [sys.executable, "-m", LAB_MODULES[script]] if script in LAB_MODULES else [
+        sys.executable, os.path.join(ROOT, script)]
+    r = subprocess.run([*command, *args], cwd=folder, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert r.stderr.startswith(f"{script}: ") and r.stderr.count("\n") == 1, r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert folder_snapshot(folder) == before  # nothing written, nothing changed
+    return r.stderr
 
 
 def train_process(*args, timeout=300, env=None, **kwargs):

@@ -18,7 +18,6 @@ import os
 import platform
 import re
 import shutil
-import signal
 import sys
 import sysconfig
 import urllib.request
@@ -30,6 +29,7 @@ import numpy as np
 import tiktoken
 from tiktoken_ext.openai_public import r50k_pat_str
 
+from engine import signals
 from engine.files import WriteError, cannot_write, write_and_sync, write_atomic
 from engine.flags import UsageError, build, fail, help_of, parse, print_help, wants_help
 
@@ -40,34 +40,6 @@ VOCAB_SIZES = {"byte": 256, "gpt2": 50257}  # what get_tokenizer's encodings hav
 
 class DataError(Exception):
     """A problem with the data that a person can fix; the message is one line saying what and how."""
-
-
-class Stopped(KeyboardInterrupt):
-    """SIGTERM or SIGHUP (a kill, a closed terminal) during a preparation: it unwinds as a Ctrl-C does, so the
-    temporary folder is removed, and the script exits with 128 + the signal's number."""
-
-    def __init__(self, signum):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def raise_stopped(signum, frame):
-    raise Stopped(signum)
-
-
-def stop_on_signals():
-    """SIGTERM and SIGHUP raise Stopped from here on, as SIGINT raises KeyboardInterrupt; returns the handlers they
-    had, for the caller to put back."""
-    return {sig: signal.signal(sig, raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
-
-
-def exit_code(stop):
-    """The exit code of a KeyboardInterrupt or Stopped: 128 + the signal's number (130 for Ctrl-C)."""
-    return 128 + getattr(stop, "signum", signal.SIGINT)
-
-
-def stopped_by(stop):
-    return signal.Signals(stop.signum).name if isinstance(stop, Stopped) else "Ctrl-C"
 
 
 def get_tokenizer(name):
@@ -276,16 +248,6 @@ def write_prepared(folder, enc, text, source, tokenizer):
         raise
 
 
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # another user's process
-    return True
-
-
 def locked(lock_path):
     """Whether some process holds the flock on lock_path (one that does not exist is held by none)."""
     try:
@@ -307,7 +269,7 @@ def remove_leftovers(data_dir, held):
     this process holds), so a preparation on another machine sharing data_dir keeps its own."""
     for tmp in Path(data_dir).glob("*.tmp"):
         match = re.fullmatch(r"(.+)\.([0-9]+)\.tmp", tmp.name)
-        if not match or not tmp.is_dir() or alive(int(match[2])):
+        if not match or not tmp.is_dir() or signals.alive(int(match[2])):
             continue
         folder = tmp.parent / match[1]
         if folder == held or not locked(f"{folder}.lock"):
@@ -391,7 +353,8 @@ def load_meta(folder):
             raise DataError(f"{damaged} meta.json's {key} is {value!r} (wanted: {kind.__name__}"
                             f"{' >= 0' if kind is int else ''})")
     if not isinstance(meta["source"].get("sha256"), str):
-        raise DataError(f"{damaged} meta.json's source has no sha256 of the text (an older nanonorm prepared it)")
+        raise DataError(f"{damaged} meta.json's source has no sha256 of the text, which every preparation "
+                        "records")
     if meta["tokenizer"] not in VOCAB_SIZES:
         raise DataError(f"{damaged} meta.json's tokenizer is {meta['tokenizer']!r}, not one of {', '.join(TOKENIZERS)}")
     if meta["vocab_size"] != VOCAB_SIZES[meta["tokenizer"]]:
@@ -505,7 +468,7 @@ def main(argv):
     if wants_help(argv):
         print_help(__doc__, PrepareOptions)
         return 0
-    handlers = stop_on_signals()
+    handlers = signals.stop_on_signals()
     try:
         opts = build(PrepareOptions, parse(argv, PrepareOptions))
         folder = prepare(opts.dataset, opts.tokenizer, opts.data_dir, opts.url)
@@ -516,12 +479,12 @@ def main(argv):
         print(f"data.py: {e}; nothing was prepared", file=sys.stderr)
         return 1
     except KeyboardInterrupt as stop:
-        print(f"data.py: stopped by {stopped_by(stop)}; nothing was prepared (a prepared folder is complete or "
+        sig = signals.signum(stop)
+        print(f"data.py: stopped by {signals.name(sig)}; nothing was prepared (a prepared folder is complete or "
               "absent)", file=sys.stderr)
-        return exit_code(stop)
+        return signals.exit_code(sig)
     finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+        signals.restore(handlers)
     print(f"{folder}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens ({meta['dtype']}), "
           f"vocab {meta['vocab_size']}, {meta['source']['files']} files read")
     print(f"unigram entropy of val: {meta['unigram_entropy']:.4f} nats/token")

@@ -1,9 +1,8 @@
 """
 A GPT language model in one file, with every normalization, layout, embedding and init variant of
 nanonorm switched by a field of GPTConfig. Read it top to bottom: the config, then the pieces
-(attention, MLP, block), then the whole model: its initialization, embeddings, forward and generate. The
-instrumentation comes last: the papers' names of each operation (for probes.py's probes) and the FLOPs
-count of MFU.
+(attention, MLP, block), then the whole model: its initialization, embeddings, forward and generate, and last the
+FLOPs count of MFU. The papers' names of each operation, which the probes report, are in diagnostics/probe_points.py.
 
 Papers: NormFormer (Shleifer, Weston, Ott 2021, "NormFormer: Improved Transformer Pretraining with Extra
 Normalization"), DeepNet (Wang et al. 2022, "DeepNet: Scaling Transformers to 1,000 Layers"), Spike No More
@@ -25,12 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from norms import make_norm, upcast
-
-
-# norms that act on each token alone: the only ones that mean something over one head's q or k (--qk_norm). DyT has
-# no statistic, but tanh bounds every entry of q and k, and with them the logits, which is what QK-norm is for
-PER_TOKEN_NORMS = ("layernorm", "rmsnorm", "cogview", "dyt")
+from norms import NORMS, PER_TOKEN_NORMS, make_norm, upcast
 
 
 @dataclass
@@ -49,7 +43,7 @@ class GPTConfig:
     mix_ln_ratio: float = 0.25  # Mix-LN: the first round(ratio * n_layer) layers are Post-LN (Li, Yin, Liu 2025)
     layer_norm_scaling: bool = False
     subln: bool = False
-    norm: Literal["layernorm", "rmsnorm", "cogview", "dyt", "batchnorm", "pnv", "powernorm", "none"] = "layernorm"
+    norm: Literal[NORMS] = "layernorm"  # norms.TABLE
     # DyT's alpha0 (Zhu et al. 2025): 0.5 is the paper's default outside LLMs; its LLaMA runs use 0.8 before
     # attention and 0.2 elsewhere at d = 4096 (smaller at larger d), and have no width near nanonorm's
     dyt_alpha: float = 0.5
@@ -114,6 +108,8 @@ class GPTConfig:
             raise ValueError(f"--init_std={self.init_std} must be > 0")
         if self.init_std is not None and self.init == "xavier":
             raise ValueError("--init_std has no meaning with --init=xavier (its std comes from the fan-in and fan-out)")
+        # only a norm that acts on each token alone means something over one head's q or k. DyT has no statistic,
+        # but tanh bounds every entry of q and k, and with them the logits, which is what QK-norm is for
         if self.qk_norm and self.norm not in PER_TOKEN_NORMS:
             raise ValueError(f"--qk_norm normalizes each token's q and k per head; --norm={self.norm} has no per-token "
                              f"statistic over head_dim (use one of {', '.join(PER_TOKEN_NORMS)})")
@@ -143,6 +139,21 @@ class GPTConfig:
         return [f.name for f in fields(cls)]
 
 
+# NormFormer's three operations (Table 2): a norm after attention, one after the FFN's activation, and HeadScale
+NORMFORMER = {"scale_attn": True, "scale_fc": True, "scale_heads": True}
+# NormFormer's model context, arXiv v1 §2.2 / final §4: sinusoidal positions "following Shortformer"; an embedding LN,
+# without which the parameter counts of arXiv v1 Table 6 do not add up (they leave HeadScale's H per layer out); token
+# embeddings of std 1 as in fairseq, which it trained with (with std 0.02 the sinusoids swamp them in the LN)
+NORMFORMER_CONTEXT = {"pos": "sinusoidal", "embed_norm": True, "embed_scale": True, "embed_init": "inv_sqrt_d"}
+# Spike No More §2.2, §4.2: pre-LN GPT, tied embeddings, "scaled" init with sigma = sqrt(2/(5d)) everywhere
+# (embeddings included) and sigma / sqrt(2N) on W_O and W_2: nanonorm's GPT-2 context with that init
+SPIKE_NO_MORE = {
+    "snm_vanilla": {"init": "scaled"},                                       # Table 1 "Vanilla"
+    "snm_embed_detach": {"init": "scaled", "embed_grad_scale": 0.1},  # eq. (14), gamma = 0.1 (after GLM-130B)
+    "snm_scaled_embed": {"init": "scaled", "embed_scale": True},             # Table 1 "Scaled Embed"
+    "snm_embed_ln": {"init": "scaled", "embed_norm": True},                  # Table 1 "Embed LN"
+}
+
 # Named rows of the papers' tables, applied before the explicit flags (which override them).
 # An ablation is a preset plus an override: --preset=normformer --scale_heads=False is "- Head Scale".
 # The first group lives in nanonorm's GPT-2 context (learned positions, embeddings of std 0.02, no embedding
@@ -150,29 +161,21 @@ class GPTConfig:
 PRESETS = {
     "baseline": {},                                                          # GPT-2 / GPT-3 pre-LN
     "postln": {"layout": "post"},                                            # original Transformer
-    "normformer": {"scale_attn": True, "scale_fc": True, "scale_heads": True},  # NormFormer Table 2
-    "normformer_resid": {"scale_attn": True, "scale_fc": True, "scale_heads": True, "scale_resids": True},
+    "normformer": NORMFORMER,                                                # NormFormer Table 2
+    "normformer_resid": {**NORMFORMER, "scale_resids": True},
     "deepnorm": {"layout": "deepnorm", "init": "xavier"},                    # DeepNet §3
     "cogview": {"norm": "cogview", "scale_attn": True, "ffn_out_norm": True, "embed_grad_scale": 0.1},
-    "embed_ln": {"init": "scaled", "embed_norm": True},                      # Spike No More Table 1
-    "scaled_embed": {"init": "scaled", "embed_scale": True},                 # Spike No More Table 1
-    "vanilla_scaled": {"init": "scaled"},                                    # Spike No More "Vanilla"
+    # aliases of snm_embed_ln, snm_scaled_embed and snm_vanilla, the same configs: docs/instruments.md's sweep and
+    # the run folders it wrote name them so
+    "embed_ln": SPIKE_NO_MORE["snm_embed_ln"],
+    "scaled_embed": SPIKE_NO_MORE["snm_scaled_embed"],
+    "vanilla_scaled": SPIKE_NO_MORE["snm_vanilla"],
     "layerscale": {"layer_scale": True},                                     # NormFormer Table 8 (CaiT)
-    # NormFormer arXiv v1 §2.2 / final §4: sinusoidal positions "following Shortformer"; an embedding LN, without
-    # which the parameter counts of arXiv v1 Table 6 do not add up (they leave HeadScale's H per layer out); token
-    # embeddings of std 1 as in fairseq, which it trained with (with std 0.02 the sinusoids swamp them in the LN)
-    "nf_baseline": {"pos": "sinusoidal", "embed_norm": True, "embed_scale": True, "embed_init": "inv_sqrt_d"},
-    "nf_normformer": {"pos": "sinusoidal", "embed_norm": True, "embed_scale": True, "embed_init": "inv_sqrt_d",
-                      "scale_attn": True, "scale_fc": True, "scale_heads": True},
-    "nf_normformer_resid": {"pos": "sinusoidal", "embed_norm": True, "embed_scale": True, "embed_init": "inv_sqrt_d",
-                            "scale_attn": True, "scale_fc": True, "scale_heads": True,
-                            "scale_resids": True},  # final Table 2: ResScale at 125M and 355M
-    # Spike No More §2.2, §4.2: pre-LN GPT, tied embeddings, "scaled" init with sigma = sqrt(2/(5d)) everywhere
-    # (embeddings included) and sigma / sqrt(2N) on W_O and W_2
-    "snm_vanilla": {"init": "scaled"},
-    "snm_embed_detach": {"init": "scaled", "embed_grad_scale": 0.1},  # eq. (14), gamma = 0.1 (after GLM-130B)
-    "snm_scaled_embed": {"init": "scaled", "embed_scale": True},
-    "snm_embed_ln": {"init": "scaled", "embed_norm": True},
+    "nf_baseline": NORMFORMER_CONTEXT,
+    "nf_normformer": {**NORMFORMER_CONTEXT, **NORMFORMER},
+    # final Table 2: ResScale at 125M and 355M
+    "nf_normformer_resid": {**NORMFORMER_CONTEXT, **NORMFORMER, "scale_resids": True},
+    **SPIKE_NO_MORE,
     # DeepNet: Post-LN against DeepNorm, both xavier (DeepNorm adds alpha and beta); its claim is about depth,
     # so the context is narrow and --n_layer (6, 18, 36, ...) is the variable
     "dn_postln": {"layout": "post", "init": "xavier", "n_layer": 6, "n_embd": 64, "n_head": 4},

@@ -14,7 +14,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-NORMS = ("layernorm", "rmsnorm", "cogview", "dyt", "batchnorm", "pnv", "powernorm", "none")
 AFFINE = ("both", "no_bias", "no_gamma", "none")
 
 # PowerNorm's group scaling uses a fixed eps, as the reference code's GroupScaling1D does
@@ -309,6 +308,36 @@ class Identity(nn.Module):
 
     def forward(self, x):
         return x
+
+
+# What each norm is: its class; what a token's output depends on ("token": that token alone, so the norm means
+# something over one head's q or k too; "batch": statistics of the whole batch, future tokens included, in training,
+# PowerNorm §3; None: nothing, it normalizes nothing); and the flags that set its arguments (--norm_eps, --norm_affine;
+# --pn_alpha_fwd, the running statistics' momentum; --pn_alpha_bwd, --pn_warmup, --pn_group_scaling, PowerNorm's
+# alone; --dyt_alpha and --dyt_alpha_attn, DyT's initial alpha). DyT reads no eps: it has no statistic (Zhu et al.
+# 2025, eq. (1)). A new norm is its class, its row here, its line in make_norm and its line in configurable.txt.
+TABLE = {
+    "layernorm": (LayerNorm, "token", ("norm_eps", "norm_affine")),
+    "rmsnorm": (RMSNorm, "token", ("norm_eps", "norm_affine")),
+    "cogview": (CogViewLayerNorm, "token", ("norm_eps", "norm_affine")),
+    "dyt": (DyT, "token", ("norm_affine", "dyt_alpha", "dyt_alpha_attn")),
+    "batchnorm": (BatchNorm, "batch", ("norm_eps", "norm_affine", "pn_alpha_fwd")),
+    "pnv": (PNV, "batch", ("norm_eps", "norm_affine", "pn_alpha_fwd")),
+    "powernorm": (PowerNorm, "batch", ("norm_eps", "norm_affine", "pn_alpha_fwd", "pn_alpha_bwd", "pn_warmup",
+                                       "pn_group_scaling")),
+    "none": (Identity, None, ()),
+}
+NORMS = tuple(TABLE)
+PER_TOKEN_NORMS = tuple(kind for kind, (_, depends_on, _) in TABLE.items() if depends_on == "token")
+BATCH_STATISTIC_NORMS = tuple(module for module, depends_on, _ in TABLE.values() if depends_on == "batch")
+# every flag some norm reads: PowerNorm's, DyT's, then those of most norms
+NORM_FLAGS = ("pn_alpha_fwd", "pn_alpha_bwd", "pn_warmup", "pn_group_scaling", "dyt_alpha", "dyt_alpha_attn",
+              "norm_eps", "norm_affine")
+
+
+def reads(kind):
+    """The flags that set the arguments of norm `kind`."""
+    return TABLE[kind][2]
 
 
 def make_norm(kind, dim, eps=1e-5, affine="both", *, alpha_fwd=0.9, alpha_bwd=0.9, warmup=0, groups=0, dyt_alpha=0.5):

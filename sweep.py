@@ -57,7 +57,6 @@ import json
 import os
 import re
 import shlex
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -67,6 +66,7 @@ from engine import config_checks
 from engine import files
 from engine import flags
 from engine import runtime
+from engine import signals
 from lab import pool
 from lab import recipes
 from lab.summary import Run, is_finished, previous_summary, write_summary
@@ -380,7 +380,7 @@ def run_sweep(plan, runs, todo):
     stopped = pool.run_all(todo, plan.jobs, functools.partial(train_command, plan=plan))
     if stopped:
         print(stop_message(stopped, todo), file=sys.stderr)
-        return 128 + stopped
+        return signals.exit_code(stopped)
     check_runs(runs, plan)  # a run another process finished meanwhile may hold other settings
     write_summary(plan, runs, wall_s=time.time() - started if todo else 0.0)
     return 0
@@ -389,11 +389,10 @@ def run_sweep(plan, runs, todo):
 def stop_message(stopped, todo):
     """The line of a stopped sweep: which of its unfinished runs resume from a checkpoint and which start afresh (a
     run stopped, or killed, before its first checkpoint has none)."""
-    name = "Ctrl-C" if stopped == signal.SIGINT else signal.Signals(stopped).name
     left = [run for run in todo if not is_finished(run)]
     resume = sum(has_checkpoint(run) for run in left)
-    return (f"sweep.py: stopped by {name}; of its {len(left)} unfinished runs, {resume} resume from a checkpoint, "
-            f"{len(left) - resume} start afresh; run the same command again to go on")
+    return (f"sweep.py: stopped by {signals.name(stopped)}; of its {len(left)} unfinished runs, {resume} resume from a "
+            f"checkpoint, {len(left) - resume} start afresh; run the same command again to go on")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@ Flags are --key=value (or --key value); a bare --flag sets a boolean. python tra
 per event) and out_dir/ckpt.pt (atomically, at each eval); --resume continues from it exactly. One run at a time
 uses an out_dir (it holds out_dir/run.lock).
 Read on for TrainConfig, the LR schedule and train(), the loop. engine/ holds the command line (flags.py) and its
-checks (config_checks.py), the run folder (run_folder.py), and the device and processes (runtime.py); diagnostics/
-the loss-spike instruments (instruments.py) and PowerNorm's leakage measurement (leakage.py).
+checks (config_checks.py), the run folder (run_folder.py), the device and processes (runtime.py) and stops and exit
+codes (signals.py); diagnostics/ the loss-spike instruments (instruments.py) and PowerNorm's leakage measurement
+(leakage.py).
 """
 
 import contextlib
@@ -32,6 +33,7 @@ import data
 from engine import files
 from engine import flags
 from engine import runtime
+from engine import signals
 from diagnostics.instruments import Instruments
 from diagnostics.leakage import Leakage
 from model import GPT, GPTConfig, PRESETS, flops_per_token
@@ -369,7 +371,7 @@ def main(argv):
         return 0
     machine = runtime.Machine.from_env()
     stop, handlers, lock = runtime.StopRequest(), {}, None
-    before = data.stop_on_signals()  # until training: SIGTERM and SIGHUP stop at once, as Ctrl-C does
+    before = signals.stop_on_signals()  # until training: SIGTERM and SIGHUP stop at once, as Ctrl-C does
     try:
         run, lock = setup(argv, machine)
         # SIGHUP: a closed terminal or ssh session stops the run as Ctrl-C does, with a checkpoint
@@ -393,14 +395,14 @@ def main(argv):
     except KeyboardInterrupt as e:
         # a second Ctrl-C, or a Ctrl-C, SIGTERM or SIGHUP before training: every write is whole or absent
         # (files.py), so no traceback
+        sig = signals.signum(e)
         if machine.master:
             print("train.py: stopped at once by a second Ctrl-C; the checkpoints written so far are kept" if handlers
-                  else f"train.py: stopped by {data.stopped_by(e)} before training began; prepared data is complete "
+                  else f"train.py: stopped by {signals.name(sig)} before training began; prepared data is complete "
                   "or absent", file=sys.stderr)
-        return data.exit_code(e)
+        return signals.exit_code(sig)
     finally:
-        for sig, handler in {**handlers, **before}.items():
-            signal.signal(sig, handler)
+        signals.restore({**handlers, **before})
         if lock:
             lock.close()
         if dist.is_initialized():

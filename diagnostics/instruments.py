@@ -1,5 +1,5 @@
 """
-probes.py's instruments applied to train.py's steps: the spike monitor (and --skip_spikes), divergence, the
+probes.py's instruments applied to the steps of a training run: the spike monitor (and --skip_spikes), divergence, the
 float16 loss-scale criterion, first-overflow forensics and the "diverged" report, and the telemetry and
 headroom events. One object, a few verbs; every event it writes goes to log.jsonl (process 0 only).
 

@@ -8,10 +8,8 @@ between the batch's statistics and the running ones.
 
 import torch
 
-from norms import PNV, BatchNorm, PowerNorm
-
 # the norms that normalize a training token with statistics of the whole batch (PowerNorm §3; PowerNorm in warmup)
-BATCH_STATISTIC_NORMS = (BatchNorm, PNV, PowerNorm)
+from norms import BATCH_STATISTIC_NORMS
 
 
 class Leakage:

@@ -2,7 +2,7 @@
 Loss-spike instruments for any nn.Module, found by module and parameter names: a spike monitor, activation
 and gradient probes with first-overflow forensics, fp16 headroom, and telemetry. Imports only torch.
 
-How train.py uses it:
+What a training loop does with them:
 - Every step, after the one host read of (loss, grad norm): `z_loss, z_grad = monitor.update(loss, gn)`;
   `monitor.is_spike(z_loss, z_grad)` logs a "spike" event (and skips the optimizer step with
   --skip_spikes, as llm.c does); `monitor.state_dict()` goes into the checkpoint.

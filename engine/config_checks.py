@@ -3,13 +3,13 @@ train.py's flags made into its two configs, and checked: model.py's GPTConfig (a
 explicit flags) and train.py's TrainConfig. GPTConfig checks its own combinations; here are the ranges of the
 training flags, the warnings for flags that change nothing in a configuration, and the configs of a resumed run.
 
-How train.py uses this: `model_flags(given)` are the GPTConfig fields the command line asks for (its preset's,
-then the explicit ones); `check_train_config(tc, given)` refuses a value out of range in one line, before anything
-is written, and `absolute_paths(tc)` makes --dataset and --data_dir absolute, as the run records them;
-`no_effect_warnings(given, model_cfg, tc)` are the warnings it prints. On --resume,
+In the order a run meets them: `model_flags(given)` are the GPTConfig fields the command line asks for (its
+preset's, then the explicit ones); `check_train_config(tc, given)` refuses a value out of range in one line, before
+anything is written, and `absolute_paths(tc)` makes --dataset and --data_dir absolute, as the run records them;
+`no_effect_warnings(given, model_cfg, tc)` are the warnings for flags that change nothing. On --resume,
 `resume_configs(given, checkpoint, world_size, tc)` takes the checkpoint's configs, with the flags given on top
-where a resume may change them; a change that would make it another run is one line. Once the data is
-prepared, `fit_to_data(model_cfg, tc, meta, given, resumed)` sets the vocabulary from the tokenizer's, and
+where a resume may change them; a change that would make it another run is one line. Once the data is prepared,
+`fit_to_data(model_cfg, tc, meta, given, resumed)` sets the vocabulary from the tokenizer's, and
 `check_resumed_data(checkpoint, meta)` refuses a resume onto data other than the run's.
 """
 
@@ -21,6 +21,7 @@ import re
 import data
 from engine.flags import UsageError
 from model import GPTConfig, PRESETS, block_layout
+from norms import NORM_FLAGS, reads
 
 # Flags of the machine, not of the run: a resume takes them from its own command line, not the checkpoint.
 SYSTEM_FLAGS = ("out_dir", "device", "dtype", "compile", "overwrite", "resume")
@@ -101,14 +102,7 @@ def absolute_paths(tc):
 
 def no_effect_warnings(given, m, tc):
     """Flags given on the command line that change nothing in this configuration (a warning, not an error)."""
-    by_norm = {"pn_alpha_fwd": ("batchnorm", "pnv", "powernorm"), "pn_alpha_bwd": ("powernorm",),
-               "pn_warmup": ("powernorm",), "pn_group_scaling": ("powernorm",), "dyt_alpha": ("dyt",),
-               "dyt_alpha_attn": ("dyt",)}
-    unused = {name: f"--norm={m.norm}" for name, norms in by_norm.items() if m.norm not in norms}
-    if m.norm in ("none", "dyt"):
-        unused["norm_eps"] = f"--norm={m.norm}"  # DyT has no statistic, so no eps (Zhu et al. 2025, eq. (1))
-    if m.norm == "none":
-        unused["norm_affine"] = "--norm=none"
+    unused = {name: f"--norm={m.norm}" for name in NORM_FLAGS if name not in reads(m.norm)}
     if not m.scale_resids:
         unused["scale_resids_init"] = "--scale_resids=False"
     if not m.layer_scale:

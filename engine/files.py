@@ -3,11 +3,11 @@ The files that runs and datasets leave on disk, read and written so that nothing
 one reader of log.jsonl, writes that are whole or absent, and the lock that lets one run at a time use a folder.
 Imports only the standard library: data.py and plot.py use it without loading torch.
 
-How train.py uses this (through run_folder.py and data.py): `claim(out_dir)` takes the run folder's lock before
-the run's first write and holds it until the process ends; `held_by(out_dir)` says which process holds a folder.
-`read_log(path)` gives a log's events; `append_line` adds one, `write_atomic` writes config.json and the
-checkpoints, and `write_and_sync` the prepared data. A write that fails (disk full, a read-only filesystem)
-is a WriteError naming the file and the cause, with the file as it was before: one line, exit code 1.
+`claim(out_dir)` takes a run folder's lock before the run's first write and holds it until the process ends;
+`held_by(out_dir)` says which process holds a folder. `read_log(path)` gives a log's events; `append_line` adds one,
+`write_atomic` writes config.json and the checkpoints, and `write_and_sync` the prepared data. A write that fails
+(disk full, a read-only filesystem) is a WriteError naming the file and the cause, with the file as it was before:
+one line, exit code 1.
 """
 
 import contextlib

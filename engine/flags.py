@@ -8,11 +8,11 @@ An unknown flag gets the nearest names as a hint (difflib). Bad input is a Usage
 as one line `script.py: what was wrong; what is allowed` on stderr before it exits with code 2 (`fail`).
 Imports only the standard library: python data.py starts without loading torch.
 
-How train.py uses this: `parse(argv, GPTConfig, TrainConfig, choices={"preset": PRESETS})` gives {flag: value}
-for the flags the command line sets, and `build(TrainConfig, given)` the config of those that are its fields;
-`python train.py --help` is `print_help(__doc__, catalog="configurable.txt")`. data.py, sweep.py, plot.py,
-bench.py and sample.py call the same parse with a dataclass of their own (plot.py's folders are positional),
-and sweep.py and bench.py hand what is not theirs to train.py's flags with `split`.
+`parse(argv, *classes, choices=..., positional=...)` gives {flag: value} for the flags a command line sets, each
+checked against the fields of the dataclasses (positional: the key the other arguments are listed under), and
+`build(cls, given)` the dataclass of those that are its fields; `print_help` prints --help from a script's docstring
+and its dataclass, or a catalog file (configurable.txt); `split` separates the flags of some dataclasses from the
+rest, for a script that hands flags on to another's.
 """
 
 import dataclasses

@@ -3,15 +3,15 @@ The run folder (--out_dir): config.json, log.jsonl and the checkpoints, written 
 run at a time. A write goes to a .tmp file that is flushed to the disk and then renamed over the old file: a
 crash or kill -9 at any moment leaves the old checkpoint or the new one, never half of one.
 
-How train.py uses this: before any work, `check_out_dir` refuses a folder that cannot be written, that another
-run is using, or that holds another run (unless --resume or --overwrite), and on --resume `newest_checkpoint`
-finds the newest checkpoint that loads and `past_events` reads its log (files.read_log). Once every input is
-checked, `claim` takes the folder's lock (files.claim) for all the run's processes. `restore` puts the
-checkpoint's state back into the model, optimizer, GradScaler and RNGs, and `start_run` writes config.json and
-log.jsonl (a resumed run keeps the events up to its checkpoint). In the loop, `log_event` appends one JSON line
-per event and `save` writes ckpt.pt with every process's RNG states, keeping ckpt-<step>.pt of the last
---keep_checkpoints checkpoints and of the best one. A failed write is a files.WriteError on every process, with
-the files as they were before it. A run stopped by Ctrl-C ends with `interrupted`, which says how to resume it.
+In the order a run meets them: before any work, `check_out_dir` refuses a folder that cannot be written, that
+another run is using, or that holds another run (unless --resume or --overwrite), and on --resume
+`newest_checkpoint` finds the newest checkpoint that loads and `past_events` reads its log (files.read_log). Once
+every input is checked, `claim` takes the folder's lock (files.claim) for all the run's processes. `restore` puts
+the checkpoint's state back into the model, optimizer, GradScaler and RNGs, and `start_run` writes config.json and
+log.jsonl (a resumed run keeps the events up to its checkpoint). In the loop, `log_event` appends one JSON line per
+event and `save` writes ckpt.pt with every process's RNG states, keeping ckpt-<step>.pt of the last
+--keep_checkpoints checkpoints and of the best one. A failed write is a files.WriteError on every process, with the
+files as they were before it. A run stopped by Ctrl-C ends with `interrupted`, which says how to resume it.
 """
 
 import contextlib

@@ -2,14 +2,14 @@
 Where a run executes: torchrun's processes (DDP), the device and dtype, CPU threads and memory, and how fast it
 goes (ms/step, tokens/s, MFU).
 
-How train.py uses this: `Machine.from_env()` reads torchrun's environment (one process without it), and
-`resolve_device(tc)` makes --device=auto and --dtype=auto concrete; `check_memory(model_cfg, tc, device,
-machine)` refuses a model that cannot fit before anything is allocated. Once every input is checked (on every
-process, each on its own: no process group yet), `start(tc, machine)` joins the process group and sets the CPU
-threads. In the loop, `host_read(...)` is a step's one read of the device (StepRead), through which the
-processes agree on the loss, gradient norm and a stop request (StopRequest, Ctrl-C); `agree` makes a failure on one
-process (a checkpoint write) a failure on all, and `rank_spread` checks that DDP kept their weights identical.
-`Progress` times the progress lines and `mfu` divides their FLOP/s by the GPUs' peak (`gpu_peak_flops`).
+In the order a run meets them: `Machine.from_env()` reads torchrun's environment (one process without it), and
+`resolve_device(tc)` makes --device=auto and --dtype=auto concrete; `check_memory(model_cfg, tc, device, machine)`
+refuses a model that cannot fit before anything is allocated. Once every input is checked (on every process, each on its
+own: no process group yet), `start(tc, machine)` joins the process group and sets the CPU threads. In the loop,
+`host_read(...)` is a step's one read of the device (a StepRead), through which the processes agree on the loss,
+gradient norm and a stop request (StopRequest, Ctrl-C); `agree` makes a failure on one process (a checkpoint write) a
+failure on all, and `rank_spread` checks that DDP kept their weights identical. `Progress` times the progress lines and
+`mfu` divides their FLOP/s by the GPUs' peak (`gpu_peak_flops`).
 """
 
 import ctypes

@@ -18,6 +18,7 @@ import torch
 
 from engine import files
 from engine import runtime
+from engine import signals
 from engine.files import WriteError
 from lab.summary import Run, is_finished
 
@@ -43,18 +44,6 @@ class Job:
     slot: int
     process: subprocess.Popen
     out: io.TextIOWrapper
-
-
-class Stop(Exception):
-    """SIGTERM or SIGHUP to sweep.py: its runs are stopped the way train.py stops on them, then the sweep."""
-
-    def __init__(self, signum):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def raise_stop(signum, frame):
-    raise Stop(signum)
 
 
 def why_not_start(run):
@@ -98,16 +87,13 @@ def finish(job):
 def run_all(runs, jobs, command):
     """Every run, jobs at a time (command(run): the argv of its train.py process). None once all have ended, or
     the signal that stopped the sweep (SIGINT for a Ctrl-C) once the runs it stopped have ended."""
-    handlers = {signum: signal.signal(signum, raise_stop) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    handlers = signals.stop_on_signals()
     try:
         run_jobs(runs, jobs, command)
-    except KeyboardInterrupt:
-        return signal.SIGINT
-    except Stop as e:
-        return e.signum
+    except KeyboardInterrupt as stop:
+        return signals.signum(stop)
     finally:
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
+        signals.restore(handlers)
     return None
 
 
@@ -131,8 +117,7 @@ def run_jobs(runs, count, command):
                 finish(job)
             time.sleep(0.1)
     except BaseException as e:  # a signal, or a file sweep.py could not write: no run is left running
-        stop_jobs(jobs, e.signum if isinstance(e, Stop) else signal.SIGINT if isinstance(e, KeyboardInterrupt)
-                  else signal.SIGTERM)
+        stop_jobs(jobs, signals.signum(e) if isinstance(e, KeyboardInterrupt) else signal.SIGTERM)
         raise
 
 
@@ -147,6 +132,6 @@ def stop_jobs(jobs, signum):
             job = jobs.pop(0)
             with contextlib.suppress(WriteError):  # the error that stopped the sweep is the one to report
                 finish(job)
-        except (KeyboardInterrupt, Stop):
+        except KeyboardInterrupt:
             for job in jobs:
                 job.process.send_signal(signal.SIGINT)

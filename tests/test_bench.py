@@ -1,4 +1,4 @@
-"""bench.py runs every variant of a group and reports each against the first (bad input: test_errors.py)."""
+"""bench.py runs every variant of a group and reports each against the first (and its bad input, at the end)."""
 
 import glob
 import math
@@ -13,6 +13,7 @@ import train
 from model import GPT, GPTConfig
 import norms
 from norms import NORMS
+from conftest import folder_snapshot, refused
 
 
 def table_row(line):
@@ -261,3 +262,41 @@ def test_bench_refuses_what_cannot_fit_or_run_in_one_line(capsys, flags, says):
     assert bench.main([*TINY, *flags]) == 2
     err = capsys.readouterr().err
     assert err.startswith("bench.py: ") and says in err and err.count("\n") == 1
+
+
+# Bad input to bench.py, in this process and once as a real process: exit code 2, one line on stderr, no traceback,
+# and every file under the working folder exactly as it was.
+
+# a model no machine can hold: a bench case that gets past the check it names is refused by the memory check instead
+HUGE = ["--vocab_size=2000000000", "--n_embd=1000000"]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--variants=everything"], "--variants=everything is not allowed; choose one of norms"),
+    (["--variants="], "--variants= is not allowed"),
+    (["--rounds=two"], "--rounds=two is not a valid int"),
+    (["--steps=0"], "--steps=0 must be"),
+    (["--part=layer"], "--part=layer is not allowed; choose one of step, norm"),
+    (["--part=norm", "--variants=presets"], "--part=norm times the norms of --variants=norms"),
+    (["--norm=groupnorm"], "--norm=groupnorm is not allowed"),
+    (["--bogus=1"], "unknown flag --bogus"),
+    (["--batch_size=0"], "--batch_size=0 must be"),
+    (["--device=tpu"], "--device=tpu is not a device"),
+    (["extra"], "unexpected argument 'extra'"),
+    (["--variants=presets", "--layout=post", "--scale_resids"], "scale_resids"),
+    pytest.param(["--device=cuda"], "CUDA is not available",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
+])
+def test_bench_bad_input(tmp_path, monkeypatch, capsys, args, says):
+    """In this process (one real process below): bench.py's checks run before it allocates anything."""
+    monkeypatch.chdir(tmp_path)
+    before = folder_snapshot(tmp_path)
+    assert bench.main([*HUGE, *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("bench.py: ") and captured.err.count("\n") == 1 and says in captured.err
+    assert captured.out == "" and folder_snapshot(tmp_path) == before
+
+
+@pytest.mark.slow
+def test_bench_bad_input_from_the_shell(tmp_path):
+    assert "unknown flag --bogus" in refused(tmp_path, "bench.py", [*HUGE, "--bogus=1"])

@@ -11,11 +11,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lab import bench
+from lab import bench, coord_check
 import norms
 from diagnostics.probe_points import op_label, probe_points, weight_splits
-from model import GPT, GPTConfig, PER_TOKEN_NORMS, PRESETS, flops_per_token, norm
-from conftest import TINY_CONFIG
+from model import GPT, GPTConfig, PRESETS, flops_per_token, norm, softcap, subln_gain
+from norms import PER_TOKEN_NORMS
+from conftest import ROOT, TINY_CONFIG
+import copy
+from engine import config_checks, runtime
+import train
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -523,13 +527,13 @@ def block_grad_norms(preset, seeds=3, N=8, dw=128, Tw=64, B=8, Vw=256):
 
 def test_spike_no_more_gradients_explode_toward_shallow_layers_only_in_vanilla():
     # Measured with this function (N=8, d=128, T=64, batch 8, vocab 256, mean of seeds 0-2), block grad norms
-    # from first to last block: vanilla_scaled 2.32 -> 0.83 (ratio 2.79, falling at every block; single
-    # seeds 2.3-2.8), scaled_embed 0.62 -> 0.54 (1.14), embed_ln 0.29 -> 0.27 (1.07).
+    # from first to last block: snm_vanilla 2.32 -> 0.83 (ratio 2.79, falling at every block; single
+    # seeds 2.3-2.8), snm_scaled_embed 0.62 -> 0.54 (1.14), snm_embed_ln 0.29 -> 0.27 (1.07).
     # Small embeddings (std sqrt(2/5d)) in front of a pre-LN amplify the gradient by 1/std (Spike No More §3.2).
-    vanilla = block_grad_norms("vanilla_scaled")
+    vanilla = block_grad_norms("snm_vanilla")
     assert vanilla[0] / vanilla[-1] > 2.0
     assert torch.all(vanilla[:-1] > vanilla[1:])  # grows toward the shallow layers, layer by layer
-    for preset in ("scaled_embed", "embed_ln"):
+    for preset in ("snm_scaled_embed", "snm_embed_ln"):
         g = block_grad_norms(preset)
         assert g.max() / g.min() < 1.3, preset
         assert vanilla[0] / vanilla[-1] > 1.5 * g[0] / g[-1], preset
@@ -745,7 +749,7 @@ def test_op_labels_and_weight_splits():
     assert "blocks.0.mlp.fc.weight" not in weight_splits(build())
 
 
-# 15. every flag reaches where it acts (each of these was once a one-line mutation that no test noticed)
+# 15. every flag reaches where it acts: a one-line mutation that drops or swaps a flag fails one of these
 
 NORM_CLASSES = tuple(type(norms.make_norm(k, 8)) for k in norms.NORMS)
 
@@ -774,6 +778,43 @@ def test_every_norm_flag_reaches_every_norm_module(kind, affine):
             if kind == "powernorm":
                 assert (m.alpha_fwd, m.alpha_bwd, m.warmup) == (0.7, 0.6, 17)
                 assert m.groups == (H if group_scaling else 0)  # one group per head (PowerNorm App. A.1)
+
+
+# a value other than each flag's default
+NORM_FLAG_VALUES = dict(pn_alpha_fwd=0.7, pn_alpha_bwd=0.6, pn_warmup=17, pn_group_scaling=False, dyt_alpha=0.3,
+                        dyt_alpha_attn=0.8, norm_eps=3e-4, norm_affine="none")
+
+
+def norm_modules(**kw):
+    """Every norm module of a model: its class, its number settings and its tensors."""
+    modules = [m for m in build(**kw).modules() if isinstance(m, NORM_CLASSES)]
+    return [(type(m), {k: v for k, v in vars(m).items() if isinstance(v, (int, float))},
+             {k: t.tolist() for k, t in m.state_dict().items()}) for m in modules]
+
+
+def sees_the_batch(kind):
+    """Whether a token's output in training changes when another token of the batch changes (beyond a whole-tensor
+    scale's effect through eps: CogView's)."""
+    x = torch.randn(2, 3, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    other = x.clone()
+    other[1, 2] *= 0.5
+    # fresh modules (PowerNorm in its warmup), so that both see the same running statistics
+    first, second = (norms.make_norm(kind, 8, warmup=1).double()(batch)[0, 0] for batch in (x, other))
+    return not torch.allclose(first, second, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", norms.NORMS)
+def test_norms_table_says_what_each_norm_is(kind):
+    """norms.TABLE: a norm's class is make_norm's, it uses batch statistics exactly when a token's output depends on
+    the batch, and it reads a flag exactly when the flag changes its modules."""
+    module, depends_on, flags = norms.TABLE[kind]
+    assert type(norms.make_norm(kind, 8)) is module
+    assert sees_the_batch(kind) == (depends_on == "batch") == (module in norms.BATCH_STATISTIC_NORMS)
+    assert set(norms.NORM_FLAGS) == set(NORM_FLAG_VALUES) and set(flags) <= set(norms.NORM_FLAGS)
+    assert type(norms.make_norm(kind, 8)) is norms.TABLE[kind][0]
+    plain = norm_modules(norm=kind, **ALL_SLOTS)
+    for flag, value in NORM_FLAG_VALUES.items():
+        assert (norm_modules(norm=kind, **ALL_SLOTS, **{flag: value}) != plain) == (flag in norms.reads(kind)), flag
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -915,3 +956,606 @@ def test_generate_samples_only_the_top_k_and_a_low_temperature_is_greedy():
 def test_generate_refuses_a_temperature_or_top_k_that_means_nothing(kw):
     with pytest.raises(ValueError, match=next(iter(kw))):
         build().generate(tokens(B=1, T=3), max_new_tokens=1, **kw)
+
+
+# Each paper-context preset builds the model its paper describes: positions, embedding norm, init statistics
+# measured on the built weights, and parameter counts against the paper's own table (NormFormer arXiv v1 Table 6).
+# The numbers written here are the papers'; model.PRESETS is only read through GPTConfig and GPT.
+
+def build_preset(preset, seed=0, **overrides):
+    """The model of --preset=NAME plus explicit flags, applied as train.py applies them (the preset first)."""
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(**{**PRESETS[preset], **overrides}))
+
+
+def preset_tokens(B=4, T=64, V=256, seed=1):
+    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def embedding_output(model, idx):
+    """What block 0 receives: the embeddings after positions, scaling and any embedding norm."""
+    seen = []
+    handle = model.blocks[0].register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    with torch.no_grad():
+        model(idx)
+    handle.remove()
+    return seen[0]
+
+
+def close(measured, expected, tolerance):
+    return abs(measured - expected) <= tolerance * expected
+
+
+CONTEXTS = {  # preset prefix: the flags every preset of the group shares (the paper's model, not its variant)
+    "nf_": {"pos": "sinusoidal", "embed_norm": True, "embed_scale": True, "embed_init": "inv_sqrt_d"},
+    "snm_": {"init": "scaled"},
+    "dn_": {"init": "xavier", "n_layer": 6, "n_embd": 64, "n_head": 4},
+    "pn_": {"layout": "pre"},
+}
+
+
+VARIANTS = {  # preset: the flags that make it its paper's variant, on top of its context
+    "nf_baseline": {}, "nf_normformer": {"scale_attn": True, "scale_fc": True, "scale_heads": True},
+    "nf_normformer_resid": {"scale_attn": True, "scale_fc": True, "scale_heads": True, "scale_resids": True},
+    "snm_vanilla": {}, "snm_embed_detach": {"embed_grad_scale": 0.1}, "snm_scaled_embed": {"embed_scale": True},
+    "snm_embed_ln": {"embed_norm": True},
+    "dn_postln": {"layout": "post"}, "dn_deepnorm": {"layout": "deepnorm"},
+    "pn_layernorm": {"norm": "layernorm"}, "pn_batchnorm": {"norm": "batchnorm"}, "pn_pnv": {"norm": "pnv"},
+    "pn_powernorm": {"norm": "powernorm"},
+}
+
+
+GPT2_PRESETS = {  # nanonorm's GPT-2 context, as people use it today
+    "baseline": {}, "postln": {"layout": "post"},
+    "normformer": {"scale_attn": True, "scale_fc": True, "scale_heads": True},
+    "normformer_resid": {"scale_attn": True, "scale_fc": True, "scale_heads": True, "scale_resids": True},
+    "deepnorm": {"layout": "deepnorm", "init": "xavier"},
+    "cogview": {"norm": "cogview", "scale_attn": True, "ffn_out_norm": True, "embed_grad_scale": 0.1},
+    "embed_ln": {"init": "scaled", "embed_norm": True}, "scaled_embed": {"init": "scaled", "embed_scale": True},
+    "vanilla_scaled": {"init": "scaled"}, "layerscale": {"layer_scale": True},
+}
+
+
+@pytest.mark.parametrize("preset", sorted(VARIANTS))
+def test_context_preset_is_its_context_plus_its_variant(preset):
+    context = next(flags for prefix, flags in CONTEXTS.items() if preset.startswith(prefix))
+    assert PRESETS[preset] == {**context, **VARIANTS[preset]}
+
+
+# the methods beyond the four papers (DyT, Peri-LN, Mix-LN, LayerNorm Scaling, OLMo 2, Magneto, Gemma 2): below
+BEYOND_PRESETS = {"peri_ln", "mix_ln", "lns", "olmo2", "magneto", "dyt", "gemma2"}
+
+
+def test_presets_are_the_gpt2_context_and_the_paper_contexts():
+    assert set(PRESETS) == set(GPT2_PRESETS) | set(VARIANTS) | BEYOND_PRESETS
+
+
+def test_gpt2_context_presets_are_unchanged():
+    assert {name: PRESETS[name] for name in GPT2_PRESETS} == GPT2_PRESETS
+
+
+def sinusoids_by_hand(T, d):
+    """Vaswani et al. 2017 §3.5: PE[t, 2i] = sin(t / 10000^(2i/d)), PE[t, 2i+1] = cos(t / 10000^(2i/d))."""
+    pe = torch.zeros(T, d)
+    for t in range(T):
+        for i in range(0, d, 2):
+            pe[t, i] = math.sin(t / 10000 ** (i / d))
+            pe[t, i + 1] = math.cos(t / 10000 ** (i / d))
+    return pe
+
+
+@pytest.mark.parametrize("preset", ["nf_baseline", "nf_normformer", "nf_normformer_resid"])
+def test_normformer_context_has_sinusoidal_positions_unit_tokens_and_an_embedding_ln(preset):
+    """fairseq (NormFormer final §4: "We train ... in fairseq"): token embeddings drawn from N(0, d^-1/2) and
+    multiplied by sqrt(d), so of std 1 like the sinusoids; then the embedding LN."""
+    model = build_preset(preset, block_size=32, n_embd=256)
+    d = model.config.n_embd
+    assert not any(name.startswith("wpe") for name, _ in model.named_parameters())  # no learned table
+    assert close(model.wte.weight.std().item(), d ** -0.5, 0.03)
+    idx = preset_tokens(T=32)
+    x = model.wte.weight[idx].detach() * math.sqrt(d) + sinusoids_by_hand(32, d)
+    mu, var = x.mean(-1, keepdim=True), (x - x.mean(-1, keepdim=True)).square().mean(-1, keepdim=True)
+    expected = (x - mu) / torch.sqrt(var + model.config.norm_eps)  # LN at init: gain 1, bias 0
+    torch.testing.assert_close(embedding_output(model, idx), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_embed_init_draws_the_token_embedding_alone_with_std_inverse_sqrt_d():
+    d = 256
+    fairseq, gpt2 = build_preset("baseline", n_embd=d, embed_init="inv_sqrt_d"), build_preset("baseline", n_embd=d)
+    assert close(fairseq.wte.weight.std().item(), d ** -0.5, 0.03)
+    assert close(fairseq.wpe.weight.std().item(), 0.02, 0.03)  # positions keep --init's sigma
+    for name, weight in gpt2.named_parameters():
+        if not name.startswith("wte"):
+            torch.testing.assert_close(dict(fairseq.named_parameters())[name], weight)  # the same draws otherwise
+
+
+# NormFormer arXiv v1 Table 6 (GPT-3 Small and Medium, vocabulary 51200): (baseline, NormFormer) parameters
+TABLE_6 = {(12, 768, 12): (124_379_136, 124_471_296), (24, 1024, 16): (354_742_272, 354_988_032)}
+
+
+@pytest.mark.parametrize("size", sorted(TABLE_6), ids=["gpt3_small", "gpt3_medium"])
+def test_normformer_context_has_the_parameter_counts_of_arxiv_v1_table_6(size):
+    """The counts add up with the embedding LN (2d) and without HeadScale (H per layer): the paper leaves
+    HeadScale out of its NormFormer counts."""
+    N, d, H = size
+    shape = dict(n_layer=N, n_embd=d, n_head=H, block_size=1024, vocab_size=51200)
+    with torch.device("meta"):  # counts only: no memory, no init cost
+        baseline = GPT(GPTConfig(**{**PRESETS["nf_baseline"], **shape})).num_params()
+        normformer = GPT(GPTConfig(**{**PRESETS["nf_normformer"], **shape})).num_params()
+        no_embed_ln = GPT(GPTConfig(**{**PRESETS["nf_baseline"], **shape, "embed_norm": False})).num_params()
+    assert baseline == TABLE_6[size][0]
+    assert normformer - N * H == TABLE_6[size][1]
+    assert no_embed_ln == TABLE_6[size][0] - 2 * d  # without the embedding LN the table's count is 2d away
+
+
+def heads_by_hand(attn, x):
+    """softmax(q_i k_i^T / sqrt(hd) + causal mask) v_i for each head i: a list of (B, T, hd)."""
+    B, T, C = x.shape
+    H = attn.n_head
+    q, k, v = (x @ attn.qkv.weight.T + attn.qkv.bias).split(C, dim=-1)
+    mask = torch.full((T, T), float("-inf"), dtype=x.dtype).triu(1)
+    heads = []
+    for i in range(H):
+        part = slice(i * C // H, (i + 1) * C // H)
+        scores = q[..., part] @ k[..., part].transpose(-2, -1) / math.sqrt(C // H) + mask
+        heads.append(torch.softmax(scores, dim=-1) @ v[..., part])
+    return heads
+
+
+@pytest.mark.parametrize("where", ["before_proj", "after_proj"])
+def test_head_scale_before_w_o_as_the_paper_or_after_it_as_fairseq(where):
+    """Paper (NormFormer final §2.1, Fig. 1 right): Concat(gamma_1 h_1, ..., gamma_H h_H) W_O. fairseq
+    (transformer_layer.py, c_attn): W_O's output, bias included, viewed as H groups of hd channels, times gamma."""
+    model = build_preset("nf_normformer", n_embd=24, n_head=3, block_size=8, head_scale_at=where).double()
+    attn = model.blocks[0].attn
+    gamma = torch.tensor([1.7, -0.4, 0.6], dtype=torch.float64)
+    with torch.no_grad():
+        attn.head_scale.copy_(gamma)
+        attn.qkv.bias.normal_()
+        attn.proj.bias.normal_()  # a bias that fairseq scales and the paper does not
+    x = torch.randn(2, 8, 24, dtype=torch.float64)
+    heads = heads_by_hand(attn, x)
+    W, b = attn.proj.weight, attn.proj.bias
+    paper = torch.cat([g * h for g, h in zip(gamma, heads)], dim=-1) @ W.T + b
+    fairseq = (torch.cat(heads, dim=-1) @ W.T + b) * gamma.repeat_interleave(8)
+    assert (paper - fairseq).abs().max() > 0.1  # the two placements differ, so the test tells them apart
+    torch.testing.assert_close(attn(x), paper if where == "before_proj" else fairseq, rtol=1e-10, atol=1e-12)
+
+
+SNM = ["snm_vanilla", "snm_embed_detach", "snm_scaled_embed", "snm_embed_ln"]
+
+
+SNM_SHAPE = dict(n_layer=4, n_embd=256, n_head=4)  # wide enough for stds measured within 3%
+
+
+@pytest.mark.parametrize("preset", SNM)
+def test_spike_no_more_init_stds_measured_on_the_weights(preset):
+    model = build_preset(preset, **SNM_SHAPE)
+    d, N = SNM_SHAPE["n_embd"], SNM_SHAPE["n_layer"]
+    sigma = math.sqrt(2 / (5 * d))  # §2.2, after Nguyen & Salazar and Le Scao et al.
+    assert model.config.layout == "pre" and model.config.pos == "learned" and model.config.tie_embeddings
+    for weight in (model.wte.weight, model.wpe.weight):  # §3.1: embeddings drawn with the same sigma
+        assert close(weight.std().item(), sigma, 0.03)
+    for block in model.blocks:
+        for weight in (block.attn.qkv.weight, block.mlp.fc.weight):
+            assert close(weight.std().item(), sigma, 0.03)
+        for weight in (block.attn.proj.weight, block.mlp.proj.weight):  # the "scaled" ones: W_O and W_2
+            assert close(weight.std().item(), sigma / math.sqrt(2 * N), 0.03)
+
+
+def test_spike_no_more_embeddings_of_each_method():
+    """§3.2: the vanilla embeddings have std ~ sigma << 1 (token + position: sqrt(2) sigma); Scaled Embed
+    multiplies the token embedding by sqrt(d) (std sqrt(2/5)); Embed LN normalizes each token's embedding."""
+    d = SNM_SHAPE["n_embd"]
+    sigma = math.sqrt(2 / (5 * d))
+    idx = preset_tokens()
+    vanilla = embedding_output(build_preset("snm_vanilla", **SNM_SHAPE), idx)
+    scaled = embedding_output(build_preset("snm_scaled_embed", **SNM_SHAPE), idx)
+    normed = embedding_output(build_preset("snm_embed_ln", **SNM_SHAPE), idx)
+    assert close(vanilla.std().item(), math.sqrt(2) * sigma, 0.05)
+    assert close(scaled.std().item(), math.sqrt(2 / 5 + sigma ** 2), 0.05)
+    # same seed, same draws: the vanilla embedding is what Embed LN normalizes (gain 1, bias 0 at init)
+    mu, var = vanilla.mean(-1, keepdim=True), vanilla.var(-1, unbiased=False, keepdim=True)
+    torch.testing.assert_close(normed, (vanilla - mu) / torch.sqrt(var + 1e-5), rtol=1e-4, atol=1e-5)
+
+
+def test_spike_no_more_embed_detach_keeps_the_value_and_shrinks_the_gradient_tenfold():
+    """eq. (14): e = gamma e + (1 - gamma) detach(e), gamma = 0.1 (as Zeng et al. 2023, GLM-130B)."""
+    idx = preset_tokens()
+    vanilla = build_preset("snm_vanilla", **SNM_SHAPE).double()
+    detach = build_preset("snm_embed_detach", **SNM_SHAPE).double()
+    torch.testing.assert_close(embedding_output(detach, idx), embedding_output(vanilla, idx))
+    probe = torch.randn(4, 64, SNM_SHAPE["n_embd"], dtype=torch.float64)
+    grads = []
+    for model in (vanilla, detach):
+        seen = []
+        model.blocks[0].register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+        model(idx)
+        (seen[0] * probe).sum().backward()  # a loss through the embedding path alone (the head is tied)
+        grads.append((model.wte.weight.grad, model.wpe.weight.grad))
+    for vanilla_grad, detach_grad in zip(*grads):
+        torch.testing.assert_close(detach_grad, 0.1 * vanilla_grad, rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("depth", [6, 18])
+@pytest.mark.parametrize("preset", ["dn_postln", "dn_deepnorm"])
+def test_deepnet_context_at_each_depth(preset, depth):
+    """xavier_normal per logical matrix, std sqrt(2 / (fan_in + fan_out)); DeepNorm: x_{l+1} = LN(alpha x_l +
+    G(x_l)), alpha = (2N)^(1/4), and gain beta = (8N)^(-1/4) on v, W_O, W_1 and W_2 (q and k keep gain 1)."""
+    model = build_preset(preset) if depth == 6 else build_preset(preset, n_layer=depth)  # 6: the preset's own depth
+    d = model.config.n_embd
+    assert (d, model.config.n_head, len(model.blocks)) == (64, 4, depth)
+    assert model.final_norm is None  # post and deepnorm blocks end with their own norm
+    deepnorm = preset == "dn_deepnorm"
+    alpha, beta = ((2 * depth) ** 0.25, (8 * depth) ** -0.25) if deepnorm else (None, 1.0)
+    xavier_square, xavier_ffn = math.sqrt(2 / (d + d)), math.sqrt(2 / (d + 4 * d))
+    q, k, v, w_o, w_1, w_2 = ([] for _ in range(6))
+    for block in model.blocks:
+        assert block.alpha == alpha
+        for part, weights in zip(block.attn.qkv.weight.chunk(3), (q, k, v)):
+            weights.append(part.flatten())
+        w_o.append(block.attn.proj.weight.flatten())
+        w_1.append(block.mlp.fc.weight.flatten())
+        w_2.append(block.mlp.proj.weight.flatten())
+    expected = [(q, xavier_square), (k, xavier_square), (v, beta * xavier_square), (w_o, beta * xavier_square),
+                (w_1, beta * xavier_ffn), (w_2, beta * xavier_ffn)]
+    for weights, std in expected:  # pooled over the layers: 6 x 4096 values or more, within 3%
+        assert close(torch.cat(weights).std().item(), std, 0.03)
+
+
+def normalized_statistics(norm_module, d, groups):
+    """Feed a norm slot a batch whose channels have mean 3 and std 2, in training mode, and report which
+    statistic came out normalized: per token (LN), per channel over the tokens (BN: mean 0 and variance 1;
+    PN-V: quadratic mean 1), or per token and channel group (PowerNorm's group scaling, then its running
+    quadratic mean psi^2 = 1 at the first step)."""
+    x = 3 + 2 * torch.randn(8, 16, d, generator=torch.Generator().manual_seed(3))
+    norm_module.train()
+    with torch.no_grad():
+        y = norm_module(x).reshape(-1, d)
+    grouped = y.reshape(-1, groups, d // groups)
+    found = {
+        "token_mean0_var1": torch.allclose(y.mean(-1), torch.zeros(len(y)), atol=1e-4)
+        and torch.allclose(y.var(-1, unbiased=False), torch.ones(len(y)), atol=1e-3),
+        "channel_mean0_var1": torch.allclose(y.mean(0), torch.zeros(d), atol=1e-4)
+        and torch.allclose(y.var(0, unbiased=False), torch.ones(d), atol=1e-3),
+        "channel_quadratic_mean1_mean_kept": torch.allclose(y.square().mean(0), torch.ones(d), atol=1e-3)
+        and bool(torch.all(y.mean(0) > 0.5)),  # PN-V does not subtract the mean (3 / sqrt(13) here)
+        "group_quadratic_mean1": torch.allclose(grouped.square().mean(-1), torch.ones(grouped.shape[:2]), atol=1e-3),
+    }
+    return {name for name, yes in found.items() if yes}
+
+
+@pytest.mark.parametrize("preset, statistic", [
+    ("pn_layernorm", "token_mean0_var1"), ("pn_batchnorm", "channel_mean0_var1"),
+    ("pn_pnv", "channel_quadratic_mean1_mean_kept"), ("pn_powernorm", "group_quadratic_mean1")])
+def test_powernorm_context_puts_the_compared_norm_in_every_slot(preset, statistic):
+    model = build_preset(preset, pn_warmup=0)
+    cfg = model.config
+    assert cfg.layout == "pre" and model.final_norm is not None
+    slots = [model.final_norm] + [norm for block in model.blocks for norm in (block.attn_norm, block.ffn_norm)]
+    assert len({type(slot) for slot in slots}) == 1
+    for slot in (model.blocks[0].attn_norm, model.blocks[-1].ffn_norm, model.final_norm):
+        assert normalized_statistics(slot, cfg.n_embd, cfg.n_head) == {statistic}
+
+
+@pytest.mark.parametrize("schedule, expected", [("ramp", 0), ("cosine", 2 * 50)])
+def test_powernorm_warmup_follows_the_lr_schedule(schedule, expected):
+    from engine import config_checks
+    from train import TrainConfig
+    tc = TrainConfig(lr_schedule=schedule, warmup_iters=50, grad_accum=2)
+    meta = {"vocab_size": 256, "train_tokens": 10 ** 6, "val_tokens": 10 ** 5}
+    cfg = config_checks.fit_to_data(GPTConfig(norm="powernorm"), tc, meta, given={}, resumed=False)
+    assert cfg.pn_warmup == expected
+
+
+# Tests of the methods beyond the four papers against their equations, written out here in float64: DyT (Zhu et al.
+# 2025), Gemma 2's soft-caps, LayerNorm Scaling (Sun et al. 2025), Mix-LN (Li, Yin, Liu 2025), Peri-LN (Kim et al.
+# 2025), OLMo 2's reordered norm, Magneto's SubLN (Wang et al. 2023), and the coord check (Tensor Programs V); and
+# the memory estimate of a soft-capped model, whose attention keeps its scores.
+
+def hidden(seed=3, shape=(2, 16, 32), scale=1.0):
+    return scale * torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def scaled_layer_norm(x, norm, scale=1.0):
+    """Ba et al. 2016 with norm's g and b, written out: (x - E[x]) / sqrt(Var[x] + eps) * g + b, times scale."""
+    mu = x.mean(-1, keepdim=True)
+    var = (x - mu).square().mean(-1, keepdim=True)
+    return ((x - mu) / torch.sqrt(var + 1e-5) * norm.weight + norm.bias) * scale
+
+
+def attention(attn, x, cap=0.0, sub_norm=None):
+    """Causal attention written out: per head softmax(mask(q k^T / sqrt(hd))) v, the logits soft-capped as
+    c * tanh(s / c) when cap > 0, the concatenated heads through sub_norm (SubLN) when given, then W_O."""
+    B, T, C = x.shape
+    H = attn.n_head
+    q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in attn.qkv(x).split(C, dim=2))
+    s = q @ k.transpose(-2, -1) / math.sqrt(C // H)
+    if cap:
+        s = cap * torch.tanh(s / cap)
+    s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    y = (F.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    return attn.proj(y if sub_norm is None else scaled_layer_norm(y, sub_norm))
+
+
+@pytest.mark.parametrize("affine", norms.AFFINE)
+def test_dyt_forward_matches_formula(affine):
+    m = norms.make_norm("dyt", 8, affine=affine, dyt_alpha=0.7).double()
+    perturb_(m)
+    x = hidden(shape=(3, 5, 8), scale=3.0)
+    g = 1.0 if m.weight is None else m.weight
+    b = 0.0 if m.bias is None else m.bias
+    torch.testing.assert_close(m(x), g * torch.tanh(m.alpha * x) + b, rtol=0, atol=1e-14)
+
+
+def test_dyt_backward_matches_closed_form():
+    m = norms.make_norm("dyt", 8, dyt_alpha=0.7).double()
+    perturb_(m)
+    x = hidden(shape=(3, 5, 8), scale=3.0).requires_grad_()
+    dy = hidden(seed=4, shape=(3, 5, 8))
+    m(x).backward(dy)
+    a, g = m.alpha.detach(), m.weight.detach()
+    t = torch.tanh(a * x.detach())
+    sech2 = 1 - t * t  # d tanh(u) / du
+    torch.testing.assert_close(x.grad, dy * g * a * sech2, rtol=0, atol=1e-13)
+    torch.testing.assert_close(m.alpha.grad, (dy * g * x.detach() * sech2).sum(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(m.weight.grad, (dy * t).sum((0, 1)), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(m.bias.grad, dy.sum((0, 1)), rtol=1e-12, atol=1e-12)
+
+
+def test_dyt_alpha_starts_at_its_flags_per_slot():
+    model = build(norm="dyt", dyt_alpha=0.2, dyt_alpha_attn=0.8, qk_norm=True)
+    block = model.blocks[0]
+    assert block.attn_norm.alpha.item() == pytest.approx(0.8)  # a float32 parameter
+    for slot in (block.ffn_norm, block.attn.q_norm, block.attn.k_norm, model.final_norm):
+        assert slot.alpha.item() == pytest.approx(0.2)
+    assert build(norm="dyt").blocks[1].attn_norm.alpha.item() == 0.5
+
+
+def test_softcap_values_and_gradient():
+    z = torch.linspace(-200, 200, 101, dtype=torch.float64, requires_grad=True)
+    y = softcap(z, 30.0)
+    y.sum().backward()
+    torch.testing.assert_close(y, 30.0 * torch.tanh(z.detach() / 30.0), rtol=0, atol=1e-13)
+    torch.testing.assert_close(z.grad, 1 - torch.tanh(z.detach() / 30.0) ** 2, rtol=0, atol=1e-13)
+    assert y.abs().max() < 30.0 and softcap(z, 0.0) is z
+
+
+def test_attn_softcap_forces_the_manual_path_and_caps_the_logits():
+    model = build(attn_softcap=0.5)  # attn_impl=sdpa: the cap must take the manual path anyway
+    perturb_(model)
+    attn = model.blocks[0].attn
+    assert attn.scores is not None
+    x = hidden(scale=2.0).requires_grad_()
+    y = attn(x)
+    torch.testing.assert_close(y, attention(attn, x, cap=0.5), rtol=0, atol=1e-12)
+    assert not torch.allclose(y, attention(attn, x))  # the cap is small enough to matter here
+    dx = torch.autograd.grad(y.square().sum(), x)[0]
+    dx_written = torch.autograd.grad(attention(attn, x, cap=0.5).square().sum(), x)[0]
+    torch.testing.assert_close(dx, dx_written, rtol=0, atol=1e-11)
+
+
+def test_logit_softcap_caps_the_output_logits_and_the_loss_sees_them():
+    capped, plain = build(logit_softcap=0.5), build()
+    perturb_(capped)
+    perturb_(plain)
+    idx, targets = tokens(), tokens(seed=2)
+    logits, loss = capped(idx, targets)
+    expected = 0.5 * torch.tanh(plain(idx)[0] / 0.5)
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-13)
+    torch.testing.assert_close(loss, F.cross_entropy(expected.view(-1, 64), targets.view(-1)), rtol=0, atol=1e-13)
+
+
+def test_the_memory_estimate_counts_the_scores_a_soft_cap_keeps():
+    """--attn_softcap takes the manual path, which keeps the (B, H, T, T) scores: train.py's memory check counts
+    them as for --attn_impl=manual, Korthikanti et al.'s 5 H T / d bytes per activation value (x2 in float32)."""
+    tc = train.TrainConfig(dtype="float32")
+    T, L, H, d = 4096, 4, 4, 128
+    sizes = dict(block_size=T, n_layer=L, n_head=H, n_embd=d)
+    sdpa = runtime.memory_estimate(GPTConfig(**sizes), tc)
+    capped = runtime.memory_estimate(GPTConfig(**sizes, attn_softcap=50.0), tc)
+    assert capped == runtime.memory_estimate(GPTConfig(**sizes, attn_impl="manual"), tc)
+    assert capped - sdpa == pytest.approx(L * tc.batch_size * T * d * 5 * H * T / d * 2, rel=1e-12)
+
+
+def test_layer_norm_scaling_divides_each_pre_ln_norm_output_by_sqrt_l():
+    model = build(n_layer=3, layer_norm_scaling=True)
+    perturb_(model)
+    x = hidden(scale=2.0)
+    for layer, block in enumerate(model.blocks, start=1):
+        h = x + block.attn(scaled_layer_norm(x, block.attn_norm, 1 / math.sqrt(layer)))
+        expected = h + block.mlp(scaled_layer_norm(h, block.ffn_norm, 1 / math.sqrt(layer)))
+        torch.testing.assert_close(block(x), expected, rtol=0, atol=1e-12)
+
+
+def test_mix_ln_is_post_ln_in_the_first_round_alpha_l_layers_then_pre_ln():
+    model = build(n_layer=4, layout="mix", mix_ln_ratio=0.5)
+    perturb_(model)
+    x = hidden(scale=2.0)
+    assert [b.layout for b in model.blocks] == ["post", "post", "pre", "pre"]
+    last_post, first_pre = model.blocks[1], model.blocks[2]  # the switch
+    h = scaled_layer_norm(x + last_post.attn(x), last_post.attn_norm)
+    torch.testing.assert_close(last_post(x), scaled_layer_norm(h + last_post.mlp(h), last_post.ffn_norm), rtol=0,
+                               atol=1e-12)
+    h = x + first_pre.attn(scaled_layer_norm(x, first_pre.attn_norm))
+    torch.testing.assert_close(first_pre(x), h + first_pre.mlp(scaled_layer_norm(h, first_pre.ffn_norm)), rtol=0,
+                               atol=1e-12)
+    assert model.final_norm is not None  # the last layers are pre-LN
+    # the default ratio 0.25, rounded half up: 10 layers -> 3 Post-LN (Python's round would give 2), 4 -> 1, 1 -> 0
+    for n_layer, posts in ((10, 3), (4, 1), (1, 0)):
+        layouts = [b.layout for b in GPT(GPTConfig(**{**TINY_CONFIG, "n_layer": n_layer, "layout": "mix"})).blocks]
+        assert layouts == ["post"] * posts + ["pre"] * (n_layer - posts)
+
+
+def test_reordered_norms_each_sublayer_output_only():
+    model = build(layout="reordered")
+    perturb_(model)
+    x = hidden(scale=2.0)
+    block = model.blocks[1]
+    h = x + scaled_layer_norm(block.attn(x), block.attn_norm)
+    torch.testing.assert_close(block(x), h + scaled_layer_norm(block.mlp(h), block.ffn_norm), rtol=0, atol=1e-12)
+    assert model.final_norm is not None  # OLMo 2 keeps a final norm
+    with pytest.raises(ValueError, match="reordered"):
+        GPTConfig(layout="reordered", scale_attn=True)
+
+
+def test_peri_ln_preset_norms_each_sublayer_input_and_output_and_the_embeddings():
+    model = build(**PRESETS["peri_ln"])
+    perturb_(model)
+    x = hidden(scale=2.0)
+    block = model.blocks[0]
+    h = x + scaled_layer_norm(block.attn(scaled_layer_norm(x, block.attn_norm)), block.attn_out_norm)
+    expected = h + scaled_layer_norm(block.mlp(scaled_layer_norm(h, block.ffn_norm)), block.ffn_out_norm)
+    torch.testing.assert_close(block(x), expected, rtol=0, atol=1e-12)
+    idx = tokens()
+    embedded = scaled_layer_norm(model.wte.weight[idx] + model.wpe.weight[:16], model.embed_norm)
+    torch.testing.assert_close(model.embed(idx), embedded, rtol=0, atol=1e-12)
+    assert model.final_norm is not None
+
+
+def test_subln_puts_a_norm_before_w_o_and_before_w_2():
+    model = build(subln=True)
+    perturb_(model)
+    x = hidden(scale=2.0)
+    block = model.blocks[0]
+    torch.testing.assert_close(block.attn(x), attention(block.attn, x, sub_norm=block.attn.sub_norm),
+                               rtol=0, atol=1e-12)
+    mlp = block.mlp
+    torch.testing.assert_close(mlp(x), mlp.proj(scaled_layer_norm(F.gelu(mlp.fc(x)), mlp.fc_norm)), rtol=0, atol=1e-12)
+
+
+def test_subln_init_multiplies_v_w_o_w_1_and_w_2_by_sqrt_log_2n():
+    plain, sub = build(n_layer=3), build(n_layer=3, subln=True)
+    gain = math.sqrt(math.log(6))
+    assert subln_gain(GPTConfig(n_layer=3)) == gain
+    for p, s in zip(plain.blocks, sub.blocks):
+        qk_p, v_p = p.attn.qkv.weight.split((64, 32))
+        qk_s, v_s = s.attn.qkv.weight.split((64, 32))
+        torch.testing.assert_close(qk_s, qk_p, rtol=0, atol=0)
+        for w_p, w_s in ((v_p, v_s), (p.attn.proj.weight, s.attn.proj.weight), (p.mlp.fc.weight, s.mlp.fc.weight),
+                         (p.mlp.proj.weight, s.mlp.proj.weight)):
+            torch.testing.assert_close(w_s, gain * w_p, rtol=1e-6, atol=0)  # drawn and scaled in float32
+
+
+def test_learned_embed_scale_starts_at_sqrt_d_and_its_gradient_is_the_chain_rule():
+    """DyT's LLaMA code: x = s * E[idx] + P with s one learned scalar from sqrt(d), so dL/ds = sum(dL/dx * E[idx])."""
+    model = build(embed_scale=True, embed_scale_learned=True)
+    assert model.embed_gain.item() == pytest.approx(math.sqrt(32), rel=1e-7)  # drawn in float32
+    with torch.no_grad():
+        model.embed_gain.fill_(1.7)  # away from sqrt(d): a fixed sqrt(d) would no longer match
+    idx = tokens()
+    x = model.embed(idx)
+    torch.testing.assert_close(x, 1.7 * model.wte.weight[idx] + model.wpe.weight[:16], rtol=0, atol=1e-12)
+    upstream = hidden(shape=(3, 16, 32))
+    x.backward(upstream)
+    expected = (upstream * model.wte.weight[idx].detach()).sum()
+    torch.testing.assert_close(model.embed_gain.grad, expected, rtol=1e-12, atol=0)
+    assert build(embed_scale_learned=True).embed_gain is None  # no --embed_scale, no multiplier to learn
+    warnings = config_checks.no_effect_warnings({"embed_scale_learned"}, GPTConfig(embed_scale_learned=True),
+                                                train.TrainConfig())
+    assert warnings == ["train.py: warning: --embed_scale_learned has no effect with --embed_scale=False"]
+
+
+def init_stds(preset, N=4, d=128):
+    """The std of each weight matrix at init of a preset's model, float32 (draws as train.py's)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=N, n_embd=d, n_head=4, block_size=16, vocab_size=256, **PRESETS[preset]))
+    block = model.blocks[1]
+    q, _, v = block.attn.qkv.weight.chunk(3)
+    return model, {"q": q.std().item(), "v": v.std().item(), "W_O": block.attn.proj.weight.std().item(),
+                   "W_1": block.mlp.fc.weight.std().item(), "W_2": block.mlp.proj.weight.std().item(),
+                   "embed": model.wte.weight.std().item(), "head": model.lm_head.weight.std().item()}
+
+
+@pytest.mark.parametrize("preset", ["lns", "olmo2"])
+def test_lns_and_olmo2_presets_draw_every_weight_from_n_0_0_02(preset):
+    """The Curse of Depth's LLaMA code (and its README's advice) and OLMo 2's configs (init_fn: normal,
+    init_std: 0.02): no 1/sqrt(2N) on W_O and W_2, which GPT-2's init would make 0.02 / sqrt(8) = 0.0071."""
+    model, stds = init_stds(preset)
+    assert stds == pytest.approx(dict.fromkeys(stds, 0.02), rel=0.05)
+    # OLMo 2: weight_tying false, a head of its own; the Curse of Depth's code keeps GPT-2's tied head here
+    assert (model.lm_head.weight is model.wte.weight) == (preset == "lns")
+
+
+def test_magneto_preset_puts_its_gain_on_a_xavier_init_with_no_depth_factor():
+    """Foundation Transformers §2.2 (torchscale's decoder.py): W_v, W_O, W_1, W_2 times sqrt(log 2N) on an init
+    of std ~ d^-1/2; xavier: sqrt(2 / (fan_in + fan_out)). On GPT-2's 0.02 / sqrt(2N) W_O would start 12x smaller."""
+    _, stds = init_stds("magneto")
+    gain, d = math.sqrt(math.log(8)), 128
+    expected = {"q": math.sqrt(1 / d), "v": gain * math.sqrt(1 / d), "W_O": gain * math.sqrt(1 / d),
+                "W_1": gain * math.sqrt(2 / (5 * d)), "W_2": gain * math.sqrt(2 / (5 * d))}
+    assert {k: stds[k] for k in expected} == pytest.approx(expected, rel=0.05)
+
+
+def test_dyt_preset_learns_its_embedding_scale():
+    model = build(**PRESETS["dyt"])
+    assert model.embed_gain.requires_grad
+    assert model.embed_gain.item() == pytest.approx(math.sqrt(32), rel=1e-7)  # drawn in float32
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["peri_ln", "mix_ln", "lns", "olmo2", "magneto", "dyt", "gemma2"])
+def test_new_presets_compile_to_one_graph_that_matches_eager(preset):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**TINY_CONFIG, **PRESETS[preset]}))
+    idx = tokens()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(idx)[0], model(idx)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_coord_check_gives_the_mean_abs_a_direct_computation_gives():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**TINY_CONFIG)).double()
+    twin = copy.deepcopy(model)
+    batches = [(tokens(seed=s), tokens(seed=s + 10)) for s in range(3)]
+    rows = coord_check.coord_check(model, batches, lr=0.01)
+    assert len(rows) == 3 * len(probe_points(twin))
+    got = {(r["step"], r["layer"], r["op"]): r["mean_abs"] for r in rows}
+    optimizer = torch.optim.AdamW(twin.parameters(), lr=0.01, weight_decay=0.0)
+    for step, (idx, targets) in enumerate(batches):
+        h = twin.embed(idx)
+        q = twin.blocks[0].attn.qkv(scaled_layer_norm(h, twin.blocks[0].attn_norm)).chunk(3, dim=-1)[0]
+        direct = {(step, None, "embed"): h, (step, 0, "q"): q}
+        for layer, block in enumerate(twin.blocks):
+            h = block(h)
+            direct[(step, layer, "resid_ffn")] = h
+        logits, loss = twin(idx, targets)
+        direct[(step, None, "logits")] = logits
+        for key, tensor in direct.items():
+            assert got[key] == pytest.approx(tensor.abs().mean().item(), rel=1e-12), key
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+@pytest.mark.slow
+def test_coord_check_command_writes_png_and_numbers(tmp_path):
+    out = tmp_path / "cc.png"
+    argv = ["--widths=16,32", "--head_dim=8", "--steps=1", "--n_layer=1", "--batch_size=2",
+            f"--data_dir={os.path.join(ROOT, 'data')}", f"--out={out}"]
+    assert coord_check.main(argv) == 0
+    assert out.stat().st_size > 0 and (tmp_path / "cc.json").stat().st_size > 0
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--widths=32,x"], "--widths=32,x is not a comma-separated list of integers"),
+    (["--widths=24", "--head_dim=16"], "--head_dim=16 must be >= 1 and divide every width"),
+    (["--n_embd=64"], "--n_embd and --n_head are set by --widths and --head_dim"),
+    (["--out=cc.jpg"], "--out=cc.jpg must be a .png path"),
+    (["--widths=1_6"], "--widths=1_6 is not a comma-separated list of integers"),
+    (["--lr=1e300"], "--lr=1e+300 must be in (0, 1000]"),
+    (["--widths=10000000", "--head_dim=10000000"], "need about"),
+])
+def test_coord_check_bad_input_is_one_line_and_exit_code_2(argv, expected, capsys):
+    assert coord_check.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("coord_check.py: ") and expected in err and err.count("\n") == 1
+
+
+def test_coord_check_refuses_a_corpus_shorter_than_its_block(tmp_path, capsys):
+    (tmp_path / "short.txt").write_text("too short for a block of 64 tokens\n" * 2)
+    argv = [f"--dataset={tmp_path / 'short.txt'}", f"--data_dir={tmp_path / 'data'}", f"--out={tmp_path / 'cc.png'}"]
+    assert coord_check.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("coord_check.py: ") and "too few for --block_size=64" in err and err.count("\n") == 1

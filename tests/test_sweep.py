@@ -21,7 +21,7 @@ import lab.stats
 import lab.summary
 import sweep
 import train
-from conftest import SWEEP_TINY, FailingWrites
+from conftest import FailingWrites, ROOT, SWEEP_TINY
 
 HAS_RAMP = "ramp" in typing.get_args(train.TrainConfig.__annotations__["lr_schedule"])
 
@@ -690,3 +690,12 @@ def test_a_run_killed_by_a_signal_is_unfinished_and_the_stop_message_says_what_i
     assert sweep.main(argv) == 128 + signal.SIGTERM
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "1 resume from a checkpoint, 1 start afresh" in err, err
+
+
+# --help of sweep.py and plot.py, as a user runs them
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["sweep.py", "plot.py"])
+def test_sweep_and_plot_help(script):
+    done = subprocess.run([sys.executable, os.path.join(ROOT, script), "--help"], capture_output=True, text=True)
+    assert done.returncode == 0 and "--out" in done.stdout and not done.stderr

@@ -15,7 +15,7 @@ import torch
 from engine import run_folder
 import model
 import train
-from conftest import PAUSED_TRAIN, ROOT, prepared, tiny, torchrun, train_argv
+from conftest import PAUSED_TRAIN, ROOT, events, prepared, tiny, torchrun, train_argv
 
 TINY = tiny(dropout="0.1")
 
@@ -23,11 +23,6 @@ TINY = tiny(dropout="0.1")
 def flags(corpus, out, *more):
     """A tiny run in out on corpus, whose data is prepared once beside it."""
     return train_argv(corpus, prepared(corpus), out, *TINY, *more)
-
-
-def events(out, kind=None):
-    with open(os.path.join(out, "log.jsonl")) as f:
-        return [e for e in map(json.loads, f) if kind in (None, e["event"])]
 
 
 def losses(out):

@@ -1,4 +1,4 @@
-"""Nothing lost, nothing cryptic, no silent harm (issues 23 and 25): one run per out_dir, writes that fail on a full
+"""Nothing lost, nothing cryptic, no silent harm: one run per out_dir, writes that fail on a full
 or read-only disk, torn and foreign logs, models too big for the machine, a resume onto other data, best_val and
 the instruments' bounds across a resume, stops in evaluations and by SIGHUP, a FIFO for a checkpoint, and bad
 input under a real 2-process torchrun."""
@@ -22,15 +22,11 @@ import data
 import model
 import train
 from engine import files, flags, run_folder, runtime
-from conftest import PAUSED_TRAIN, ROOT, TINY, FailingWrites, prepared, torchrun, train_argv, train_process
+from conftest import PAUSED_TRAIN, ROOT, TINY, FailingWrites, events, prepared, torchrun, train_argv, train_process
 
 
 def flags_of(corpus, out, *more):
     return train_argv(corpus, prepared(corpus), out, *TINY, *more)
-
-
-def events(out):
-    return files.read_log(os.path.join(out, "log.jsonl"))[0]
 
 
 def steps(out, kind="train"):

@@ -1,0 +1,62 @@
+"""
+Stops by signal and their exit codes: SIGTERM and SIGHUP (a kill, a closed terminal or ssh session) made to unwind
+as a Ctrl-C does, so that every `finally` runs and no temporary file is left, and the exit code a shell gives a
+process that a signal ended, 128 + its number (130 for Ctrl-C), so that a script reads a stop the same whichever
+way it came. Also whether a process is alive, which signal 0 asks without sending anything.
+"""
+
+import os
+import signal
+
+# the signals a person or a machine sends to stop a process that may clean up; SIGINT is Python's KeyboardInterrupt
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP: a KeyboardInterrupt, so that it unwinds as a Ctrl-C does, which knows its signal."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def raise_stopped(signum, frame):
+    raise Stopped(signum)
+
+
+def stop_on_signals():
+    """SIGTERM and SIGHUP raise Stopped from here on, as SIGINT raises KeyboardInterrupt; returns the handlers they
+    had, for restore."""
+    return {sig: signal.signal(sig, raise_stopped) for sig in STOP_SIGNALS}
+
+
+def restore(handlers):
+    """Put back the handlers that stop_on_signals (or signal.signal) returned."""
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+
+
+def signum(stop):
+    """The signal a KeyboardInterrupt or Stopped stands for: SIGINT for a Ctrl-C."""
+    return getattr(stop, "signum", signal.SIGINT)
+
+
+def exit_code(sig):
+    """128 + the signal's number, as a shell reports a process the signal ended (130 for Ctrl-C)."""
+    return 128 + sig
+
+
+def name(sig):
+    """How a stop is named to a person: Ctrl-C, SIGTERM, SIGHUP."""
+    return "Ctrl-C" if sig == signal.SIGINT else signal.Signals(sig).name
+
+
+def alive(pid):
+    """Whether process pid exists (signal 0 checks without sending anything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process
+    return True
