@@ -240,13 +240,16 @@ def run_counts(record, metric):
 
 def verdict(result):
     """One of the four readings of stats.verdict (the effect's sign read as the paper's direction), against the
-    target effect and whose it is; "not run yet" without pairs."""
+    target effect and whose it is; "not run yet" without pairs. Only an interval of at least 95% coverage can
+    exclude the target: with 5 pairs or fewer the interval is [min, max] at 1 - 2 / 2^n (2 pairs: 50%), too
+    little to call an effect smaller than anything."""
     if result["p_holm"] is None:
         return "not run yet"
     mde = result["mde"] if result["mde"] is not None else math.inf
     whose = "the paper's" if result["target_origin"] == "paper" else "nanonorm's target"
-    return stats.verdict(result["p_holm"], result["effect"], "positive", mde, ALPHA, result["effect_ci"],
-                         result["effect_to_detect"], whose)
+    confident = result["ci_coverage"] is not None and result["ci_coverage"] >= CONFIDENCE
+    return stats.verdict(result["p_holm"], result["effect"], "positive", mde, ALPHA,
+                         result["effect_ci"] if confident else None, result["effect_to_detect"], whose)
 
 
 def reading(text):

@@ -315,6 +315,10 @@ def test_smaller_than_the_target_and_whose_target_it_is():
     assert result["target_origin"] == "paper" and result["reading"] == "smaller" and result["p"] < 0.05
     assert result["verdict"].startswith("smaller than the paper's (detected in its direction; the interval ends")
     assert result["ci_coverage"] == 1 - 12 / 256 and result["effect_ci"][1] < 0.024
+    # the same effect on 5 seeds: its interval, [min, max], covers 1 - 2/32 = 93.8% only, so it excludes nothing
+    [result] = claims.judge([r for r in records if r["seed"] < 5], [paper], "ref", ["1e-2"])
+    assert result["ci_coverage"] == 1 - 2 / 32 and result["effect_ci"][1] < 0.024
+    assert result["verdict"] == "not detected (no effect is detectable with these seeds)"
     ours = Claim("v", "final_loss@1e-2", "better", "", 0.001, "a quarter (nanonorm's choice, fixed before the runs)")
     [result] = claims.judge(records, [ours], "ref", ["1e-2"])
     assert (result["target_origin"], result["reading"], result["verdict"]) == ("nanonorm", "agrees", "agrees")
