@@ -3,17 +3,21 @@ The judgement of a recipe's claims (lab/recipes.py) from its runs' records (lab/
 per-seed contrast, d_s = value(variant, s) - value(reference, s), or for an interaction
 d_s = (value(variant, s) - value(reference, s)) - (value(minus[0], s) - value(minus[1], s)), over the seeds that
 every arm involved ran (the arms share seeds, so their data order, initialization draws and evaluation windows pair
-up). d_s is signed so that positive is the paper's expected direction. Then, per claim:
-  p        the exact two-sided sign-flip permutation p over the 2^n sign assignments of the d_s (lab/stats.py)
-  p_holm   Holm's adjustment over the recipe's claims (the family: every claim of the recipe)
-  effect   the Hodges-Lehmann estimate of d with its 95% CI (expected-direction sign); difference: the same in the
-           metric's own sign, variant minus reference
+up). d_s is signed so that positive is the paper's expected direction. A failed run counts by FAILURE_RULE, fixed
+before the runs. Then, per claim:
+  p        the exact two-sided sign-flip permutation p of the mean of the d_s (TEST; lab/stats.py)
+  p_holm   Holm's adjustment over the recipe's claims (the family: every claim of the recipe, one without pairs
+           entering as p = 1)
+  effect   the mean of d with the interval that inverts the same test and its achieved coverage (INTERVAL),
+           in the expected-direction sign; difference: the same in the metric's own sign, variant minus reference
   power    of the design for the claim's effect (recipes.Claim.effect, times |the reference's median| when
            relative), at alpha = 0.05 / m (Holm's first step, the conservative case), n = the pairs, the differences'
            spread = their observed sd (the recipe's own spread)
-  mde      the smallest effect the design detects with 80% power at that alpha and sd
-  verdict  "agrees" where p_holm < 0.05 and the effect is positive, "disagrees" where p_holm < 0.05 and it is
-           negative, else "not detected" with the MDE
+  mde      the smallest mean effect the design detects with 80% power at that alpha and sd
+  verdict  agrees, disagrees, smaller than the target, or not detected (stats.verdict), read against the
+           target effect, whose origin (the paper's number or nanonorm's choice) the claim records
+A binary endpoint (left_plateau@LR, survived@LR: 1 or 0 a run) is judged by the same test on d in {-1, 0, 1}, the
+exact McNemar test on the discordant pairs; its effect is the difference of the two arms' shares over the pairs.
 """
 
 import math
@@ -25,16 +29,45 @@ from lab import stats
 ALPHA = stats.ALPHA
 CONFIDENCE = 0.95
 TARGET_POWER = 0.8
-# a claim's metric -> the run record's field holding it; a diverged run's final loss is capped at L_0
+# a claim's metric -> the run record's field holding it; final_loss_capped: min(L, the failure loss)
 FIELDS = {"final_loss": "final_loss_capped", "steps_survived": "steps_survived", "peak_lr": "peak_lr",
           "spikes": "spikes", "grad_ratio": "grad_ratio", "fc2_grad_ratio": "fc2_grad_ratio",
-          "attn_logit_max": "attn_logit_max", "log_z": "log_z"}
+          "attn_logit_max": "attn_logit_max", "log_z": "log_z", "left_plateau": "left_plateau"}
+# what a failed run measures: the LR ramp's failure time is the metric itself
+AT_FAILURE = ("steps_survived", "peak_lr")
+BINARY = ("left_plateau", "survived")
 # the telemetry steps whose gradient ratios a run's grad_ratio and fc2_grad_ratio average (early training, where
 # NormFormer Fig. 3 and Spike No More Fig. 3 read them)
 RATIO_STEPS = (10, 100)
 # a run has left the unigram plateau when its final val loss is below this share of the val split's unigram entropy
 PLATEAU = 0.9
-TEST = "exact two-sided paired sign-flip permutation test over seeds"
+# What the page prints for every claim. The failure loss is ln(V), not a run's own L_0 (Wortsman et al. 2023 §3's
+# cap): arms of different architectures start from different L_0 (normformer_lr, seeds 0-5: nf_baseline 5.63-5.95,
+# nf_normformer 5.12-5.73), so with each run's own L_0 a pair whose arms both fail differs by the gap between their
+# initial losses; the reference's L_0 is undefined where its own initial loss is NaN. ln(V), a uniform guess over
+# the tokenizer's V tokens, is one number for every arm, seed and LR of a sweep, fixed by the tokenizer before any
+# run, and near every L_0 of a standard init (logits near 0).
+FAILURE_RULE = ("a run that diverged or whose loss is not finite (a NaN at initialization included) has failed; "
+                "its final val loss counts as ln(V), the loss of a uniform guess over the tokenizer's V tokens "
+                "(bytes: ln 256 = 5.545 nats), the same for every arm, seed and LR, and every finished run's loss "
+                "is capped there too, min(L, ln V), so a pair whose arms both fail has d = 0; a failed run's other "
+                "metrics (spikes, gradient ratios, logits) are not measurements: it counts as the worst value any "
+                "finished run of the sweep had at that LR (no finished run: no value); a seed on which no LR got "
+                "below ln(V) has the LR sensitivity ln(V), the largest any seed can have; steps survived and LR "
+                "reached are measured at the failure; for survived and left the plateau a failed run counts as 0; "
+                "an unfinished run is missing: its seed leaves the claim's pairs, and the claim counts it")
+TEST = ("exact two-sided sign-flip permutation test of the mean paired difference over seeds (a binary endpoint: "
+        "the same test on the discordant pairs, the exact McNemar test)")
+INTERVAL = ("the mean paired difference with the interval of the shifts the same test does not reject (the "
+            "order statistics of the 2^n - 1 subset means, Hartigan 1969), printed with its achieved coverage "
+            "1 - 2k / 2^n (6 pairs: 96.9%, 8 pairs: 95.3%, 10 pairs: 95.1%) for differences symmetric about the "
+            "true mean; a binary endpoint: the counts of discordant pairs, no interval")
+
+
+def failed(record):
+    """A diverged run, or one whose loss at initialization is not finite."""
+    init = record.get("init_loss")
+    return record["status"] == "diverged" or (init is not None and not math.isfinite(init))
 
 
 def finished(records, variant):
@@ -42,9 +75,9 @@ def finished(records, variant):
 
 
 def seed_values(records, variant, metric, lrs):
-    """{seed: the variant's value of metric}: NAME@LR from the run at that LR (final_loss capped at L_0),
-    lr_sensitivity from the seed's runs at every LR of lrs, best_loss at the variant's best LR by median. A seed
-    whose value is missing (an unfinished run, no telemetry) is left out."""
+    """{seed: the variant's value of metric}, a failed run counted by FAILURE_RULE: NAME@LR from the run at that LR,
+    lr_sensitivity from the seed's runs at every LR of lrs, best_loss at the variant's best LR (the lowest median).
+    A seed whose value is missing (an unfinished run, no telemetry) is left out."""
     ran = finished(records, variant)
     if metric == "lr_sensitivity":
         return {seed: value for seed in sorted({r["seed"] for r in ran})
@@ -57,19 +90,55 @@ def seed_values(records, variant, metric, lrs):
         best = min(by_lr, key=lambda lr: statistics.median(r["final_loss_capped"] for r in by_lr[lr]))
         return {r["seed"]: r["final_loss_capped"] for r in by_lr[best]}
     name, _, lr = metric.partition("@")
-    return {r["seed"]: r[FIELDS[name]] for r in ran if r["lr"] == lr and r[FIELDS[name]] is not None}
+    at_lr = [r for r in ran if r["lr"] == lr]
+    if name in BINARY:
+        return {r["seed"]: binary_value(r, name) for r in at_lr if binary_value(r, name) is not None}
+    if name == "final_loss" or name in AT_FAILURE:
+        return {r["seed"]: r[FIELDS[name]] for r in at_lr if r[FIELDS[name]] is not None}
+    worst = worst_value(records, name, lr)
+    values = {r["seed"]: worst if not measured(r, name) else r[FIELDS[name]] for r in at_lr}
+    return {seed: value for seed, value in values.items() if value is not None}
+
+
+def measured(record, name):
+    """Whether a run's value of a metric is a measurement: the run did not fail and its value is a finite number."""
+    value = record[FIELDS[name]]
+    return not failed(record) and value is not None and math.isfinite(value)
+
+
+def worst_value(records, name, lr):
+    """The worst value of a metric over every finished run of the sweep at lr that measured it (the largest where
+    lower is better): what a failed run counts as, the same for every arm; None where no run measured it."""
+    values = [r[FIELDS[name]] for r in records if r["lr"] == lr and r["status"] != "unfinished" and measured(r, name)]
+    if not values:
+        return None
+    return max(values) if recipes.BETTER[name] == "lower" else min(values)
+
+
+def binary_value(record, name):
+    """1 or 0: the run survived (did not fail), or it left the unigram plateau (a failed run did not); None
+    where the plateau is unknown (no unigram entropy)."""
+    if failed(record):
+        return 0
+    if name == "survived":
+        return 1
+    return None if record["left_plateau"] is None else int(record["left_plateau"])
 
 
 def seed_lr_sensitivity(runs, lrs):
-    """One variant's and seed's LR sensitivity (Wortsman et al. 2023 §3): the mean over the LR grid of
-    min(L(lr), L_0) - min_lr L(lr); None unless every LR of the grid finished."""
+    """One variant's and seed's LR sensitivity (Wortsman et al. 2023 §3, with the failure loss F = ln(V) for their
+    L_0): the mean over the LR grid of min(L(lr), F) - L*, L* = min_lr min(L(lr), F); None unless every LR of the
+    grid finished. A seed on which no LR got below F has no L* to measure from: it counts at F, the largest value
+    any seed can have (every min(L, F) <= F, and L* >= 0)."""
     by_lr = {r["lr"]: r for r in runs}
     if any(by_lr.get(lr) is None or by_lr[lr]["final_loss_capped"] is None for lr in lrs):
         return None
-    best = min(by_lr[lr]["final_loss"] for lr in lrs)  # L*, of the losses themselves
-    if not math.isfinite(best):
-        return None
-    return statistics.fmean(by_lr[lr]["final_loss_capped"] - best for lr in lrs)
+    losses = [by_lr[lr]["final_loss_capped"] for lr in lrs]
+    ceiling = by_lr[lrs[0]]["failure_loss"]
+    best = min(losses)
+    if best >= ceiling:
+        return ceiling
+    return statistics.fmean(loss - best for loss in losses)
 
 
 def expected_sign(metric, expect):
@@ -103,13 +172,20 @@ def contrast(records, claim, reference, lrs):
 
 def judge(records, claims, reference, lrs):
     """Every claim of a recipe judged (see the module docstring); Holm over all of them, a claim without pairs
-    counting as p = 1."""
+    counting as p = 1, so that it stays in the family fixed before the runs."""
     results = [judge_one(records, claim, reference, lrs, len(claims)) for claim in claims]
     adjusted = stats.holm([r["p"] if r["p"] is not None else 1.0 for r in results])
     for result, p_holm in zip(results, adjusted):
         result["p_holm"] = p_holm if result["p"] is not None else None
         result["verdict"] = verdict(result)
+        result["reading"] = reading(result["verdict"])
     return results
+
+
+def target_origin(effect_source):
+    """"nanonorm" where a claim's effect is nanonorm's choice (its source says so: the paper gives no number for
+    it), else "paper"."""
+    return "nanonorm" if "nanonorm's choice" in effect_source else "paper"
 
 
 def judge_one(records, claim, reference, lrs, family):
@@ -117,31 +193,42 @@ def judge_one(records, claim, reference, lrs, family):
     ref = claim.reference or reference
     n = len(seeds)
     alpha = ALPHA / family
+    name = claim.metric.partition("@")[0]
     ref_median = statistics.median(values[ref][s] for s in seeds) if seeds else None
     to_detect = claim.effect * abs(ref_median) if claim.relative and ref_median is not None else claim.effect
+    sweep_seeds = {r["seed"] for r in records}
     result = {"variant": claim.variant, "reference": ref, "minus": list(claim.minus) if claim.minus else None,
-              "metric": claim.metric, "expect": claim.expect, "better": recipes.BETTER[claim.metric.partition("@")[0]],
+              "metric": claim.metric, "expect": claim.expect, "better": recipes.BETTER[name],
+              "endpoint": "binary" if name in BINARY else "continuous",
               "paper_number": claim.paper_number, "effect_source": claim.effect_source, "relative": claim.relative,
-              "effect_claimed": claim.effect, "reference_median": ref_median, "effect_to_detect": to_detect,
-              "seeds": seeds, "n": n, "differences": raw, "family": family, "alpha_first_step": alpha,
-              "diverged": {arm: sum(r["diverged"] for r in records if r["variant"] == arm and r["seed"] in seeds
+              "target_origin": target_origin(claim.effect_source), "effect_claimed": claim.effect,
+              "reference_median": ref_median, "effect_to_detect": to_detect, "seeds": seeds, "n": n,
+              "differences": raw, "family": family, "alpha_first_step": alpha,
+              "diverged": {arm: sum(failed(r) for r in records if r["variant"] == arm and r["seed"] in seeds
                                     and run_counts(r, claim.metric)) for arm in arms(claim, reference)},
+              "missing": {arm: len(sweep_seeds - set(values[arm])) for arm in arms(claim, reference)},
               "arm_medians": {arm: statistics.median(values[arm][s] for s in seeds) if seeds else None
                               for arm in arms(claim, reference)},
               "p": None, "effect": None, "effect_ci": None, "difference": None, "difference_ci": None,
-              "ci_coverage": None, "mean": None, "sd": None, "power": None, "mde": None}
+              "ci_coverage": None, "discordant": None, "mean": None, "sd": None, "power": None, "mde": None}
     if n == 0:
         return result
-    hl = stats.hodges_lehmann_paired(signed, 1 - CONFIDENCE)
-    low, high = hl["low"], hl["high"]
     sign = expected_sign(claim.metric, claim.expect)
-    result.update(p=float(stats.sign_flip_p(signed)), effect=hl["estimate"], effect_ci=[low, high],
-                  ci_coverage=hl["confidence"], difference=sign * hl["estimate"],
-                  difference_ci=sorted([sign * low, sign * high]), mean=statistics.fmean(signed))
-    if n >= 2:
-        sd = statistics.stdev(signed)
-        result.update(sd=sd, power=stats.sign_flip_power(n, to_detect, sd, alpha),
-                      mde=stats.minimum_detectable_effect(n, sd, alpha, TARGET_POWER))
+    result.update(p=float(stats.sign_flip_p(signed)), mean=statistics.fmean(signed))
+    if name in BINARY:
+        # McNemar: only the discordant pairs carry information; no power model for a binary target
+        result.update(effect=result["mean"], difference=sign * result["mean"],
+                      discordant=[sum(d > 0 for d in signed), sum(d < 0 for d in signed)],
+                      mde=math.inf if stats.smallest_sign_flip_p(n) >= alpha else math.nan)
+        return result
+    interval = stats.mean_interval(signed, 1 - CONFIDENCE)
+    low, high = interval["low"], interval["high"]
+    sd = statistics.stdev(signed) if n >= 2 else None
+    result.update(effect=interval["estimate"], effect_ci=[low, high], ci_coverage=interval["confidence"],
+                  difference=sign * interval["estimate"], difference_ci=sorted([sign * low, sign * high]), sd=sd,
+                  # one pair: no spread, and no p below 1, so no effect is detectable
+                  power=stats.sign_flip_power(n, to_detect, sd or 0.0, alpha),
+                  mde=stats.minimum_detectable_effect(n, sd or 0.0, alpha, TARGET_POWER))
     return result
 
 
@@ -152,12 +239,23 @@ def run_counts(record, metric):
 
 
 def verdict(result):
-    """agrees / disagrees with the paper's direction where Holm's p < 0.05 (by the sign of the Hodges-Lehmann
-    effect, positive the paper's direction), else not detected, with the MDE (stats.verdict)."""
+    """One of the four readings of stats.verdict (the effect's sign read as the paper's direction), against the
+    target effect and whose it is; "not run yet" without pairs. Only an interval of at least 95% coverage can
+    exclude the target: with 5 pairs or fewer the interval is [min, max] at 1 - 2 / 2^n (2 pairs: 50%), too
+    little to call an effect smaller than anything."""
     if result["p_holm"] is None:
         return "not run yet"
     mde = result["mde"] if result["mde"] is not None else math.inf
-    return stats.verdict(result["p_holm"], result["effect"], "positive", mde, ALPHA)
+    whose = "the paper's" if result["target_origin"] == "paper" else "nanonorm's target"
+    confident = result["ci_coverage"] is not None and result["ci_coverage"] >= CONFIDENCE
+    return stats.verdict(result["p_holm"], result["effect"], "positive", mde, ALPHA,
+                         result["effect_ci"] if confident else None, result["effect_to_detect"], whose)
+
+
+def reading(text):
+    """The verdict's reading in a word or two, for the page to count and label: agrees, disagrees, smaller, not
+    detected or not run yet."""
+    return "smaller" if text.startswith("smaller than") else text.split(" (")[0]
 
 
 def design(recipe_record, model_cfg, tc):
@@ -169,8 +267,11 @@ def design(recipe_record, model_cfg, tc):
             "lrs": recipe_record["lrs"], "seeds": recipe_record["seed_list"], "steps": tc.max_iters,
             "eval_windows": {"eval_iters": tc.eval_iters, "batch_size": tc.batch_size, "windows": windows,
                              "block_size": model_cfg.block_size, "tokens": windows * model_cfg.block_size},
-            "metrics": list(dict.fromkeys(c["metric"] for c in claims)), "test": TEST,
+            "metrics": list(dict.fromkeys(c["metric"] for c in claims)), "test": TEST, "interval": INTERVAL,
+            "failure_rule": FAILURE_RULE,
             "family": f"the recipe's {len(claims)} claim{'s' if len(claims) > 1 else ''}, Holm-adjusted together",
             "alpha": ALPHA, "power_alpha": ALPHA / max(len(claims), 1), "target_power": TARGET_POWER,
             "effects": [{"variant": c["variant"], "metric": c["metric"], "effect": c["effect"],
-                         "relative": c["relative"], "source": c["effect_source"]} for c in claims]}
+                         "relative": c["relative"], "source": c["effect_source"],
+                         "origin": target_origin(c["effect_source"])}
+                        for c in claims]}

@@ -20,10 +20,11 @@ from typing import Optional
 
 # the direction in which each metric is better (sweep.py's metric names, before the "@LR")
 # (lr_sensitivity: Wortsman et al. 2023 §3; grad_ratio, fc2_grad_ratio: layer 0's gradient over the last layer's,
-# which Spike No More Fig. 3 and NormFormer Fig. 3 show large for the baselines and evened out by the variants)
+# which Spike No More Fig. 3 and NormFormer Fig. 3 show large for the baselines and evened out by the variants;
+# left_plateau, survived: binary endpoints, 1 a run that did, lab/claims.py)
 BETTER = {"steps_survived": "higher", "peak_lr": "higher", "final_loss": "lower", "best_loss": "lower",
           "spikes": "lower", "attn_logit_max": "lower", "log_z": "lower", "lr_sensitivity": "lower",
-          "grad_ratio": "lower", "fc2_grad_ratio": "lower"}
+          "grad_ratio": "lower", "fc2_grad_ratio": "lower", "left_plateau": "higher", "survived": "higher"}
 
 
 @dataclass

@@ -1,15 +1,20 @@
 """
-The statistics that judge a claim: exact tests, Holm's correction, effect sizes with intervals, and power.
+The statistics that judge a claim: exact tests, Holm's correction, effects with intervals, and power.
 
 Paired by seed (every run scored on the same evaluation windows, train.py): the seed-by-seed differences
-d_i = variant_i - reference_i go to an exact two-sided sign-flip permutation test (under no effect each d_i is
-as likely to be -d_i), cross-checked by the exact Wilcoxon signed-rank test, with the Hodges-Lehmann estimate
-and its distribution-free interval from the Walsh averages. Unpaired: the exact Mann-Whitney permutation test
-and the Hodges-Lehmann shift. The p-values of a recipe's claims are Holm-corrected together; a claim the test
-does not detect is reported with the minimum detectable effect of its design (Monte Carlo power of the sign-flip
-test). Exact p-values are Fractions. References: Hollander, Wolfe & Chicken, Nonparametric Statistical Methods
-(3rd ed.), §3.1-3.2 (signed-rank test, Hodges-Lehmann estimate and interval), §4.1-4.3 (rank-sum test, shift);
-Holm 1979, "A simple sequentially rejective multiple test procedure".
+d_i = variant_i - reference_i go to an exact two-sided sign-flip permutation test of their mean (under no effect
+each d_i is as likely to be -d_i); the effect is that mean, its interval the set of shifts the same test does not
+reject (the order statistics of the 2^n - 1 subset means, Hartigan 1969), and its direction the sign of the mean,
+so test, estimate, interval and verdict read one statistic. A binary endpoint (a run survived, left the plateau)
+is the same test on differences in {-1, 0, 1}: the exact McNemar test, a sign test on the discordant pairs;
+unpaired, Fisher's exact test. The exact Wilcoxon signed-rank test and the Hodges-Lehmann estimates cross-check
+and serve the unpaired rows: the exact Mann-Whitney permutation test and the Hodges-Lehmann shift. The p-values of a
+recipe's claims are Holm-corrected together; a claim the test does not detect is reported with the minimum
+detectable effect of its design (Monte Carlo power of the sign-flip test). Exact p-values are Fractions.
+References: Hartigan 1969, "Using subsample values as typical values" (JASA 64), Theorem 1; Hollander, Wolfe &
+Chicken, Nonparametric Statistical Methods (3rd ed.), §3.1-3.2 (signed-rank test, Hodges-Lehmann estimate and
+interval), §4.1-4.3 (rank-sum test, shift); Agresti, Categorical Data Analysis (3rd ed.), §3.5.1 (Fisher's exact
+test), §11.1 (McNemar's test); Holm 1979, "A simple sequentially rejective multiple test procedure".
 """
 
 import math
@@ -102,6 +107,29 @@ def hodges_lehmann_paired(differences, alpha=ALPHA):
     return {"estimate": statistics.median(walsh), "low": low, "high": high, "confidence": confidence}
 
 
+def subset_means(differences):
+    """The means of the 2^n - 1 nonempty subsets of the differences, sorted, as exact Fractions."""
+    sums = [(Fraction(0), 0)]  # (sum, size) of every subset; a float is a binary fraction, so these are exact
+    for value in finite(differences, "paired differences"):
+        sums += [(total + Fraction(value), size + 1) for total, size in sums]
+    return sorted(total / size for total, size in sums[1:])
+
+
+def mean_interval(differences, alpha=ALPHA):
+    """The mean of the paired differences and the interval of the shifts theta that the two-sided sign-flip test
+    of d - theta does not reject at p < alpha: [m_(k), m_(N+1-k)] of the N = 2^n - 1 sorted subset means,
+    {"estimate", "low", "high", "confidence"}. Flipping a set S of d - theta leaves the sum at least as far out
+    exactly when the mean of S lies on the far side of theta, so p(theta) counts subset means (the interval is the
+    test inverted, for any data, ties included), and for differences symmetric about theta the 2^n gaps between
+    the subset means each hold theta with probability 1 / 2^n (Hartigan 1969, Theorem 1): the number S of subset
+    means below theta is uniform on 0 .. 2^n - 1, so the interval's coverage is exactly 1 - 2k / 2^n (6 pairs:
+    [min, max], 1 - 2/64 = 96.9%; 8 pairs: 1 - 12/256 = 95.3%), never less for symmetric differences."""
+    means = subset_means(differences)
+    low, high, confidence = order_statistic_interval(means, [1] * (len(means) + 1), alpha)
+    return {"estimate": statistics.fmean(finite(differences, "paired differences")), "low": float(low),
+            "high": float(high), "confidence": confidence}
+
+
 # Unpaired
 
 def doubled_ranks(values):
@@ -136,6 +164,18 @@ def permutation_p(a, b):
     observed = abs(sum(ranks[:n]) - center)
     hits = sum(abs(sum(ranks[i] for i in chosen) - center) >= observed for chosen in combinations(range(total), n))
     return Fraction(hits, math.comb(total, n))
+
+
+def fisher_p(a_yes, a_n, b_yes, b_n):
+    """Exact two-sided p of Fisher's test of a binary endpoint in two unpaired samples (a_yes of a_n against b_yes
+    of b_n), as a Fraction: given the margins, a's count of yes is hypergeometric; p sums the probabilities of
+    every count no more likely than the observed one (Agresti §3.5.1, and scipy's fisher_exact)."""
+    yes, total = a_yes + b_yes, a_n + b_n
+    if not (0 <= a_yes <= a_n and 0 <= b_yes <= b_n) or a_n == 0 or b_n == 0:
+        raise ValueError("each side needs at least one run, and its yes count from 0 to its runs")
+    ways = {x: math.comb(yes, x) * math.comb(total - yes, a_n - x)
+            for x in range(max(0, a_n - (total - yes)), min(yes, a_n) + 1)}
+    return Fraction(sum(w for w in ways.values() if w <= ways[a_yes]), math.comb(total, a_n))
 
 
 def smallest_p(n, m):
@@ -260,15 +300,31 @@ def rank_sum_mde(n, m, sd, alpha=ALPHA, power=POWER, trials=2000, seed=0, tolera
                                     tolerance)
 
 
-def verdict(p_holm, effect, expect, mde, alpha=ALPHA):
-    """A claim's verdict: "agrees" (Holm-adjusted p < alpha and the effect in the paper's direction), "disagrees"
-    (significant against it), else "not detected" with the minimum detectable effect of the design. effect: the
-    variant's estimated difference from the reference; expect: "positive" or "negative", its sign in the paper."""
+def verdict(p_holm, effect, expect, mde, alpha=ALPHA, interval=None, target=None, whose="the paper's"):
+    """A claim's verdict, one of four readings, in this order:
+      "disagrees"     Holm-adjusted p < alpha and the effect against the paper's direction;
+      "smaller than"  the interval's end on the paper's side falls short of the target effect (interval: [low, high]
+                      of the effect, target > 0 in the paper's direction): the target is excluded, whether or not
+                      the effect was detected ("detected in its direction" or "not detected" says which);
+      "agrees"        Holm-adjusted p < alpha and the effect in the paper's direction (its interval reaching the
+                      target where one is given);
+      "not detected"  otherwise, with the minimum detectable effect of the design: "too noisy to tell".
+    A zero effect has no direction, so it never agrees or disagrees. effect: the variant's estimated difference
+    from the reference; expect: "positive" or "negative", its sign in the paper; whose: whose target it is, "the
+    paper's" or "nanonorm's target" (a choice where the paper gives no number)."""
     if expect not in ("positive", "negative"):
         raise ValueError(f"expect={expect!r}: the paper's direction is 'positive' or 'negative'")
-    if p_holm < alpha:
-        agrees = effect > 0 if expect == "positive" else effect < 0
-        return "agrees" if agrees else "disagrees"
+    toward = effect if expect == "positive" else -effect  # the effect in the paper's direction
+    detected = p_holm < alpha and toward != 0
+    if detected and toward < 0:
+        return "disagrees"
+    if interval is not None and target is not None:
+        reach = max(interval) if expect == "positive" else -min(interval)  # the interval's end on the paper's side
+        if reach < target:
+            how = "detected in its direction" if detected else "not detected"
+            return f"smaller than {whose} ({how}; the interval ends at {reach:.3g}, short of {target:.3g})"
+    if detected:
+        return "agrees"
     if math.isinf(mde):
         return "not detected (no effect is detectable with these seeds)"
     if math.isnan(mde):

@@ -131,9 +131,10 @@ def run_record(run):
     telemetry = [e for e in events if e["event"] == "telemetry"]
     batch_stats = evals[-1].get("val_loss_batch_stats") if evals else None
     entropy = unigram_entropy(run)
+    failure = failure_loss(run)
     return {"variant": run.variant, "lr": run.lr, "seed": run.seed, "status": status,
             "diverged": status == "diverged", "init_loss": init_loss, "final_loss": final_loss,
-            "final_loss_capped": capped_loss(final_loss, init_loss),
+            "failure_loss": failure, "final_loss_capped": capped_loss(final_loss, failure),
             "grad_ratio": geometric_mean(grad_ratios(telemetry, None, "grad_l2")),
             "fc2_grad_ratio": geometric_mean(grad_ratios(telemetry, "fc2", "grad_mean_abs")),
             "ratio_curve": [[step, ratio] for step, ratio in grad_ratios(telemetry, None, "grad_l2", window=None)],
@@ -155,12 +156,20 @@ def run_record(run):
             "logit_curve": logits}
 
 
-def capped_loss(loss, init_loss):
-    """Wortsman et al. 2023 §3: min(L, L_0), a diverged run's loss (inf) counting as the loss at initialization,
-    so that a paired difference stays finite; None without both."""
-    if loss is None or init_loss is None:
+def capped_loss(loss, failure):
+    """min(L, F): a failed run's loss (inf) counts as the failure loss F = ln(V) (lab/claims.FAILURE_RULE), and a
+    finished run's loss is capped there too, so that a paired difference stays finite and both arms failing gives
+    0; None without both."""
+    if loss is None or failure is None:
         return None
-    return min(loss, init_loss)
+    return min(loss, failure)
+
+
+def failure_loss(run):
+    """ln(V) of the run's tokenizer, V from its config.json's data (the loss of a uniform guess; lab/claims.py's
+    FAILURE_RULE); None without it."""
+    vocab = config_data(run).get("vocab_size")
+    return math.log(vocab) if isinstance(vocab, int) and vocab > 0 else None
 
 
 def grad_ratios(telemetry, op, stat, window=RATIO_STEPS):
@@ -198,14 +207,20 @@ def geometric_mean(ratios):
 
 def unigram_entropy(run):
     """The val split's unigram entropy (nats a token) from the run's config.json, None without it."""
+    entropy = config_data(run).get("unigram_entropy")
+    return entropy if isinstance(entropy, (int, float)) else None
+
+
+def config_data(run):
+    """The data's description in the run's config.json (data.py's meta), {} without it."""
     path = os.path.join(run.dir, "config.json")
     try:
         with open(path, "rb") as f:
             config = json.loads(f.read())
     except (OSError, ValueError):
-        return None
-    entropy = config.get("data", {}).get("unigram_entropy") if isinstance(config, dict) else None
-    return entropy if isinstance(entropy, (int, float)) else None
+        return {}
+    data = config.get("data") if isinstance(config, dict) else None
+    return data if isinstance(data, dict) else {}
 
 
 def grew_most_text(grew):
@@ -289,8 +304,9 @@ def metric_names(mode, lrs, records):
 
 
 def metric_values(records, variant, metric):
-    """(the seeds' values, the LR they are at) of a metric for a variant. A diverged run is the worst value:
-    inf where lower is better; in ramp mode its steps survived and LR reached are the metric itself."""
+    """(the seeds' values, the LR they are at) of a metric for a variant. A failed run (lab/claims.failed) is the
+    worst value, inf where lower is better and -inf where higher is, as is a value that is not a finite number;
+    in ramp mode its steps survived and LR reached are the metric itself."""
     ran = [r for r in records if r["variant"] == variant and r["status"] != "unfinished"]
     if metric == "best_loss":
         by_lr = group_by(ran, ("lr",))
@@ -299,18 +315,24 @@ def metric_values(records, variant, metric):
         lr = min(by_lr, key=lambda lr: statistics.median(r["final_loss"] for r in by_lr[lr]))
         return [r["final_loss"] for r in by_lr[lr]], lr
     name, _, lr = metric.partition("@")
-    values = [math.inf if r["status"] == "diverged" and recipes.BETTER[name] == "lower" else r[name]
+    worst = math.inf if recipes.BETTER[name] == "lower" else -math.inf
+    values = [r[name] if name in claims_lib.AT_FAILURE or r[name] is None or counts_as_measured(r, r[name]) else worst
               for r in ran if r["lr"] == lr]
     return ([] if None in values else values), lr
+
+
+def counts_as_measured(record, value):
+    """A value of a run that did not fail (lab/claims.failed) and is a finite number."""
+    return not claims_lib.failed(record) and math.isfinite(value)
 
 
 def comparisons(records, mode, lrs, variants, reference, claims=()):
     """Each variant against its reference on every metric: medians, [min, max] and n per side, the difference of
     medians, p and the verdict. Where both sides ran the same seeds the test is paired by seed (the exact sign-flip
-    test of lab/stats.py on the per-seed differences, a diverged run's loss capped at L_0, as a claim's); else the
-    exact Mann-Whitney test of the two samples (a diverged run the worst value). A recipe's claims give the paper's
-    direction for their (variant, metric), and for the variant's other metrics; a variant without a claim is read
-    against "the variant is better"."""
+    test of lab/stats.py on the per-seed differences, a failed run counted by lab/claims.FAILURE_RULE, as a
+    claim's); else the exact Mann-Whitney test of the two samples (a failed run the worst value). A recipe's claims
+    give the paper's direction for their (variant, metric), and for the variant's other metrics; a variant without
+    a claim is read against "the variant is better"."""
     expected = {(c.variant, c.metric): c.expect for c in claims}
     by_variant = {c.variant: c.expect for c in claims}
     rows = []

@@ -28,9 +28,12 @@ def signed(value):
 
 
 def interval_text(estimate, interval):
-    """An estimate and its confidence interval: "+0.0213 [+0.004, +0.035]"."""
+    """An estimate and its confidence interval: "+0.0213 [+0.004, +0.035]"; the estimate alone without one (a
+    binary endpoint)."""
     if estimate is None:
         return "n/a"
+    if interval is None:
+        return signed(estimate)
     return f"{signed(estimate)} [{signed(interval[0])}, {signed(interval[1])}]"
 
 
@@ -49,6 +52,20 @@ def mde_text(mde):
     return value_text(mde)
 
 
+def coverage_text(coverage):
+    """An interval's achieved coverage, "96.9%" (a discrete test's interval is rarely exactly 95%)."""
+    return "n/a" if coverage is None else f"{coverage:.1%}"
+
+
+def target_text(claim):
+    """The effect the design is powered for, whose it is, and its source."""
+    text = value_text(claim["effect_to_detect"])
+    if claim["relative"]:
+        text += f" ({claim['effect_claimed']:.0%} of the reference's median)"
+    whose = "nanonorm's choice" if claim.get("target_origin") == "nanonorm" else "the paper's"
+    return f"{text}, {whose}: {claim['effect_source']}"
+
+
 def metric_label(metric):
     """A claim's metric in words (no "|": the label goes into Markdown tables)."""
     name, _, lr = metric.partition("@")
@@ -57,6 +74,7 @@ def metric_label(metric):
             "spikes": f"loss spikes at LR {lr}", "attn_logit_max": f"max attention logit at the end, LR {lr}",
             "log_z": f"abs(mean log Z) at the end, LR {lr}",
             "lr_sensitivity": "LR sensitivity (Wortsman et al.), nats",
+            "left_plateau": f"left the unigram plateau, LR {lr}", "survived": f"survived, LR {lr}",
             "grad_ratio": f"layer 0 / last layer gradient L2 norm, LR {lr}",
             "fc2_grad_ratio": f"layer 0 / last layer mean abs grad of fc2, LR {lr}"}[name]
 
@@ -71,16 +89,13 @@ def comparison_text(claim):
 
 def claims_table(claims):
     """A recipe's claims with every number its verdict rests on."""
-    lines = ["| comparison | metric | the paper's number | effect to detect (source) | effect [95% CI] (+: the "
-             "paper's direction) | variant - reference [95% CI] | n pairs | p | p (Holm) | power | MDE (80% power) | "
-             "verdict |", "|" + "---|" * 12]
+    lines = ["| comparison | metric | the paper's number | effect to detect (whose, source) | effect: mean d [CI] (+: "
+             "the paper's direction) | variant - reference [CI] | CI coverage | n pairs | p | p (Holm) | power | "
+             "MDE (80% power) | verdict |", "|" + "---|" * 13]
     for c in claims:
-        to_detect = value_text(c["effect_to_detect"])
-        if c["relative"]:
-            to_detect += f" ({c['effect_claimed']:.0%} of the reference's median)"
-        lines.append(f"| {comparison_text(c)} | {metric_label(c['metric'])} | {c['paper_number']} | {to_detect}: "
-                     f"{c['effect_source']} | {interval_text(c['effect'], c['effect_ci'])} | "
-                     f"{interval_text(c['difference'], c['difference_ci'])} | {c['n']} | {p_value_text(c['p'])} | "
-                     f"{p_value_text(c['p_holm'])} | {power_text(c['power'])} | {mde_text(c['mde'])} | "
-                     f"{c['verdict']} |")
+        lines.append(f"| {comparison_text(c)} | {metric_label(c['metric'])} | {c['paper_number']} | "
+                     f"{target_text(c)} | {interval_text(c['effect'], c['effect_ci'])} | "
+                     f"{interval_text(c['difference'], c['difference_ci'])} | {coverage_text(c.get('ci_coverage'))} | "
+                     f"{c['n']} | {p_value_text(c['p'])} | {p_value_text(c['p_holm'])} | {power_text(c['power'])} | "
+                     f"{mde_text(c['mde'])} | {c['verdict']} |")
     return "\n".join(lines)

@@ -1,6 +1,7 @@
 """lab/claims.py and the per-seed metrics of lab/summary.run_record, by hand: the gradient ratios from a hand-made
-telemetry log, a diverged run's loss at L_0, the LR sensitivity of one seed, the contrast's sign convention and an
-interaction, Holm within a recipe, and the numbers the power and MDE are asked for."""
+telemetry log, the failure rule (a failed run's loss at ln(V), its other metrics at the worst value, a NaN at
+initialization, a seed on which every LR failed), the LR sensitivity of one seed, the contrast's sign convention and
+an interaction, Holm within a recipe, the verdicts, and the numbers the power and MDE are asked for."""
 
 import json
 import math
@@ -33,13 +34,15 @@ def telemetry(step, first_l2, last_l2, first_fc2, last_fc2):
     return {"event": "telemetry", "step": step, "weights": weights, "attn_logit_max": [], "logits": {"mean_log_z": 0.0}}
 
 
-def write_run(folder, events, entropy=None):
+def write_run(folder, events, entropy=None, vocab=256, variant="v", seed=0):
+    """A run folder: its log and, with a vocab, a config.json whose data section names it (and the entropy)."""
     os.makedirs(folder)
     with open(folder / "log.jsonl", "w") as f:
         f.writelines(json.dumps(e) + "\n" for e in events)
-    if entropy is not None:
-        (folder / "config.json").write_text(json.dumps({"data": {"unigram_entropy": entropy}}))
-    return lab.summary.Run("v", "1e-2", 0, str(folder))
+    data = {k: v for k, v in (("unigram_entropy", entropy), ("vocab_size", vocab)) if v is not None}
+    if data:
+        (folder / "config.json").write_text(json.dumps({"data": data}))
+    return lab.summary.Run(variant, "1e-2", seed, str(folder))
 
 
 def test_gradient_ratios_from_a_hand_made_telemetry_log(tmp_path):
@@ -60,14 +63,62 @@ def test_gradient_ratios_from_a_hand_made_telemetry_log(tmp_path):
     assert record["ratio_curve"][1][1] == pytest.approx(5.0, rel=1e-12)
 
 
-def test_a_diverged_run_counts_as_its_loss_at_initialization_and_is_flagged(tmp_path):
-    events = [{"event": "eval", "lr": 1e-2, "step": 0, "val_loss": 5.5},
+def test_a_diverged_run_counts_at_ln_vocab_and_is_flagged(tmp_path):
+    events = [{"event": "eval", "lr": 1e-2, "step": 0, "val_loss": 5.9},
               {"event": "eval", "lr": 1e-2, "step": 10, "val_loss": 4.0},
               {"event": "diverged", "step": 15, "steps_survived": 15, "lr": 1e-2, "reason": "loss bound"}]
     record = lab.summary.run_record(write_run(tmp_path / "run", events))
     assert record["diverged"] and record["status"] == "diverged"
-    assert record["final_loss"] == math.inf and record["final_loss_capped"] == 5.5
-    assert record["left_plateau"] is None  # no config.json: no entropy to compare with
+    # a uniform guess over 256 byte tokens, not the run's own L_0 of 5.9
+    assert record["final_loss"] == math.inf and record["final_loss_capped"] == math.log(256) == record["failure_loss"]
+    assert record["left_plateau"] is None  # no unigram entropy in config.json: nothing to compare with
+    # without a config.json there is no V, so no counted loss
+    assert lab.summary.run_record(write_run(tmp_path / "bare", events, vocab=None))["final_loss_capped"] is None
+
+
+def test_a_finished_run_above_ln_vocab_is_capped_there(tmp_path):
+    events = [{"event": "eval", "lr": 1e-2, "step": 0, "val_loss": 5.9},
+              {"event": "eval", "lr": 1e-2, "step": 10, "val_loss": 5.7},
+              {"event": "done", "step": 10, "val_loss": 5.7}]
+    record = lab.summary.run_record(write_run(tmp_path / "run", events))
+    assert record["status"] == "done" and record["final_loss_capped"] == math.log(256)
+
+
+def diverging_run(init_loss):
+    return [{"event": "eval", "lr": 1e-2, "step": 0, "val_loss": init_loss},
+            {"event": "train", "step": 1, "lr": 1e-2, "loss": init_loss},
+            {"event": "diverged", "step": 5, "steps_survived": 5, "lr": 1e-2, "reason": "loss bound"}]
+
+
+def test_a_pair_whose_arms_both_diverge_from_different_initial_losses_has_d_zero(tmp_path):
+    # normformer_lr's arms start apart (nf_baseline 5.63-5.95, nf_normformer 5.12-5.73): both failing is no
+    # difference, not the gap between their initial losses
+    runs = [write_run(tmp_path / f"{variant}{seed}", diverging_run(init), variant=variant, seed=seed)
+            for seed in range(2) for variant, init in (("ref", 5.9), ("v", 5.2))]
+    records = [lab.summary.run_record(run) for run in runs]
+    seeds, raw, d, _ = claims.contrast(records, Claim("v", "final_loss@1e-2", "better", "", 0.1, ""), "ref", [])
+    assert seeds == [0, 1] and raw == [0.0, 0.0] and d == [0.0, 0.0]
+
+
+def test_a_nan_loss_at_initialization_is_a_failed_run_not_a_crash(tmp_path):
+    # init=plain+init_std=1e300: the loss is NaN from the first evaluation on
+    events = [{"event": "eval", "lr": 1e-2, "step": 0, "val_loss": math.nan},
+              {"event": "train", "step": 1, "lr": 1e-2, "loss": math.nan},
+              {"event": "eval", "lr": 1e-2, "step": 10, "val_loss": math.nan}]
+    nan_run = lab.summary.run_record(write_run(tmp_path / "nan", events, variant="v", seed=0))
+    assert nan_run["status"] == "diverged" and nan_run["final_loss_capped"] == math.log(256)
+    assert claims.failed(nan_run)
+    records = [nan_run, record("ref", 0, final=2.0, failure=math.log(256))]
+    [result] = claims.judge(records, [Claim("v", "final_loss@1e-2", "better", "", 0.1, "")], "ref", ["1e-2"])
+    assert result["differences"] == [pytest.approx(math.log(256) - 2.0)] and result["diverged"] == {"v": 1, "ref": 0}
+    # its spikes, ratios and logits are no measurement either: NaN or not, it counts at the worst value
+    spiky = {**nan_run, "spikes": 0, "attn_logit_max": math.nan}
+    finished = [record("ref", 0, final=2.0, spikes=3, attn_logit_max=9.0)]
+    assert claims.seed_values([spiky, *finished], "v", "spikes@1e-2", []) == {0: 3}
+    assert claims.seed_values([spiky, *finished], "v", "attn_logit_max@1e-2", []) == {0: 9.0}
+    # nor is a finished run's value that is not a finite number
+    done_nan = record("v", 1, final=2.0, attn_logit_max=math.nan)
+    assert claims.seed_values([done_nan, *finished], "v", "attn_logit_max@1e-2", []) == {1: 9.0}
 
 
 @pytest.mark.parametrize("final, batch, entropy, left", [(2.0, 1.5, 3.0, True), (2.8, 2.9, 3.0, False)])
@@ -80,16 +131,17 @@ def test_leakage_and_the_unigram_plateau(tmp_path, final, batch, entropy, left):
     assert record["val_loss_batch_stats"] == batch and record["left_plateau"] is left  # 0.9 x 3.0 = 2.7
 
 
-def record(variant, seed, lr="1e-2", final=None, init=4.0, diverged=False, **values):
-    """A run record as lab/summary.run_record makes it, with the fields the claims read."""
+def record(variant, seed, lr="1e-2", final=None, init=5.0, failure=4.0, diverged=False, **values):
+    """A run record as lab/summary.run_record makes it, with the fields the claims read; failure stands for
+    ln(V)."""
     loss = math.inf if diverged else final
     return {"variant": variant, "lr": lr, "seed": seed, "status": "diverged" if diverged else "done",
-            "diverged": diverged, "init_loss": init, "final_loss": loss,
-            "final_loss_capped": None if loss is None else min(loss, init), **values}
+            "diverged": diverged, "init_loss": init, "final_loss": loss, "failure_loss": failure,
+            "final_loss_capped": None if loss is None else min(loss, failure), **values}
 
 
 def test_lr_sensitivity_of_one_seed_by_hand():
-    # L_0 = 4; L* = 2.5; min(L, L_0): 3.0, 2.5, 4.0 (4.5 capped), 4.0 (diverged)
+    # the failure loss F = 4; L* = 2.5; min(L, F): 3.0, 2.5, 4.0 (4.5 capped), 4.0 (diverged)
     lrs = ["1e-3", "1e-2", "1e-1", "1"]
     runs = [record("v", 0, lr, final) for lr, final in zip(lrs[:3], (3.0, 2.5, 4.5))]
     runs.append(record("v", 0, "1", diverged=True))
@@ -99,6 +151,21 @@ def test_lr_sensitivity_of_one_seed_by_hand():
     # seed 1 has every LR at 2.0 but one at 3.0: (3.0 - 2.0) / 4
     runs += [record("v", 1, lr, 3.0 if lr == "1" else 2.0) for lr in lrs]
     assert claims.seed_values(runs, "v", "lr_sensitivity", lrs) == {0: pytest.approx(expected), 1: 0.25}
+
+
+def test_a_seed_on_which_every_lr_diverged_stays_in_the_pairs_at_the_worst_sensitivity():
+    # seed 0 of v failed at every LR: no L*, so it counts at F = 4, above any seed's (at most F - 0); seed 1 of v
+    # and both of ref trained. Without it the pairs would be seed 1 alone.
+    lrs = ["1e-2", "1e-1"]
+    runs = [record("v", 0, lr, diverged=True) for lr in lrs]
+    runs += [record("v", 1, lr, final) for lr, final in zip(lrs, (2.0, 3.0))]
+    runs += [record("ref", seed, lr, final) for seed in (0, 1) for lr, final in zip(lrs, (2.0, 2.5))]
+    assert claims.seed_lr_sensitivity(runs[:2], lrs) == 4.0
+    [result] = claims.judge(runs, [Claim("v", "lr_sensitivity", "better", "", 0.1, "")], "ref", lrs)
+    # ref: (0 + 0.5) / 2 = 0.25 on both seeds; v: 4.0 on seed 0, (0 + 1) / 2 = 0.5 on seed 1
+    assert result["seeds"] == [0, 1] and result["differences"] == [4.0 - 0.25, 0.5 - 0.25]
+    # a seed whose runs all finished at or above F learned nothing either: F as well
+    assert claims.seed_lr_sensitivity([record("v", 2, lr, 4.5) for lr in lrs], lrs) == 4.0
 
 
 PAIRS = 8
@@ -172,8 +239,8 @@ def test_effect_interval_power_and_mde_are_asked_with_the_designs_numbers(monkey
     assert asked["power"][0] == (PAIRS, pytest.approx(sd), pytest.approx(0.5), 0.025)  # alpha = 0.05 / 2 claims
     assert asked["mde"][0] == (PAIRS, pytest.approx(sd), 0.025, 0.8)
     assert (result["power"], result["mde"], result["effect_to_detect"]) == (0.5, 0.3, pytest.approx(0.5))
-    # the Hodges-Lehmann estimate of 0.1 .. 0.8 is 0.45 (the Walsh averages are symmetric about it); the metric's
-    # own sign (variant - reference) flips it and its interval
+    # the mean of 0.1 .. 0.8 is 0.45, inside its interval (the subset means of 0.1 .. 0.8 are symmetric about it);
+    # the metric's own sign (variant - reference) flips it and its interval
     assert result["effect"] == pytest.approx(0.45) and result["difference"] == pytest.approx(-0.45)
     low, high = result["effect_ci"]
     assert low < 0.45 < high and result["difference_ci"] == pytest.approx([-high, -low])
@@ -182,3 +249,89 @@ def test_effect_interval_power_and_mde_are_asked_with_the_designs_numbers(monkey
 def stats_sd(values):
     mean = sum(values) / len(values)
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def test_a_variant_that_diverges_on_every_seed_is_never_better_on_spikes():
+    # the variant died before it could spike (0 spikes logged) on all 8 seeds; the reference trained and spiked 1-3
+    # times. Its spikes count at the worst any finished run had at the LR, 3: never fewer than the reference's
+    spikes = [1, 2, 1, 3, 2, 1, 2, 1]
+    records = [record("ref", s, final=2.0, spikes=n) for s, n in enumerate(spikes)]
+    records += [record("v", s, diverged=True, spikes=0) for s in range(PAIRS)]
+    [result] = claims.judge(records, [Claim("v", "spikes@1e-2", "better", "", 1.0, "")], "ref", ["1e-2"])
+    assert result["differences"] == [3 - n for n in spikes]  # variant - reference, in spikes
+    assert result["effect"] < 0 and result["verdict"] == "disagrees" and result["diverged"] == {"v": 8, "ref": 0}
+    # both arms failing on every seed: every d is 0, whatever spikes they logged
+    both = [{**r, "status": "diverged", "diverged": True} if r["variant"] == "ref" else r for r in records]
+    both.append(record("other", 0, final=2.0, spikes=7))  # another arm's finished run sets the worst value
+    [result] = claims.judge(both, [Claim("v", "spikes@1e-2", "better", "", 1.0, "")], "ref", ["1e-2"])
+    assert result["differences"] == [0] * PAIRS and result["p"] == 1.0 and result["reading"] != "agrees"
+
+
+def test_the_diverged_runs_counted_per_claim_are_its_arms_at_its_lr_on_its_seeds():
+    records = claim_records({"ref": [2.5] * PAIRS, "v": [2.0] * PAIRS})
+    records = [record(r["variant"], r["seed"], diverged=True) if (r["variant"], r["seed"]) in
+               (("v", 0), ("v", 3), ("ref", 5)) else r for r in records]
+    records += [record("v", 1, "1e-1", diverged=True),  # another LR: not this claim's
+                record("other", 2, diverged=True),  # another arm
+                record("ref", 9, diverged=True)]  # a seed v did not run: not among the pairs, but missing for v
+    [result] = claims.judge(records, [Claim("v", "final_loss@1e-2", "better", "", 0.1, "")], "ref", ["1e-2"])
+    assert result["diverged"] == {"v": 2, "ref": 1}
+    assert result["missing"] == {"v": 1, "ref": 0} and result["n"] == PAIRS
+
+
+def test_a_claim_without_pairs_stays_in_holms_family():
+    # claim a: better on all 8 seeds, p = 2/256; claim b's variant never ran: it enters Holm as p = 1, so a's
+    # adjusted p is 2 x 2/256, not 2/256
+    records = claim_records({"ref": [2.5] * PAIRS, "a": [2.0] * PAIRS})
+    two = [Claim("a", "final_loss@1e-2", "better", "", 0.1, ""), Claim("b", "final_loss@1e-2", "better", "", 0.1, "")]
+    a, b = claims.judge(records, two, "ref", ["1e-2"])
+    assert a["p_holm"] == pytest.approx(4 / 256) and (b["n"], b["p"], b["p_holm"]) == (0, None, None)
+    assert b["verdict"] == "not run yet" and b["missing"] == {"b": PAIRS, "ref": 0}
+
+
+def test_best_loss_takes_each_arm_at_its_own_best_lr():
+    # v: median 2.0 at 1e-2, 3.0 at 1e-1; its best LR is 1e-2, whatever the reference's is
+    records = [record("v", s, "1e-2", 2.0 + s / 100) for s in range(3)]
+    records += [record("v", s, "1e-1", 3.0 - s / 100) for s in range(3)]
+    assert claims.seed_values(records, "v", "best_loss", ["1e-2", "1e-1"]) == {0: 2.0, 1: 2.01, 2: 2.02}
+    # a diverged run at the best LR counts at F = 4 there; the median still picks 1e-2 (2.0, 2.01, 4 against 3)
+    records[2] = record("v", 2, "1e-2", diverged=True)
+    assert claims.seed_values(records, "v", "best_loss", ["1e-2", "1e-1"]) == {0: 2.0, 1: 2.01, 2: 4.0}
+
+
+def test_one_pair_detects_nothing_and_says_so():
+    records = claim_records({"ref": [2.5], "v": [2.0]})
+    [result] = claims.judge(records, [Claim("v", "final_loss@1e-2", "better", "", 0.1, "")], "ref", ["1e-2"])
+    assert (result["n"], result["p"], result["sd"], result["power"], result["mde"]) == (1, 1.0, None, 0.0, math.inf)
+    assert result["verdict"] == "not detected (no effect is detectable with these seeds)"
+    assert result["ci_coverage"] == 0.0 and result["effect_ci"] == [0.5, 0.5]  # 1 - 2/2: [min, max] covers nothing
+
+
+def test_smaller_than_the_target_and_whose_target_it_is():
+    # d = 0.005 .. 0.012 on 8 seeds: agrees in direction, but the interval ends below the paper's 0.024
+    records = claim_records({"ref": [2.5] * PAIRS, "v": [2.5 - 0.001 * (5 + k) for k in range(PAIRS)]})
+    paper = Claim("v", "final_loss@1e-2", "better", "", 0.024, "Table 7: ln(16.37 / 15.98) = 0.024 nats")
+    [result] = claims.judge(records, [paper], "ref", ["1e-2"])
+    assert result["target_origin"] == "paper" and result["reading"] == "smaller" and result["p"] < 0.05
+    assert result["verdict"].startswith("smaller than the paper's (detected in its direction; the interval ends")
+    assert result["ci_coverage"] == 1 - 12 / 256 and result["effect_ci"][1] < 0.024
+    # the same effect on 5 seeds: its interval, [min, max], covers 1 - 2/32 = 93.8% only, so it excludes nothing
+    [result] = claims.judge([r for r in records if r["seed"] < 5], [paper], "ref", ["1e-2"])
+    assert result["ci_coverage"] == 1 - 2 / 32 and result["effect_ci"][1] < 0.024
+    assert result["verdict"] == "not detected (no effect is detectable with these seeds)"
+    ours = Claim("v", "final_loss@1e-2", "better", "", 0.001, "a quarter (nanonorm's choice, fixed before the runs)")
+    [result] = claims.judge(records, [ours], "ref", ["1e-2"])
+    assert (result["target_origin"], result["reading"], result["verdict"]) == ("nanonorm", "agrees", "agrees")
+
+
+def test_a_binary_endpoint_is_the_exact_mcnemar_test_on_the_pairs():
+    # left the plateau: the variant on 7 of 8 seeds, the reference on none (one reference run diverged: it did not
+    # leave). Discordant pairs 7 to 0: p = 2 / 2^7 = 1/64, as scipy's binomial test of 7 of 7
+    records = [record("v", s, final=2.0, left_plateau=s != 3) for s in range(PAIRS)]
+    records += [record("ref", s, final=3.0, left_plateau=False) for s in range(PAIRS - 1)]
+    records.append(record("ref", PAIRS - 1, diverged=True, left_plateau=None))
+    [result] = claims.judge(records, [Claim("v", "left_plateau@1e-2", "better", "", 0.5, "")], "ref", ["1e-2"])
+    assert result["endpoint"] == "binary" and result["discordant"] == [7, 0] and result["p"] == 1 / 64
+    assert result["effect"] == 7 / 8 and result["effect_ci"] is None and result["verdict"] == "agrees"
+    survived = claims.seed_values(records, "ref", "survived@1e-2", [])
+    assert survived == {**{s: 1 for s in range(PAIRS - 1)}, PAIRS - 1: 0}

@@ -1,7 +1,10 @@
-"""lab/stats.py: every exact p-value, Holm's adjustment and Hodges-Lehmann interval against cases enumerated by hand,
-the sign-flip test against scipy's exact Wilcoxon test, and the Monte Carlo power against the t-test's."""
+"""lab/stats.py: every exact p-value, Holm's adjustment and interval against cases enumerated by hand, the interval of
+the mean against the sign-flip test it inverts (brute force) and its coverage by simulation, the sign-flip test
+against scipy's exact Wilcoxon, McNemar and Fisher tests, and the Monte Carlo power against the t-test's."""
 
+import itertools
 import math
+import statistics
 from fractions import Fraction
 
 import numpy as np
@@ -43,6 +46,11 @@ def test_sign_flip_p_compares_sums_exactly():
     # d = 0.1, 0.2, -0.3: the observed sum is about 0 but not 0 in exact arithmetic, and the flip of every sign
     # gives its negative, so at least the observed and the all-flipped count
     assert stats.sign_flip_p([0.1, 0.2, -0.3]) >= Fraction(2, 8)
+    # d = -0.1, -0.3, 0.1, -0.3, sum -0.6: the flips of the two 0.3s to one sign give (0.3 + 0.3) +- 0.1 +- 0.1 =
+    # 0.8, 0.6, 0.6, 0.4, of which three tie with or pass |-0.6|, twice over (both signs); with the 0.3s of
+    # opposite signs |sum| <= 0.2. 6 of 16. Summed in floats, 0.3 + 0.3 + 0.1 - 0.1 and the observed sum round
+    # apart and a tie is lost (5/16).
+    assert stats.sign_flip_p([-0.1, -0.3, 0.1, -0.3]) == Fraction(3, 8)
 
 
 @pytest.mark.parametrize("differences", [
@@ -55,6 +63,33 @@ def test_sign_flip_on_signed_ranks_is_the_exact_wilcoxon_test(differences):
     magnitudes = sorted(abs(d) for d in differences)
     signed_ranks = [math.copysign(magnitudes.index(abs(d)) + 1, d) for d in differences]
     assert stats.wilcoxon_p(differences) == pytest.approx(float(stats.sign_flip_p(signed_ranks)), rel=1e-12)
+
+
+# The binary endpoint, paired and unpaired
+
+@pytest.mark.parametrize("b, c, ties", [(6, 0, 2), (7, 1, 0), (3, 5, 4), (10, 3, 1), (0, 0, 5), (8, 8, 1)])
+def test_sign_flip_of_binary_differences_is_the_exact_mcnemar_test(b, c, ties):
+    """d in {-1, 0, 1}: b pairs where only the variant succeeded, c where only the reference did, ties 0. The
+    sign-flip p is the two-sided exact binomial test of b of b + c discordant pairs at 1/2 (scipy's)."""
+    d = [1.0] * b + [-1.0] * c + [0.0] * ties
+    expected = scipy_stats.binomtest(b, b + c, 0.5).pvalue if b + c else 1.0
+    assert float(stats.sign_flip_p(d)) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("a_yes, a_n, b_yes, b_n", [(7, 8, 0, 8), (1, 8, 0, 8), (3, 5, 4, 9), (6, 6, 1, 7),
+                                                    (0, 4, 0, 4), (2, 3, 10, 12), (5, 10, 5, 10)])
+def test_fisher_p_is_scipys_exact_test(a_yes, a_n, b_yes, b_n):
+    table = [[a_yes, a_n - a_yes], [b_yes, b_n - b_yes]]
+    assert float(stats.fisher_p(a_yes, a_n, b_yes, b_n)) == pytest.approx(scipy_stats.fisher_exact(table).pvalue,
+                                                                          rel=1e-12)
+
+
+def test_fisher_p_by_hand_and_bad_counts():
+    # 7 of 8 against 0 of 8: 7 yes in all. a's count x is hypergeometric, C(7, x) C(9, 8 - x) of C(16, 8) = 12870:
+    # x = 7: 1 x 9 = 9; x = 0: 1 x 9 = 9, as likely; every other x is more likely (x = 1: 7 x 36). p = 18/12870
+    assert stats.fisher_p(7, 8, 0, 8) == Fraction(18, 12870)
+    with pytest.raises(ValueError, match="from 0 to its runs"):
+        stats.fisher_p(9, 8, 0, 8)
 
 
 # The unpaired Mann-Whitney test
@@ -111,8 +146,9 @@ def test_holm_by_hand():
     # 0.04 x 1 = 0.04, raised to 0.06 so the adjusted values never decrease. Back in the given order:
     p = [Fraction(1, 100), Fraction(4, 100), Fraction(3, 100), Fraction(5, 1000)]
     assert stats.holm(p) == [Fraction(3, 100), Fraction(6, 100), Fraction(6, 100), Fraction(2, 100)]
-    # capped at 1: 0.5 x 2 = 1, and 0.6 is raised to it
+    # capped at 1: 0.5 x 2 = 1, and 0.6 is raised to it; 0.6 x 2 = 1.2 is cut to 1, and 0.7 raised to it
     assert stats.holm([0.6, 0.5]) == [1, 1]
+    assert stats.holm([0.6, 0.7]) == [1, 1]
     assert stats.holm([0.2]) == [0.2] and stats.holm([]) == []
 
 
@@ -128,6 +164,78 @@ def test_hodges_lehmann_paired_by_hand():
     # 36 Walsh averages: 1, 1.5, 2, 2 (1+1, 1+2, 1+3, 2+2 halved) and 8, 7.5, 7, 7; coverage 1 - 10/256
     result = stats.hodges_lehmann_paired([float(i) for i in range(1, 9)])
     assert result == {"estimate": 4.5, "low": 2.0, "high": 7.0, "confidence": 1 - 10 / 256}
+
+
+def test_interval_of_the_mean_by_hand():
+    # d = 1, 2, 4: the 7 subset means 1, 1.5, 2, 7/3, 2.5, 3, 4. Three pairs: P(S = 0) = 1/8 > 0.025, no 95%
+    # interval exists; [min, max] covers 1 - 2/8
+    assert stats.mean_interval([1.0, 2.0, 4.0]) == {"estimate": 7 / 3, "low": 1.0, "high": 4.0, "confidence": 0.75}
+    # d = 1 .. 8: k is the largest with 2k / 256 <= 0.05, 6. The smallest subset means: 1 ({1}), 1.5 ({1, 2}),
+    # 2 ({2}, {1, 3}, {1, 2, 3}), then 7/3 ({1, 2, 4}): the 6th; by the symmetry d -> 9 - d the 6th largest is
+    # 9 - 7/3 = 20/3. Coverage 1 - 12/256 = 95.3%
+    result = stats.mean_interval([float(i) for i in range(1, 9)])
+    assert result == {"estimate": 4.5, "low": 7 / 3, "high": 20 / 3, "confidence": 1 - 12 / 256}
+    # 6 pairs: k = 1, [min, max], coverage 1 - 2/64 = 96.9%, not 95%
+    assert stats.mean_interval([0.3, -0.1, 0.2, 0.5, 0.4, 0.1])["confidence"] == 1 - 2 / 64
+
+
+def flip_p_at(differences, theta):
+    """The two-sided sign-flip p of d - theta by brute force over every sign pattern, in exact Fractions."""
+    shifted = [Fraction(d) - theta for d in differences]
+    observed = abs(sum(shifted))
+    signs = itertools.product((1, -1), repeat=len(shifted))
+    hits = sum(abs(sum(s * x for s, x in zip(pattern, shifted))) >= observed for pattern in signs)
+    return Fraction(hits, 2 ** len(shifted))
+
+
+def test_interval_of_the_mean_is_the_sign_flip_test_inverted():
+    """For 60 random designs of 6 to 9 pairs, ties and zeros included: the interval's ends (the k-th smallest and
+    largest subset means, 2k / 2^n <= 0.05) are not rejected by the test of d - theta, the points halfway to the
+    subset means next outside them are (p < 0.05), and p < 0.05 exactly where 0 lies outside."""
+    rng = np.random.default_rng(3)
+    for _ in range(60):
+        n = int(rng.integers(6, 10))
+        d = [float(x) for x in rng.choice([-0.5, -0.25, 0.0, 0.25, 0.75, 1.0, 1.5], n)]
+        means = stats.subset_means(d)
+        k = math.floor(stats.ALPHA * 2 ** n / 2)
+        low, high = means[k - 1], means[-k]
+        result = stats.mean_interval(d)
+        assert (result["low"], result["high"], result["confidence"]) == (float(low), float(high), 1 - 2 * k / 2 ** n)
+        assert flip_p_at(d, low) >= stats.ALPHA and flip_p_at(d, high) >= stats.ALPHA
+        below, above = [m for m in means if m < low], [m for m in means if m > high]
+        if below:
+            assert flip_p_at(d, (below[-1] + low) / 2) < stats.ALPHA
+        if above:
+            assert flip_p_at(d, (above[0] + high) / 2) < stats.ALPHA
+        assert (stats.sign_flip_p(d) < stats.ALPHA) == (not low <= 0 <= high)
+
+
+def test_test_interval_and_effect_agree_where_mean_and_median_differ_in_sign():
+    # seven pairs at -0.01 and six at +1: the median is -0.01 and the mean +0.456. The sign-flip p counts the
+    # patterns that keep the six +1s on one side: 2 x 2^7 of 2^13 = 1/32; the interval (of the mean) excludes 0
+    d = [-0.01] * 7 + [1.0] * 6
+    assert statistics.median(d) < 0 < statistics.fmean(d)
+    assert stats.sign_flip_p(d) == Fraction(1, 32)
+    result = stats.mean_interval(d)
+    assert result["estimate"] == pytest.approx(statistics.fmean(d)) and 0 < result["low"] <= result["high"]
+    # the mirror: the mean negative, the median positive, not significant, and 0 inside
+    d = [0.2] * 5 + [-1.0, -0.9, -0.8]
+    assert statistics.fmean(d) < 0 < statistics.median(d)
+    result = stats.mean_interval(d)
+    assert stats.sign_flip_p(d) >= stats.ALPHA and result["low"] <= 0 <= result["high"] and result["estimate"] < 0
+
+
+def test_the_interval_of_the_mean_covers_as_it_says():
+    """Symmetric differences (normal, t with 3 degrees of freedom): the share of 2,000 intervals that hold the true
+    mean is within Monte Carlo error of the stated coverage (Hartigan 1969: exact for symmetric continuous data)."""
+    rng = np.random.default_rng(5)
+    for n, draw in ((6, rng.standard_normal), (8, lambda size: rng.standard_t(3, size))):
+        hits, stated = 0, None
+        for _ in range(2000):
+            result = stats.mean_interval(list(0.7 + draw(n)))
+            hits += result["low"] <= 0.7 <= result["high"]
+            stated = result["confidence"]
+        assert hits / 2000 == pytest.approx(stated, abs=0.015)
 
 
 def test_hodges_lehmann_shift_by_hand():
@@ -216,6 +324,38 @@ def test_rank_sum_mde_is_where_power_reaches_80_percent():
 ])
 def test_verdict(p_holm, effect, expect, says):
     assert stats.verdict(p_holm, effect, expect, mde=0.1234) == says
+
+
+def test_a_zero_effect_never_agrees_or_disagrees():
+    # a significant p beside an effect of exactly 0 cannot come from one statistic; it is no direction either way
+    for expect in ("positive", "negative"):
+        assert stats.verdict(0.01, 0.0, expect, mde=0.1234) == "not detected (minimum detectable effect 0.123)"
+
+
+SHORT = "the interval ends at 0.015, short of 0.024)"
+
+
+@pytest.mark.parametrize("p_holm, effect, expect, interval, says", [
+    # not detected, the interval below the target: too small, not too noisy
+    (0.5, 0.01, "positive", [-0.02, 0.015], "smaller than the paper's (not detected; " + SHORT),
+    (0.5, -0.01, "negative", [-0.015, 0.02], "smaller than the paper's (not detected; " + SHORT),
+    # detected in the paper's direction, but the whole interval short of the paper's effect
+    (0.01, 0.01, "positive", [0.005, 0.015], "smaller than the paper's (detected in its direction; " + SHORT),
+    # the interval reaches the target: agrees, or not detected with the MDE
+    (0.01, 0.01, "positive", [0.005, 0.024], "agrees"),
+    (0.5, 0.01, "positive", [-0.02, 0.03], "not detected (minimum detectable effect 0.123)"),
+    (0.5, -0.01, "negative", [-0.03, 0.02], "not detected (minimum detectable effect 0.123)"),
+    # significant against the paper: disagrees, though the interval is short of the target too
+    (0.01, -0.01, "positive", [-0.015, -0.005], "disagrees"),
+])
+def test_verdict_smaller_than_the_target(p_holm, effect, expect, interval, says):
+    assert stats.verdict(p_holm, effect, expect, mde=0.1234, interval=interval, target=0.024) == says
+
+
+def test_verdict_names_whose_target_it_falls_short_of():
+    says = stats.verdict(0.5, 0.01, "positive", 0.1, interval=[-0.02, 0.015], target=0.024,
+                         whose="nanonorm's target")
+    assert says.startswith("smaller than nanonorm's target (not detected;")
 
 
 def test_verdict_without_a_detectable_effect_and_a_bad_direction():
