@@ -38,7 +38,8 @@ def write_run(folder, events, entropy=None):
     with open(folder / "log.jsonl", "w") as f:
         f.writelines(json.dumps(e) + "\n" for e in events)
     if entropy is not None:
-        (folder / "config.json").write_text(json.dumps({"data": {"unigram_entropy": entropy}}))
+        config = {"model": {}, "train": {}, "data": {"unigram_entropy": entropy}}  # as train.py writes it
+        (folder / "config.json").write_text(json.dumps(config))
     return lab.summary.Run("v", "1e-2", 0, str(folder))
 
 

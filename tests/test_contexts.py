@@ -297,9 +297,7 @@ def test_powernorm_context_puts_the_compared_norm_in_every_slot(preset, statisti
 
 @pytest.mark.parametrize("schedule, expected", [("ramp", 0), ("cosine", 2 * 50)])
 def test_powernorm_warmup_follows_the_lr_schedule(schedule, expected):
-    from engine import config_checks
-    from train import TrainConfig
+    from configs import TrainConfig, fit_to_tokenizer
     tc = TrainConfig(lr_schedule=schedule, warmup_iters=50, grad_accum=2)
-    meta = {"vocab_size": 256, "train_tokens": 10 ** 6, "val_tokens": 10 ** 5}
-    cfg = config_checks.fit_to_data(GPTConfig(norm="powernorm"), tc, meta, given={}, resumed=False)
+    cfg = fit_to_tokenizer(GPTConfig(norm="powernorm"), tc, given={}, resumed=False)
     assert cfg.pn_warmup == expected

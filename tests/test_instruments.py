@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import data
 import model
 from diagnostics import probes
+import configs
 import train
 from conftest import run_train, tiny
 
@@ -28,7 +29,7 @@ def events(out_dir, kind=None):
 
 
 def test_ramp_schedule_values():
-    tc = train.TrainConfig(lr=0.1, max_iters=1000, lr_schedule="ramp", warmup_iters=50)
+    tc = configs.TrainConfig(lr=0.1, max_iters=1000, lr_schedule="ramp", warmup_iters=50)
     assert [train.get_lr(s, tc) for s in (0, 1, 500, 1000)] == [0.0, 0.1 / 1000, 0.05, 0.1]
 
 
@@ -192,7 +193,7 @@ def test_z_loss_adds_to_the_objective_and_logs_the_cross_entropy(corpus, tmp_pat
 
 
 def test_sequence_warmup_shapes():
-    tc = train.TrainConfig(batch_size=4, seq_warmup_iters=10, seq_warmup_start=4)
+    tc = configs.TrainConfig(batch_size=4, seq_warmup_iters=10, seq_warmup_start=4)
     shapes = [train.sequence_shape(s, tc, 64) for s in range(12)]
     assert shapes[0] == (4, 64) and shapes[10] == shapes[11] == (64, 4)
     lengths = [length for length, _ in shapes]

@@ -11,6 +11,7 @@ import torch
 
 import model
 from engine import runtime
+import configs
 import train
 from norms import NORMS
 from conftest import ROOT, TINY, run_train, torchrun, train_argv
@@ -284,13 +285,13 @@ def test_ddp_processes_share_the_gpus_when_there_are_fewer(monkeypatch, device_t
 def test_mfu_peak_is_the_gpus_own(monkeypatch, name, flag, expected):
     """nanoGPT issue #182: MFU against a hard-coded A100 peak is wrong on every other GPU."""
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
-    assert runtime.gpu_peak_flops(train.TrainConfig(gpu_peak_tflops=flag), "cuda") == expected
+    assert runtime.gpu_peak_flops(configs.TrainConfig(gpu_peak_tflops=flag), "cuda") == expected
 
 
 def test_compile_default_is_per_device():
-    assert runtime.resolve_device(train.TrainConfig(device="cpu"))[1].compile is False
-    assert runtime.resolve_device(train.TrainConfig(device="cpu", compile=True))[1].compile is True
-    assert train.parse_flags(["--compile"]) == {"compile": True}
+    assert runtime.resolve_device(configs.TrainConfig(device="cpu"))[1].compile is False
+    assert runtime.resolve_device(configs.TrainConfig(device="cpu", compile=True))[1].compile is True
+    assert configs.parse_flags(["--compile"]) == {"compile": True}
 
 
 TRAINING_STEP_FAULTS = """
@@ -307,7 +308,7 @@ torch.manual_seed(0)
 # mmap threshold rises to, so by default every step maps them afresh. The quickstart's own blocks (1-8 MiB) fault
 # too, but how often depends on the order of frees that moved the threshold (476 to 5,700 a step measured).
 gpt = model.GPT(model.GPTConfig(vocab_size=8192, n_layer=1))
-optimizer = train.configure_optimizer(gpt, train.TrainConfig(), "cpu")
+optimizer = train.configure_optimizer(gpt, configs.TrainConfig(), "cpu")
 x = torch.randint(0, 8192, (16, gpt.config.block_size))
 def step():
     gpt(x, x)[1].backward()

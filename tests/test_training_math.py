@@ -33,6 +33,7 @@ import torch.nn as nn
 import data
 import model
 import norms
+import configs
 import train
 from model import GPT, GPTConfig
 from conftest import prepared, run_train, tiny, torchrun, train_argv
@@ -95,7 +96,7 @@ def cross_entropy_by_hand(logits, targets):
 # get_lr: lr 1, min_lr 0.1, 10 warmup steps, decay over steps 10..110; every expectation is the formula.
 
 def schedule(**overrides):
-    return train.TrainConfig(**{"lr": 1.0, "min_lr": 0.1, "warmup_iters": 10, "max_iters": 110, **overrides})
+    return configs.TrainConfig(**{"lr": 1.0, "min_lr": 0.1, "warmup_iters": 10, "max_iters": 110, **overrides})
 
 
 def test_warmup_rises_linearly_from_the_first_step_to_lr():
@@ -139,7 +140,7 @@ def test_constant_schedule_holds_lr_after_warmup():
 
 def test_ramp_is_lr_times_step_over_max_iters():
     """NormFormer §4: LR = lr * step / max_iters, 0 at step 0 and lr at max_iters, ignoring the warmup."""
-    schedules = typing.get_args(typing.get_type_hints(train.TrainConfig)["lr_schedule"])
+    schedules = typing.get_args(typing.get_type_hints(configs.TrainConfig)["lr_schedule"])
     if "ramp" not in schedules:
         pytest.skip(f"--lr_schedule=ramp is not implemented yet (allowed: {', '.join(schedules)})")
     tc = schedule(lr_schedule="ramp", max_iters=100)
@@ -154,7 +155,7 @@ def test_weight_decay_on_weight_matrices_only(tie):
                     scale_heads=True, scale_attn=True, scale_fc=True, scale_resids=True, layer_scale=True,
                     qkv_norm=True, embed_norm=True, ffn_out_norm=True)
     gpt = GPT(cfg)
-    tc = train.TrainConfig(weight_decay=0.07, lr=3e-4, beta1=0.8, beta2=0.95)
+    tc = configs.TrainConfig(weight_decay=0.07, lr=3e-4, beta1=0.8, beta2=0.95)
     optimizer = train.configure_optimizer(gpt, tc, "cpu")
     # the decision from the module a parameter belongs to, not from its shape
     decayed, names = {}, {}
