@@ -8,7 +8,7 @@ An unknown flag gets the nearest names as a hint (difflib). Bad input is a Usage
 as one line `script.py: what was wrong; what is allowed` on stderr before it exits with code 2 (`fail`).
 Imports only the standard library: python data.py starts without loading torch.
 
-How train.py uses this: `parse(argv, GPTConfig, TrainConfig, choices={"preset": PRESETS})` gives {flag: value}
+How configs.py uses this: `parse(argv, GPTConfig, TrainConfig, choices={"preset": PRESETS})` gives {flag: value}
 for the flags the command line sets, and `build(TrainConfig, given)` the config of those that are its fields;
 `python train.py --help` is `print_help(__doc__, catalog="configurable.txt")`. data.py, sweep.py, plot.py,
 bench.py and sample.py call the same parse with a dataclass of their own (plot.py's folders are positional),
