@@ -1,11 +1,12 @@
 """
-A run's configs from its command line: model.py's GPTConfig (a --preset first, then the explicit flags) and
-TrainConfig, resolved once by `resolve`, as nanoGPT resolves its model_args once: the flags, then on --resume the
-checkpoint's configs, then what the tokenizer and the machine decide (the vocabulary, PowerNorm's warmup, the
-device, dtype and compile). Every command that needs a run's configs asks `resolve` (or its first stages), so
-what a sweep compares or a benchmark times is what train.py runs. GPTConfig checks its own combinations; here are
-the ranges of the training flags, the warnings for flags that change nothing, and the configs of a resumed run.
-The prepared data is checked against the configs after it is prepared (`check_data`).
+A run's configs from its command line, resolved in one place: model.py's GPTConfig (a --preset first, then the
+explicit flags) and TrainConfig. `resolve` is the whole resolution, as nanoGPT resolves its model_args once: the
+flags (from_flags); on --resume the checkpoint's configs with the flags a resume may change on top
+(resume_configs); the vocabulary and PowerNorm's warmup (fit_to_tokenizer); and the device, dtype and compile of
+this machine (runtime.resolve_device). It reads nothing but its arguments and the machine, so the configs of a run
+are known without running it, and a second copy of a rule has no reason to exist. GPTConfig checks its own
+combinations; here are the ranges of the training flags, the warnings for flags that change nothing, and
+`check_data`, which holds the prepared data to the configs.
 """
 
 import dataclasses
@@ -13,7 +14,7 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal, NamedTuple, Optional
 
 import data
 from engine import flags
@@ -101,8 +102,15 @@ def from_flags(given):
     return model_cfg, absolute_paths(tc)
 
 
+class RunConfigs(NamedTuple):
+    """What resolve gives: the run's model config, its training config, and its device (None without the machine)."""
+    model: GPTConfig
+    train: TrainConfig
+    device: Optional[str]
+
+
 def resolve(given, checkpoint=None, world_size=1, machine=True):
-    """The configs a run will have, and its device: the flags (from_flags); on --resume the checkpoint's configs
+    """The RunConfigs a run will have: the flags (from_flags); on --resume the checkpoint's configs
     with the flags given on top where a resume may change them (resume_configs); the vocabulary and PowerNorm's
     warmup (fit_to_tokenizer); and with machine, --device, --dtype and --compile made concrete on this machine
     (runtime.resolve_device; without it they stay as given, MACHINE_SETTINGS, and the device is None).
@@ -116,7 +124,7 @@ def resolve(given, checkpoint=None, world_size=1, machine=True):
     device = None
     if machine:
         device, tc = runtime.resolve_device(tc)
-    return model_cfg, tc, device
+    return RunConfigs(model_cfg, tc, device)
 
 
 # Flags of the machine, not of the run: a resume takes them from its own command line, not the checkpoint.

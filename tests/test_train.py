@@ -1,5 +1,6 @@
 """train.py end to end on a tiny corpus: exact resume, DDP, mixed precision, checkpoints, bad input."""
 
+import dataclasses
 import json
 import math
 import os
@@ -43,6 +44,18 @@ def test_run_writes_config_log_and_checkpoint(corpus, tmp_path):
     checkpoint = torch.load(out / "ckpt.pt", weights_only=True)
     assert checkpoint["step"] == 6 and checkpoint["model_config"] == config["model"]
     assert not os.path.exists(out / "ckpt.pt.tmp")
+
+
+def test_config_json_holds_the_one_resolution_of_the_flags(corpus, tmp_path):
+    """The configs a run writes are configs.resolve's for its flags, the vocabulary, PowerNorm's warmup, dtype and
+    compile included: what a sweep compares with a finished run is what train.py ran."""
+    flags = [*TINY, "--max_iters=2", "--eval_interval=2", "--norm=powernorm", "--grad_accum=2"]
+    assert run(corpus, tmp_path, *flags) == 0
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    resolved = configs.resolve(configs.parse_flags(train_argv(corpus, tmp_path / "data", tmp_path / "out", *flags)))
+    assert config["model"] == json.loads(json.dumps(dataclasses.asdict(resolved.model)))
+    assert config["train"] == json.loads(json.dumps(dataclasses.asdict(resolved.train)))
+    assert config["model"]["pn_warmup"] == 2 * 2 and config["train"]["compile"] is False  # resolved, not as given
 
 
 class StepClock:
