@@ -314,6 +314,7 @@ import sys
 import torch
 import model
 from engine import runtime
+import configs
 import train
 keep = sys.argv[1] == "keep" and runtime.keep_freed_memory()
 torch.manual_seed(0)
