@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from engine import files
 from engine import flags
+from engine import run_reader
 from engine.flags import UsageError, help_of
 from lab import schema
 from lab.figures import FP16_MAX, legend_outside, log_lr_axis, make_folder, plt, save_png
@@ -41,9 +42,9 @@ from lab.results_page import experiments_page
 
 
 def read_events(path):
-    """The events of a log.jsonl (files.read_log), each with the keys the plots read; a last line cut short by a
+    """The events of a log.jsonl (run_reader.read_log), each with the keys the plots read; a last line cut short by a
     killed run is left out with a note on stderr. Anything else foreign is a UsageError naming the file and line."""
-    events, note = files.read_log(path)
+    events, note = run_reader.read_log(path)
     if note:
         print(f"plot.py: {note}", file=sys.stderr)
     for line, event in enumerate(events, 1):  # read_log gives one event a line, or refuses the log
@@ -74,7 +75,7 @@ def find_runs(paths):
     for path in paths:
         if not os.path.isdir(path):
             raise UsageError(f"{path} is not a folder; pass run folders (train.py --out_dir) or sweep folders")
-        logs = sorted(glob.glob(os.path.join(glob.escape(path), "**", "log.jsonl"), recursive=True))
+        logs = sorted(glob.glob(run_reader.log_path(os.path.join(glob.escape(path), "**")), recursive=True))
         if not logs:
             raise UsageError(f"{path} holds no log.jsonl; pass run folders (train.py --out_dir) or sweep folders")
         for log in logs:

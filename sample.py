@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 import data
-from engine import files, flags, runtime
+from engine import files, flags, run_reader, runtime
 from engine.run_folder import read_checkpoint
 from engine.flags import UsageError, help_of
 from model import GPT, GPTConfig
@@ -60,7 +60,7 @@ def resolve_device(name):
 
 def load_model(out_dir):
     """The model saved in out_dir/ckpt.pt and the name of its run's tokenizer."""
-    path = os.path.join(out_dir, "ckpt.pt")
+    path = run_reader.checkpoint_path(out_dir)
     if not os.path.isfile(path):
         raise UsageError(f"no checkpoint at {path}; train one with python train.py --out_dir={out_dir}")
     checkpoint = read_checkpoint(path)  # torch.load(weights_only=True): a checkpoint runs no code

@@ -62,23 +62,21 @@ import time
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from engine import config_checks
+import configs
 from engine import files
 from engine import flags
+from engine import run_reader
 from engine import runtime
 from engine import signals
 from lab import pool
 from lab import recipes
 from lab.summary import Run, is_finished, previous_summary, write_summary
-import train
 from engine.files import WriteError
 from engine.flags import UsageError, help_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SET_BY_SWEEP = ("lr", "seed", "out_dir", "resume", "overwrite")  # per run; the user gives --lrs, --seeds instead
 BOOKKEEPING = ("out_dir", "resume", "overwrite")  # where and how a run starts, not what it trains
-# the settings train.py resolves when a run starts, where their flags are left at the default
-RESOLVED_AT_START = ("vocab_size", "pn_warmup", "dtype", "compile")
 # a variant is a folder name inside --out_dir: no separator, no other character a shell or file system treats apart
 FOLDER_NAME = re.compile(r"[A-Za-z0-9_.=+-]+")
 MAX_COUNT = 10_000  # --seeds and --jobs: larger is a typo, and 1e11 threads would hang the machine
@@ -142,7 +140,7 @@ def parse_args(argv):
     check_lrs(lrs)
     check_variants(variants, plan.mode)
     check_out_dir(plan.out_dir)
-    given = train.parse_flags(plan.train_argv)
+    given = configs.parse_flags(plan.train_argv)
     owned = [name for name in given if set_per_run(name, plan.mode)]
     if owned:
         raise UsageError(f"{', '.join('--' + n for n in owned)} is set per run by sweep.py; use --lrs, --seeds, "
@@ -230,18 +228,13 @@ def grid(plan):
             for seed in range(plan.first_seed, plan.first_seed + plan.seeds)]
 
 
-def has_checkpoint(run):
-    """Whether the run left a checkpoint to resume from (train.py's ckpt.pt)."""
-    return os.path.exists(os.path.join(run.dir, "ckpt.pt"))
-
-
 def train_flags(run, plan):
     """The flags of one run: the common ones, the variant's (they win), then what the sweep sets per run."""
     flags = [*plan.train_argv, *variant_flags(run.variant), f"--lr={run.lr}", f"--seed={run.seed}",
              f"--out_dir={run.dir}"]
     if plan.mode == "ramp":
         flags.append("--lr_schedule=ramp")
-    if has_checkpoint(run):
+    if run_reader.has_checkpoint(run.dir):
         flags.append("--resume")
     elif os.path.isdir(run.dir) and os.listdir(run.dir):
         flags.append("--overwrite")  # a previous attempt stopped before its first checkpoint
@@ -268,24 +261,22 @@ def check_runs(runs, plan):
         if same is not run:
             raise UsageError(f"--variants: {same.variant} and {run.variant} are the same runs (one config); give each "
                              "variant once")
-        if is_finished(run) or has_checkpoint(run):
+        if is_finished(run) or run_reader.has_checkpoint(run.dir):
             check_trained_as(run, settings, tc)
 
 
 def run_configs(run, plan):
-    """A run's model and train configs as train.py resolves them before it prepares any data (its parser,
-    config_checks.check_train_config, absolute paths; the device, where the runs run on this machine); bad input
-    is one line naming the variant."""
+    """A run's model and train configs as train.py resolves them for a fresh run (configs.resolve), less what the
+    machine decides (configs.MACHINE_SETTINGS: --dry_run's commands may be meant for another machine, a GPU node);
+    where the runs run on this machine, their device must be here. Bad input is one line naming the variant."""
     flags = [f for f in train_flags(run, plan) if f not in ("--resume", "--overwrite")]
     try:
-        given = train.parse_flags(flags)
-        model_cfg, tc = train.build_configs(given)
-        config_checks.check_train_config(tc, given)
-        if not plan.dry_run:  # --dry_run's commands may be meant for another machine (a GPU node)
+        model_cfg, tc, _ = configs.resolve(configs.parse_flags(flags), machine=False)
+        if not plan.dry_run:
             runtime.concrete_device(tc.device)
     except UsageError as e:
         raise UsageError(f"variant {run.variant}: {e}") from None
-    return model_cfg, config_checks.absolute_paths(tc)
+    return model_cfg, tc
 
 
 def config_dicts(model_cfg, tc):
@@ -300,11 +291,11 @@ def check_trained_as(run, settings, tc):
     writes it before the first step, so a run without one cannot be told apart from another command's). A key its
     config.json lacks (written before nanonorm had it) counts as its default; a setting train.py resolves when the
     run starts counts as given where it was left unset."""
-    saved = trained_config(run)
+    saved = run_reader.read_config(run.dir)
     if saved is None:
         raise UsageError(f"{run.dir} has a result or a checkpoint but no config.json, so nothing says which flags "
                          "trained it; remove the run (its folder, .exit and .out) to run it again")
-    defaults = {"model": default_values(train.GPTConfig), "train": default_values(train.TrainConfig)}
+    defaults = {"model": default_values(configs.GPTConfig), "train": default_values(configs.TrainConfig)}
     for section, expected in settings.items():
         for key, value in expected.items():
             was = saved[section].get(key, defaults[section][key])
@@ -315,33 +306,16 @@ def check_trained_as(run, settings, tc):
 
 
 def resolved_at_start(key, value, was, tc, defaults):
-    """Whether was is what train.py made of a setting left at its default when the run started: the vocabulary
-    (from the data), PowerNorm's warmup (from the LR warmup), dtype and compile (from the machine), and a resumed
-    run's lr_decay_iters (max_iters: config_checks.resume_configs)."""
+    """Whether was is what train.py made of a setting left at its default when the run started: dtype and compile
+    (from the machine it ran on, configs.MACHINE_SETTINGS), and a resumed run's lr_decay_iters (max_iters:
+    configs.resume_configs)."""
     if key == "lr_decay_iters":
         return value is None and was == tc.max_iters
-    return key in RESOLVED_AT_START and value == defaults[key]
+    return key in configs.MACHINE_SETTINGS and value == defaults[key]
 
 
 def default_values(cls):
     return json.loads(json.dumps(dataclasses.asdict(cls())))
-
-
-def trained_config(run):
-    """The run's config.json as {"model": ..., "train": ...}; None where there is none. One that train.py did not
-    write is a UsageError naming it."""
-    path = os.path.join(run.dir, "config.json")
-    if not os.path.lexists(path):
-        return None
-    try:
-        with open(path, "rb") as f:
-            config = json.loads(f.read())
-    except (OSError, ValueError):
-        config = None
-    if not (isinstance(config, dict) and all(isinstance(config.get(k), dict) for k in ("model", "train"))):
-        raise UsageError(f"{path} is not a config.json train.py wrote; remove the run (its folder, .exit and .out) "
-                         "to run it again")
-    return config
 
 
 def main(argv):
@@ -390,7 +364,7 @@ def stop_message(stopped, todo):
     """The line of a stopped sweep: which of its unfinished runs resume from a checkpoint and which start afresh (a
     run stopped, or killed, before its first checkpoint has none)."""
     left = [run for run in todo if not is_finished(run)]
-    resume = sum(has_checkpoint(run) for run in left)
+    resume = sum(run_reader.has_checkpoint(run.dir) for run in left)
     return (f"sweep.py: stopped by {signals.name(stopped)}; of its {len(left)} unfinished runs, {resume} resume from a "
             f"checkpoint, {len(left) - resume} start afresh; run the same command again to go on")
 

@@ -7,10 +7,10 @@ Flags are --key=value (or --key value); a bare --flag sets a boolean. python tra
 (configurable.txt). A run writes out_dir/config.json (the resolved config), out_dir/log.jsonl (one JSON object
 per event) and out_dir/ckpt.pt (atomically, at each eval); --resume continues from it exactly. One run at a time
 uses an out_dir (it holds out_dir/run.lock).
-Read on for TrainConfig, the LR schedule and train(), the loop. engine/ holds the command line (flags.py) and its
-checks (config_checks.py), the run folder (run_folder.py), the device and processes (runtime.py) and stops and exit
-codes (signals.py); diagnostics/ the loss-spike instruments (instruments.py) and PowerNorm's leakage measurement
-(leakage.py).
+The flags become the run's configs in configs.py (TrainConfig, and the one resolution of both configs). Read on
+for the LR schedule and train(), the loop; engine/ holds the command line (flags.py), the run folder
+(run_folder.py), the device and processes (runtime.py) and stops and exit codes (signals.py); diagnostics/ the
+loss-spike instruments (instruments.py) and PowerNorm's leakage measurement (leakage.py).
 """
 
 import contextlib
@@ -20,72 +20,21 @@ import math
 import os
 import signal
 import sys
-from dataclasses import dataclass
-from typing import Literal, Optional
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from engine import run_folder
-from engine import config_checks
+import configs
 import data
+from engine import run_folder
 from engine import files
 from engine import flags
 from engine import runtime
 from engine import signals
 from diagnostics.instruments import Instruments
 from diagnostics.leakage import Leakage
-from model import GPT, GPTConfig, PRESETS, flops_per_token
-
-
-@dataclass
-class TrainConfig:
-    # data
-    dataset: str = "builtin"
-    tokenizer: Literal["byte", "gpt2"] = "byte"
-    data_dir: str = "data"
-    batch_size: int = 16  # sequences per micro-step on each process
-    grad_accum: int = 1  # micro-steps per optimizer step on each process
-    # optimizer and schedule
-    lr: float = 4e-3
-    min_lr: float = 4e-4
-    warmup_iters: int = 50
-    max_iters: int = 800
-    lr_decay_iters: Optional[int] = None  # None: decay until max_iters
-    lr_schedule: Literal["cosine", "linear", "constant", "ramp"] = "cosine"  # ramp: NormFormer §4 LR stability test
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.99
-    grad_clip: float = 1.0  # 0 disables clipping (the norm is still logged)
-    # evaluation, logging, checkpoints
-    out_dir: str = "out"
-    eval_interval: int = 200
-    eval_iters: int = 10  # eval_iters x batch_size fixed windows per split (data.eval_starts), on all processes
-    log_interval: int = 25
-    always_save_checkpoint: bool = True
-    resume: bool = False
-    preset: Optional[str] = None
-    seed: int = 1337
-    overwrite: bool = False  # start afresh in an out_dir that holds a run
-    keep_checkpoints: int = 1  # ckpt-<step>.pt of the last K checkpoints, and of the best
-    # loss-spike instruments (probes.py) and mitigations
-    diverge_loss: Optional[float] = None  # diverged above this loss 3 steps in a row; None: first loss + 1
-    diverge_gap: float = 1.5  # diverged when the 10-step mean loss is this far above its best; 0: off
-    spike_window: int = 100  # steps in the spike monitor's running mean and std
-    spike_z: float = 5.0  # a loss or grad-norm z-score above this is a spike
-    skip_spikes: bool = False  # skip the optimizer step of a spike (llm.c)
-    telemetry_interval: int = 0  # a "telemetry" event every N steps; 0: off
-    fp16_headroom_interval: int = 0  # a "headroom" event (max |x| per op and layer) every N steps; 0: off
-    fp16_overflow_fails: bool = False  # diverged at the first op output over 65504 (NormFormer's float16 failure)
-    z_loss: float = 0.0  # adds z_loss * mean(log Z)^2 to the training loss (PaLM)
-    seq_warmup_iters: int = 0  # steps over which the sequence length grows to block_size; 0: off
-    seq_warmup_start: int = 8  # the sequence length at step 0 of the sequence-length warmup
-    # system
-    device: str = "auto"
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
-    compile: Optional[bool] = None  # None: on CUDA, off on CPU (where inductor is slower at small shapes)
-    gpu_peak_tflops: Optional[float] = None  # for MFU; None: looked up by GPU name
+from model import GPT, flops_per_token
 
 
 def get_lr(step, tc):
@@ -300,52 +249,27 @@ def build(model_cfg, tc, machine, autocast):
     return model, optimizer, scaler, instruments
 
 
-CHOICES = {"preset": list(PRESETS)}  # allowed values of the flags whose type does not list them
-
-
-def parse_flags(argv):
-    """{flag: value} of the flags a train.py command line sets."""
-    return flags.parse(argv, GPTConfig, TrainConfig, choices=CHOICES)
-
-
-def build_configs(given):
-    """The preset first, then the explicit flags; a meaningless combination is one line (GPTConfig's checks)."""
-    try:
-        return GPTConfig(**config_checks.model_flags(given)), flags.build(TrainConfig, given)
-    except ValueError as e:
-        raise flags.UsageError(str(e)) from None
-
-
 def setup(argv, machine):
     """Everything that can fail on bad input, checked by each process on its own before any work (no process group
-    yet: bad input stops every process the same way, and only process 0 prints it): flags, configs, run folder,
-    checkpoint and log, device, data, memory. Then the process group, and the run folder's lock (run_folder.claim),
-    which the caller keeps open for the life of the run. Returns train()'s arguments and the lock."""
-    given = parse_flags(argv)
-    model_cfg, tc = build_configs(given)
-    config_checks.check_train_config(tc, given)
-    tc = config_checks.absolute_paths(tc)
-    fresh = not tc.resume and not tc.overwrite
-    run_folder.check_out_dir(tc.out_dir, fresh)
-    checkpoint, events = None, []
-    if tc.resume:
-        checkpoint = run_folder.newest_checkpoint(tc.out_dir, machine.master)
-        model_cfg, tc = config_checks.resume_configs(given, checkpoint, machine.world_size, tc)
-        config_checks.check_train_config(tc, given)
-        tc = config_checks.absolute_paths(tc)  # a checkpoint's configs may hold relative paths
-        events = run_folder.past_events(tc.out_dir, machine.master)
-    device, tc = runtime.resolve_device(tc)
+    yet: bad input stops every process the same way, and only process 0 prints it): flags, run folder, checkpoint,
+    configs, log, data, memory. Then the process group, and the run folder's lock (run_folder.claim), which the
+    caller keeps open for the life of the run. Returns train()'s arguments and the lock."""
+    given = configs.parse_flags(argv)
+    _, flag_tc = configs.from_flags(given)  # where the run goes: --out_dir, --resume, --overwrite
+    fresh = not flag_tc.resume and not flag_tc.overwrite
+    run_folder.check_out_dir(flag_tc.out_dir, fresh)
+    checkpoint = run_folder.newest_checkpoint(flag_tc.out_dir, machine.master) if flag_tc.resume else None
+    model_cfg, tc, device = configs.resolve(given, checkpoint, machine.world_size)
+    events = run_folder.past_events(tc.out_dir, machine.master) if checkpoint else []
     # every process asks: data.prepare's file lock lets one process per disk tokenize while the others wait
     folder = data.prepare(tc.dataset, tc.tokenizer, tc.data_dir)
     meta = data.load_meta(folder)
-    if checkpoint:
-        config_checks.check_resumed_data(checkpoint, meta)
-    model_cfg = config_checks.fit_to_data(model_cfg, tc, meta, given, resumed=checkpoint is not None)
+    configs.check_data(meta, model_cfg, checkpoint)
     runtime.check_memory(model_cfg, tc, device, machine)
     if machine.master:
-        for warning in config_checks.no_effect_warnings(given, model_cfg, tc):
+        for warning in configs.no_effect_warnings(given, model_cfg, tc):
             print(warning, file=sys.stderr)
-    tc = runtime.start(tc, machine)
+    runtime.start(device, machine)
     lock = run_folder.claim(tc.out_dir, fresh, machine)
     return dict(model_cfg=model_cfg, tc=tc, machine=machine, checkpoint=checkpoint, events=events, folder=folder,
                 meta=meta), lock

@@ -1,10 +1,10 @@
 """
-The files that runs and datasets leave on disk, read and written so that nothing is lost and nothing is guessed:
-one reader of log.jsonl, writes that are whole or absent, and the lock that lets one run at a time use a folder.
-Imports only the standard library: data.py and plot.py use it without loading torch.
+The files that runs and datasets leave on disk, written so that nothing is lost: writes that are whole or absent,
+and the lock that lets one run at a time use a folder. Imports only the standard library: data.py and plot.py
+use it without loading torch.
 
 `claim(out_dir)` takes a run folder's lock before the run's first write and holds it until the process ends;
-`held_by(out_dir)` says which process holds a folder. `read_log(path)` gives a log's events; `append_line` adds one,
+`held_by(out_dir)` says which process holds a folder. `append_line` adds a line to a log,
 `write_atomic` writes config.json and the checkpoints, and `write_and_sync` the prepared data. A write that fails
 (disk full, a read-only filesystem) is a WriteError naming the file and the cause, with the file as it was before:
 one line, exit code 1.
@@ -13,7 +13,6 @@ one line, exit code 1.
 import contextlib
 import errno
 import fcntl
-import json
 import os
 import socket
 import stat
@@ -129,64 +128,6 @@ def nearest_existing(path):
     while not os.path.lexists(path):
         path = os.path.dirname(path) or "."
     return path
-
-
-# The fields every reader of a log relies on, by event name: each event has a step (an integer >= 0), and the
-# losses that resume, sweep.py and plot.py read are numbers (NaN and infinity included: a diverged run logs them).
-EVENT_NUMBERS = {"train": ("loss",), "eval": ("val_loss",), "done": ("val_loss",)}
-JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", type(None): "null",
-              list: "a list", dict: "an object"}
-
-
-def damaged_field(event):
-    """What is wrong with an event's step or losses ("step is null, not an integer"), or None."""
-    step = event.get("step")
-    if "step" not in event:
-        return "step is missing"
-    if type(step) is not int:
-        return f"step is {JSON_NAMES[type(step)]}, not an integer"
-    if step < 0:
-        return f"step is {step}, not an integer >= 0"
-    for name in EVENT_NUMBERS.get(event["event"], ()):
-        if name not in event:
-            return f"{name} is missing"
-        if type(event[name]) not in (int, float):
-            return f"{name} is {JSON_NAMES[type(event[name])]}, not a number"
-    return None
-
-
-def read_log(path):
-    """(events, note) of a log.jsonl: one JSON object with an "event" per line. A last line without its newline
-    was cut short by a killed run: it is left out, and note says so ("" otherwise). No file is no events.
-    Anything else (a line that is not such an object, an event whose step or losses are missing or not numbers
-    (damaged_field), text that is not UTF-8, a folder or a broken symlink in the log's place) is a UsageError
-    naming the file and the line: nothing is guessed, and the caller writes nothing."""
-    problem = not_a_file(path)
-    if problem:
-        raise UsageError(f"{path} is {problem}; a run's log.jsonl is a file of JSON lines")
-    if not os.path.exists(path):
-        return [], ""
-    with open(path, "rb") as f:
-        lines = f.read().split(b"\n")
-    torn = lines.pop()  # what follows the last newline: nothing, in a whole log
-    events = []
-    for number, line in enumerate(lines, 1):
-        try:
-            event = json.loads(line.decode("utf-8"))
-        except UnicodeDecodeError:
-            raise UsageError(f"{path}:{number}: not UTF-8 text; it is not a log nanonorm wrote") from None
-        except ValueError:
-            raise UsageError(f"{path}:{number}: not JSON; it is not a log nanonorm wrote") from None
-        if not isinstance(event, dict) or not isinstance(event.get("event"), str):
-            raise UsageError(f'{path}:{number}: not an event (a JSON object with an "event" name); it is not a log '
-                             "nanonorm wrote")
-        events.append(event)
-    for number, event in enumerate(events, 1):  # once every line is an event: a foreign line is named first
-        damage = damaged_field(event)
-        if damage:
-            raise UsageError(f"{path}:{number}: {event['event']} event: {damage}; it is not a log nanonorm wrote")
-    note = f"{path}:{len(lines) + 1}: the last line was cut short (a killed run); left out" if torn else ""
-    return events, note
 
 
 def holder(lock):

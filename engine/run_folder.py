@@ -5,7 +5,7 @@ crash or kill -9 at any moment leaves the old checkpoint or the new one, never h
 
 In the order a run meets them: before any work, `check_out_dir` refuses a folder that cannot be written, that
 another run is using, or that holds another run (unless --resume or --overwrite), and on --resume
-`newest_checkpoint` finds the newest checkpoint that loads and `past_events` reads its log (files.read_log). Once
+`newest_checkpoint` finds the newest checkpoint that loads and `past_events` reads its log (run_reader.read_log). Once
 every input is checked, `claim` takes the folder's lock (files.claim) for all the run's processes. `restore` puts
 the checkpoint's state back into the model, optimizer, GradScaler and RNGs, and `start_run` writes config.json and
 log.jsonl (a resumed run keeps the events up to its checkpoint). In the loop, `log_event` appends one JSON line per
@@ -24,11 +24,11 @@ import torch
 import torch.distributed as dist
 
 from engine import files
+from engine import run_reader
 from engine import runtime
 from engine.files import WriteError
 from engine.flags import UsageError
 
-ENDS = ("diverged", "done")  # the events that end a run
 CHECKPOINT_KEYS = ("model", "optimizer", "scaler", "step", "best_val", "rng", "model_config", "train_config")
 
 
@@ -61,7 +61,7 @@ def refuse_a_run(out_dir):
 def run_files(out_dir):
     """The files in out_dir that a run writes over: config.json, log.jsonl and the checkpoints."""
     names = os.listdir(out_dir) if os.path.isdir(out_dir) else []
-    return [n for n in sorted(names) if n in ("config.json", "log.jsonl") or n.startswith("ckpt") and n.endswith(".pt")]
+    return [n for n in sorted(names) if run_reader.is_run_file(n)]
 
 
 def holds_a_run(out_dir):
@@ -151,22 +151,12 @@ def write_checkpoint(path, state):
         raise WriteError(f"cannot write {path} ({cause}); the previous checkpoint is kept") from None
 
 
-def numbered_checkpoints(out_dir):
-    """{step: path} of the ckpt-<step>.pt files in out_dir."""
-    found = {}
-    for name in os.listdir(out_dir) if os.path.isdir(out_dir) else []:
-        stem = name.removeprefix("ckpt-").removesuffix(".pt")
-        if name.startswith("ckpt-") and name.endswith(".pt") and stem.isdigit():
-            found[int(stem)] = os.path.join(out_dir, name)
-    return found
-
-
 def save_checkpoint(out_dir, state, keep):
     """ckpt.pt is the newest checkpoint; ckpt-<step>.pt (a hard link, no extra space) names each of the last
     `keep` ones and the one with the best val loss; older ones are deleted."""
-    newest = os.path.join(out_dir, "ckpt.pt")
+    newest = run_reader.checkpoint_path(out_dir)
     write_checkpoint(newest, state)
-    numbered = os.path.join(out_dir, f"ckpt-{state['step']}.pt")
+    numbered = run_reader.checkpoint_path(out_dir, state["step"])
     try:
         with contextlib.suppress(FileNotFoundError):
             os.remove(numbered + ".tmp")
@@ -174,7 +164,7 @@ def save_checkpoint(out_dir, state, keep):
         os.replace(numbered + ".tmp", numbered)
     except OSError:
         write_checkpoint(numbered, state)  # a file system without hard links
-    steps = sorted(numbered_checkpoints(out_dir).items())
+    steps = sorted(run_reader.numbered_checkpoints(out_dir).items())
     for step, path in steps[:-keep]:
         if step != state["best_step"]:
             try:
@@ -231,8 +221,8 @@ def newest_checkpoint(out_dir, master):
     """The newest checkpoint that loads: ckpt.pt, unless a ckpt-<step>.pt of a later step loads (a ckpt.pt put
     back from a copy, say), else the ckpt-<step>.pt files from the newest down. A missing ckpt.pt is passed over; one
     that does not load (a symlink to nowhere, a FIFO, a damaged file) too, and process 0 says which it skipped."""
-    newest = os.path.join(out_dir, "ckpt.pt")
-    numbered = [(step, path) for step, path in sorted(numbered_checkpoints(out_dir).items(), reverse=True)
+    newest = run_reader.checkpoint_path(out_dir)
+    numbered = [(step, path) for step, path in sorted(run_reader.numbered_checkpoints(out_dir).items(), reverse=True)
                 if not same_file(path, newest)]
     if not numbered and not os.path.lexists(newest):
         raise UsageError(f"--resume: no checkpoint in {out_dir} (start without --resume to train from scratch)")
@@ -290,10 +280,10 @@ def restore(checkpoint, model, optimizer, scaler, tc, machine):
 
 
 def past_events(out_dir, master):
-    """The events of the log of the run being resumed (files.read_log: a log that is not one is a UsageError, and
-    nothing is written); process 0 says when its torn last line was left out."""
-    path = os.path.join(out_dir, "log.jsonl")
-    events, note = files.read_log(path)
+    """The events of the log of the run being resumed (run_reader.read_log: a log that is not one is a UsageError,
+    and nothing is written); process 0 says when its torn last line was left out."""
+    path = run_reader.log_path(out_dir)
+    events, note = run_reader.read_log(path)
     if not os.path.lexists(path):
         note = f"{path} is missing; the resumed run's log starts at its checkpoint's step"
     if note and master:
@@ -313,19 +303,19 @@ def write_run_files(model_cfg, tc, machine, resumed_step, events, meta):
                 raise WriteError(f"cannot remove {os.path.join(tc.out_dir, name)} ({e.strerror})") from None
     # a run's end (diverged, done) at its checkpoint's step is not kept: the resumed run logs its own end
     kept = [e for e in events if resumed_step is not None and e["step"] <= resumed_step
-            and not (e["step"] == resumed_step and e["event"] in ENDS)]
-    files.write_atomic(os.path.join(tc.out_dir, "log.jsonl"), "".join(json.dumps(e) + "\n" for e in kept).encode())
+            and not (e["step"] == resumed_step and e["event"] in run_reader.ENDS)]
+    files.write_atomic(run_reader.log_path(tc.out_dir), "".join(json.dumps(e) + "\n" for e in kept).encode())
     sequences = tc.batch_size * tc.grad_accum * machine.world_size
     config = {"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(tc), "world_size": machine.world_size,
               "global_batch": {"sequences": sequences, "tokens": sequences * model_cfg.block_size}, "data": meta,
               "torch": torch.__version__}
-    files.write_atomic(os.path.join(tc.out_dir, "config.json"), json.dumps(config, indent=2).encode())
+    files.write_atomic(run_reader.config_path(tc.out_dir), json.dumps(config, indent=2).encode())
 
 
 def start_run(model_cfg, tc, machine, model, resumed_step, events, folder, meta):
     """The run folder's files (write_run_files, by process 0; a failure stops every process) and the run's first
     lines. Returns the log's path."""
-    log_path = os.path.join(tc.out_dir, "log.jsonl")
+    log_path = run_reader.log_path(tc.out_dir)
     on_process_0(lambda: write_run_files(model_cfg, tc, machine, resumed_step, events, meta), machine)
     if not machine.master:
         return log_path

@@ -5,7 +5,7 @@ goes (ms/step, tokens/s, MFU).
 In the order a run meets them: `Machine.from_env()` reads torchrun's environment (one process without it), and
 `resolve_device(tc)` makes --device=auto and --dtype=auto concrete; `check_memory(model_cfg, tc, device, machine)`
 refuses a model that cannot fit before anything is allocated. Once every input is checked (on every process, each on its
-own: no process group yet), `start(tc, machine)` joins the process group and sets the CPU threads. In the loop,
+own: no process group yet), `start(device, machine)` joins the process group and sets the CPU threads. In the loop,
 `host_read(...)` is a step's one read of the device (a StepRead), through which the processes agree on the loss,
 gradient norm and a stop request (StopRequest, Ctrl-C); `agree` makes a failure on one process (a checkpoint write) a
 failure on all, and `rank_spread` checks that DDP kept their weights identical. `Progress` times the progress lines and
@@ -154,12 +154,10 @@ def ddp_device(device_type, local_rank, local_world_size):
     return f"cuda:{local_rank % gpus}", "nccl" if local_world_size <= gpus else "gloo"
 
 
-def start(tc, machine):
-    """The device (machine.device) and tc with --device, --dtype and --compile resolved; under torchrun, the
-    process group joined; on CPU, each process's share of the cores and an allocator that keeps freed memory.
-    Called once every input is checked: bad input stops each process on its own, with no process group to
-    tear down."""
-    device, tc = resolve_device(tc)
+def start(device, machine):
+    """This process on the run's device (resolve_device's): machine.device, and under torchrun the process group
+    joined; on CPU, each process's share of the cores and an allocator that keeps freed memory. Called once every
+    input is checked: bad input stops each process on its own, with no process group to tear down."""
     machine.device = device
     if machine.device_type == "cuda":
         machine.gpus = machine.world_size // machine.local_world_size * min(machine.local_world_size,
@@ -173,7 +171,6 @@ def start(tc, machine):
         # torchrun sets OMP_NUM_THREADS=1 per process: give each process its share of the cores instead
         torch.set_num_threads(max(1, cpu_cores() // machine.local_world_size))
         keep_freed_memory()
-    return tc
 
 
 def cpu_cores():

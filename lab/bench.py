@@ -34,8 +34,8 @@ import torch.utils._python_dispatch
 
 from engine import flags
 from engine import runtime
+import configs
 import train
-from engine.config_checks import check_train_config
 from engine.flags import UsageError, help_of
 from model import GPT, PRESETS, flops_per_token, norm
 from norms import NORMS, LayerNorm, upcast
@@ -87,12 +87,11 @@ def parse(argv):
     for name in ("rounds", "steps"):
         if getattr(opts, name) < 1:
             raise UsageError(f"--{name}={getattr(opts, name)} must be a positive integer")
-    given = train.parse_flags(rest)
-    configs = {name: train.build_configs({**variant, **given}) for name, variant in VARIANTS[opts.variants].items()}
-    tc = next(iter(configs.values()))[1]
-    check_train_config(tc, given)
+    given = configs.parse_flags(rest)
+    # the variants set model flags only: one TrainConfig, that of the flags (configs.from_flags), on this machine
+    _, tc = configs.from_flags(given)
     device, tc = runtime.resolve_device(tc)
-    models = {name: model_cfg for name, (model_cfg, _) in configs.items()}
+    models = {name: configs.build_configs({**variant, **given})[0] for name, variant in VARIANTS[opts.variants].items()}
     return models, opts.rounds, opts.steps, opts.part, device, tc
 
 

@@ -25,7 +25,7 @@ import torch
 import data
 from engine.files import WriteError, write_atomic
 from engine import runtime
-from engine.config_checks import MAX_LR
+from configs import MAX_LR
 from engine.flags import UsageError, build, fail, help_of, number, parse, print_help
 from engine.flags import wants_help
 from model import GPT, GPTConfig, PRESETS

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-import train
+import configs
 from diagnostics.instruments import criterion_of
 from engine import files
+from engine import run_reader
 from engine import runtime
 from engine.flags import UsageError
 from lab import claims as claims_lib
@@ -47,10 +48,10 @@ class Run:
     dir: str
 
 
-def read_events(path):
-    """The events of a log.jsonl ([] if none) through files.read_log: a last line cut short by a killed run is left
-    out with a note on stderr; any other damage is a UsageError naming the file and line."""
-    events, note = files.read_log(path)
+def read_events(run_dir):
+    """The events of a run's log.jsonl ([] if none) through run_reader.read_log: a last line cut short by a killed
+    run is left out with a note on stderr; any other damage is a UsageError naming the file and line."""
+    events, note = run_reader.read_log(run_reader.log_path(run_dir))
     if note:
         print(f"sweep.py: {note}", file=sys.stderr)
     return events
@@ -79,8 +80,7 @@ def exit_code(run):
 def is_finished(run):
     """A "done" or "diverged" event in the run's log (a run started by --dry_run's commands has no .exit), or the
     exit code 0 or 3 recorded beside it."""
-    ended = any(e["event"] in ("done", "diverged") for e in read_events(os.path.join(run.dir, "log.jsonl")))
-    return ended or exit_code(run) in FINISHED_CODES
+    return run_reader.ended(read_events(run.dir)) or exit_code(run) in FINISHED_CODES
 
 
 def median_summary(values):
@@ -109,7 +109,7 @@ def lr_sensitivity(losses, init_loss):
 
 def run_record(run):
     """What the summaries need from one run's log.jsonl and exit code."""
-    events = read_events(os.path.join(run.dir, "log.jsonl"))
+    events = read_events(run.dir)
     evals = [e for e in events if e["event"] == "eval"]
     diverged = next((e for e in events if e["event"] == "diverged"), None)
     code = exit_code(run)
@@ -206,20 +206,20 @@ def geometric_mean(ratios):
 
 
 def unigram_entropy(run):
-    """The val split's unigram entropy (nats a token) from the run's config.json, None without it."""
+    """The val split's unigram entropy (nats a token) from the run's config.json, None without it (or with one
+    train.py did not write)."""
     entropy = config_data(run).get("unigram_entropy")
     return entropy if isinstance(entropy, (int, float)) else None
 
 
 def config_data(run):
-    """The data's description in the run's config.json (data.py's meta), {} without it."""
-    path = os.path.join(run.dir, "config.json")
+    """The data's description in the run's config.json (data.py's meta), {} without it (or with one train.py did
+    not write)."""
     try:
-        with open(path, "rb") as f:
-            config = json.loads(f.read())
-    except (OSError, ValueError):
+        config = run_reader.read_config(run.dir)
+    except UsageError:
         return {}
-    data = config.get("data") if isinstance(config, dict) else None
+    data = config.get("data") if config else None
     return data if isinstance(data, dict) else {}
 
 
@@ -472,7 +472,7 @@ def recipe_record(sweep):
     """The recipe as the results page reads it, with the flags this sweep ran (extra train.py flags may follow the
     recipe's) and its design (lab/claims.design)."""
     record = {**recipes.describe(sweep.recipe, sweep.scale, sweep.jobs), "train_argv": sweep.train_argv}
-    model_cfg, tc = train.build_configs(train.parse_flags(sweep.train_argv))
+    model_cfg, tc = configs.build_configs(configs.parse_flags(sweep.train_argv))
     return {**record, "design": claims_lib.design(record, model_cfg, tc)}
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lab import bench
+import configs
 import train
 from model import GPT, GPTConfig
 import norms
@@ -159,7 +160,7 @@ def test_plain_gpt_is_the_default_model(bias):
 def training_step_ops(model):
     """The aten ops of one training step (forward, backward, fused AdamW), counted by name, after a first step
     that created the optimizer's states."""
-    optimizer = train.configure_optimizer(model, train.TrainConfig(), "cpu")
+    optimizer = train.configure_optimizer(model, configs.TrainConfig(), "cpu")
     idx, targets = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
 
     def step():
@@ -224,9 +225,9 @@ def test_layernorm_through_a_function_is_layernorm(affine):
 @pytest.mark.slow
 def test_bench_swaps_every_layernorm_for_the_function_and_the_step_dispatches_the_same_ops(capsys):
     shape = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--vocab_size=64"]
-    configs, *_ = bench.parse(["--variants=function", *shape])
-    models = [bench.Variant(cfg, train.TrainConfig(), "cpu", torch.float32, name).model
-              for name, cfg in configs.items()]
+    model_cfgs, *_ = bench.parse(["--variants=function", *shape])
+    models = [bench.Variant(cfg, configs.TrainConfig(), "cpu", torch.float32, name).model
+              for name, cfg in model_cfgs.items()]
     native, through_function = ([type(m) for m in model.modules() if isinstance(m, norms.LayerNorm)]
                                 for model in models)
     assert native == [norms.LayerNorm] * 3 and through_function == [bench.FunctionLayerNorm] * 3  # two per block, final

@@ -41,7 +41,8 @@ def write_run(folder, events, entropy=None, vocab=256, variant="v", seed=0):
         f.writelines(json.dumps(e) + "\n" for e in events)
     data = {k: v for k, v in (("unigram_entropy", entropy), ("vocab_size", vocab)) if v is not None}
     if data:
-        (folder / "config.json").write_text(json.dumps({"data": data}))
+        config = {"model": {}, "train": {}, "data": data}  # as train.py writes it
+        (folder / "config.json").write_text(json.dumps(config))
     return lab.summary.Run(variant, "1e-2", seed, str(folder))
 
 

@@ -7,9 +7,9 @@ import os
 import pytest
 import torch
 
-from engine import config_checks
 from engine import flags
 from engine import runtime
+import configs
 import train
 from model import GPT, GPTConfig
 from conftest import ROOT, tiny, train_process
@@ -237,7 +237,7 @@ def test_a_flag_said_to_have_no_effect_builds_the_same_model_at_another_value(fl
     name = warning.split()[0][2:]
     models = []
     for argv in (flags, [*flags, f"--{name}={OTHER_VALUE[name]}"]):
-        model_cfg, _ = train.build_configs(train.parse_flags([*TINY, *argv]))
+        model_cfg, _ = configs.build_configs(configs.parse_flags([*TINY, *argv]))
         torch.manual_seed(0)
         models.append(GPT(model_cfg))
     ours, other = models
@@ -288,9 +288,9 @@ WITH_EFFECT = [
 
 @pytest.mark.parametrize("flags", WITH_EFFECT, ids=[" ".join(f) for f in WITH_EFFECT])
 def test_a_newer_flag_with_its_enabling_flag_does_not_warn(flags):
-    given = train.parse_flags([*TINY, *flags])
-    model_cfg, tc = train.build_configs(given)
-    assert config_checks.no_effect_warnings(given, model_cfg, tc) == []
+    given = configs.parse_flags([*TINY, *flags])
+    model_cfg, tc = configs.build_configs(given)
+    assert configs.no_effect_warnings(given, model_cfg, tc) == []
 
 
 # a flag the LR schedule does not read is not refused for its relation to the others (it is warned about instead)
@@ -304,9 +304,9 @@ UNREAD = [
 
 @pytest.mark.parametrize("flags", UNREAD, ids=[" ".join(f) for f in UNREAD])
 def test_a_flag_the_schedule_does_not_read_is_not_refused(flags):
-    given = train.parse_flags([*TINY, *flags])
-    model_cfg, tc = train.build_configs(given)
-    config_checks.check_train_config(tc, given)
+    given = configs.parse_flags([*TINY, *flags])
+    model_cfg, tc = configs.build_configs(given)
+    configs.check_train_config(tc, given)
 
 
 def test_cpu_threads_on_a_machine_without_an_affinity_mask(monkeypatch):
@@ -314,7 +314,7 @@ def test_cpu_threads_on_a_machine_without_an_affinity_mask(monkeypatch):
     monkeypatch.delattr(os, "sched_getaffinity", raising=False)
     threads = torch.get_num_threads()
     try:
-        runtime.start(train.TrainConfig(device="cpu"), runtime.Machine())
+        runtime.start("cpu", runtime.Machine())
         assert torch.get_num_threads() == os.cpu_count()
     finally:
         torch.set_num_threads(threads)
@@ -329,7 +329,7 @@ def test_help_lists_every_flag_with_its_default_from_configurable_txt(capsys):
     printed = captured.out.splitlines()
     for row in rows:
         assert row in printed
-    for name in flags.field_types(GPTConfig, train.TrainConfig):
+    for name in flags.field_types(GPTConfig, configs.TrainConfig):
         assert any(line.split()[:1] == [name] for line in printed), name
 
 

@@ -8,7 +8,7 @@ import typing
 import pytest
 
 from engine import flags
-import train
+import configs
 from model import GPTConfig, PRESETS
 from conftest import ROOT
 
@@ -31,8 +31,8 @@ def read_catalog():
 
 def code_flags():
     """{flag: (default, type)} from GPTConfig and TrainConfig."""
-    types = flags.field_types(GPTConfig, train.TrainConfig)
-    defaults = {f.name: f.default for cls in (GPTConfig, train.TrainConfig) for f in dataclasses.fields(cls)}
+    types = flags.field_types(GPTConfig, configs.TrainConfig)
+    defaults = {f.name: f.default for cls in (GPTConfig, configs.TrainConfig) for f in dataclasses.fields(cls)}
     return {name: (defaults[name], types[name]) for name in types}
 
 
@@ -56,7 +56,7 @@ def test_catalog_allowed_values_match_the_code():
         if optional:
             assert "None" in allowed, f"{name} accepts None; configurable.txt should say so"
             kind = next(a for a in typing.get_args(kind) if a is not type(None))
-        choices = flags.allowed_values(name, kind, train.CHOICES)
+        choices = flags.allowed_values(name, kind, configs.CHOICES)
         if choices is not None:
             values = [v for v in allowed.split("|") if not (optional and v == "None")]
             assert values == choices, f"{name}: catalog allows {allowed}, code allows {choices}"
@@ -94,14 +94,14 @@ def test_every_preset_names_real_flags():
 
 
 def test_flag_syntaxes_parse_to_typed_values():
-    given = train.parse_flags(["--norm=rmsnorm", "--n_layer", "3", "--scale_heads", "--bias=False",
+    given = configs.parse_flags(["--norm=rmsnorm", "--n_layer", "3", "--scale_heads", "--bias=False",
                                "--lr=3e-4", "--init_std=None", "--compile"])
     assert given == {"norm": "rmsnorm", "n_layer": 3, "scale_heads": True, "bias": False, "lr": 3e-4,
                      "init_std": None, "compile": True}
 
 
 def test_preset_applies_first_and_explicit_flags_override():
-    model_cfg, _ = train.build_configs(train.parse_flags(["--preset=normformer", "--scale_heads=False"]))
+    model_cfg, _ = configs.build_configs(configs.parse_flags(["--preset=normformer", "--scale_heads=False"]))
     assert model_cfg.scale_attn and model_cfg.scale_fc and not model_cfg.scale_heads
 
 
@@ -116,7 +116,7 @@ def test_preset_applies_first_and_explicit_flags_override():
 ])
 def test_bad_flags_are_one_clear_line(argv, expected):
     with pytest.raises(flags.UsageError) as error:
-        train.build_configs(train.parse_flags(argv))
+        configs.build_configs(configs.parse_flags(argv))
     assert expected in str(error.value)
     assert "\n" not in str(error.value)
 
@@ -129,5 +129,5 @@ def test_bad_flags_are_one_clear_line(argv, expected):
 ])
 def test_meaningless_combinations_fail_at_config_time(argv, expected):
     with pytest.raises(flags.UsageError) as error:
-        train.build_configs(train.parse_flags(argv))
+        configs.build_configs(configs.parse_flags(argv))
     assert expected in str(error.value)

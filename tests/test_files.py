@@ -20,8 +20,9 @@ import torch
 
 import data
 import model
+import configs
 import train
-from engine import files, flags, run_folder, runtime
+from engine import files, flags, run_folder, run_reader, runtime
 from conftest import PAUSED_TRAIN, ROOT, TINY, FailingWrites, events, prepared, torchrun, train_argv, train_process
 
 
@@ -206,7 +207,7 @@ def test_a_disk_that_fills_or_turns_read_only_mid_run_loses_nothing(corpus, chec
         assert train.main([*common, "--resume"]) == 1
     one_line(capsys.readouterr().err, f"cannot write {checkpointed / failed}")
     lines = (checkpointed / "log.jsonl").read_bytes()
-    assert lines.endswith(b"\n") and files.read_log(str(checkpointed / "log.jsonl"))[1] == ""
+    assert lines.endswith(b"\n") and run_reader.read_log(str(checkpointed / "log.jsonl"))[1] == ""
     assert torch.load(checkpointed / "ckpt.pt", weights_only=True)["step"] == saved
     assert leftovers(checkpointed) == []
     assert train.main([*common, "--resume"]) == 0
@@ -251,7 +252,7 @@ FOREIGN_LOGS = [
 def test_read_log_names_the_file_and_line_of_a_foreign_log(tmp_path, content, says):
     (tmp_path / "log.jsonl").write_bytes(content)
     with pytest.raises(flags.UsageError) as e:
-        files.read_log(str(tmp_path / "log.jsonl"))
+        run_reader.read_log(str(tmp_path / "log.jsonl"))
     assert f"{tmp_path / 'log.jsonl'}{says}" in str(e.value) and "\n" not in str(e.value)
 
 
@@ -259,12 +260,12 @@ def test_read_log_leaves_out_a_torn_last_line_and_says_so(tmp_path):
     path = tmp_path / "log.jsonl"
     path.write_bytes(b'{"event": "train", "step": 1, "loss": 5}\n{"event": "train", "step": 2, "loss": 4}\n'
                      b'{"event": "tr')
-    assert files.read_log(str(path)) == ([{"event": "train", "step": 1, "loss": 5}, {"event": "train", "step": 2,
+    assert run_reader.read_log(str(path)) == ([{"event": "train", "step": 1, "loss": 5}, {"event": "train", "step": 2,
                                                                                    "loss": 4}],
                                          f"{path}:3: the last line was cut short (a killed run); left out")
     path.write_bytes(b'{"event": "train", "step": 1, "loss": 5}\n\xe2\x82')  # cut inside a UTF-8 character
-    assert files.read_log(str(path))[0] == [{"event": "train", "step": 1, "loss": 5}]
-    assert files.read_log(str(tmp_path / "absent.jsonl")) == ([], "")
+    assert run_reader.read_log(str(path))[0] == [{"event": "train", "step": 1, "loss": 5}]
+    assert run_reader.read_log(str(tmp_path / "absent.jsonl")) == ([], "")
 
 
 @pytest.mark.parametrize("kind, says", [("folder", "is a folder, not a file"),
@@ -282,7 +283,7 @@ def test_read_log_refuses_what_is_not_a_file(tmp_path, kind, says):
     else:
         os.mkfifo(path)
     with pytest.raises(flags.UsageError, match=says):
-        files.read_log(str(path))
+        run_reader.read_log(str(path))
 
 
 def test_resume_refuses_a_foreign_log_and_leaves_every_file(corpus, checkpointed, capsys):
@@ -330,19 +331,19 @@ def test_the_parameter_estimate_is_within_5_percent_of_a_direct_count(overrides)
 
 
 def test_the_memory_estimate_counts_parameters_optimizer_and_activations():
-    cfg, tc = model.GPTConfig(), train.TrainConfig(dtype="float32")
+    cfg, tc = model.GPTConfig(), configs.TrainConfig(dtype="float32")
     params = runtime.parameter_estimate(cfg)
     base = runtime.memory_estimate(cfg, tc)
     assert base > 16 * params
-    doubled = runtime.memory_estimate(cfg, train.TrainConfig(dtype="float32", batch_size=2 * tc.batch_size))
+    doubled = runtime.memory_estimate(cfg, configs.TrainConfig(dtype="float32", batch_size=2 * tc.batch_size))
     assert doubled - base == base - 16 * params  # activations grow with the batch, the parameters' share does not
 
 
 @pytest.mark.parametrize("model_flags, train_flags", [(dict(n_embd=10 ** 9), {}), (dict(n_layer=10 ** 6), {}),
                                                       ({}, dict(batch_size=10 ** 9))])
 def test_a_model_that_cannot_fit_is_refused_before_it_is_built(model_flags, train_flags):
-    cfg, tc = model.GPTConfig(**model_flags), train.TrainConfig(dtype="float32", **train_flags)
-    runtime.check_memory(model.GPTConfig(), train.TrainConfig(dtype="float32"), "cpu", runtime.Machine())
+    cfg, tc = model.GPTConfig(**model_flags), configs.TrainConfig(dtype="float32", **train_flags)
+    runtime.check_memory(model.GPTConfig(), configs.TrainConfig(dtype="float32"), "cpu", runtime.Machine())
     with pytest.raises(flags.UsageError) as e:
         runtime.check_memory(cfg, tc, "cpu", runtime.Machine())
     have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -559,7 +560,7 @@ def test_a_log_write_that_fails_mid_run_under_torchrun_is_one_line_per_process_a
     assert f"cannot write {out / 'log.jsonl'} (No space left on device)" in ours[0]
     assert "process 1: another process of the run stopped" in ours[1]
     assert "[rank1]: Traceback" not in result.stderr and "Connection closed by peer" not in result.stderr, result.stderr
-    assert files.read_log(str(out / "log.jsonl"))[1] == ""  # whole lines only
+    assert run_reader.read_log(str(out / "log.jsonl"))[1] == ""  # whole lines only
 
 
 def test_prepared_data_with_a_token_id_past_the_vocabulary_is_refused_before_anything_is_written(tmp_path, capsys):

@@ -12,6 +12,7 @@ import data
 from engine import flags
 import plot
 import sweep
+import configs
 import train
 from conftest import ROOT
 
@@ -42,7 +43,7 @@ def test_each_syntax_gives_a_typed_value():
 @pytest.mark.parametrize("text, value", [("true", True), ("True", True), ("YES", True), ("1", True),
                                          ("false", False), ("No", False), ("0", False)])
 def test_booleans_are_read_alike_in_every_script(text, value):
-    assert train.parse_flags([f"--bias={text}"]) == {"bias": value}
+    assert configs.parse_flags([f"--bias={text}"]) == {"bias": value}
     assert sweep.parse_args(["--variants=baseline", "--lrs=1e-2", f"--dry_run={text}"]).dry_run is value
     assert flags.parse([f"--on={text}"], Options) == {"on": value}
 
@@ -115,7 +116,7 @@ def test_the_first_class_owns_a_shared_name():
 
 
 def test_there_is_one_usage_error():
-    assert train.flags.UsageError is data.UsageError is sweep.UsageError is plot.UsageError is bench.UsageError
+    assert configs.flags.UsageError is data.UsageError is sweep.UsageError is plot.UsageError is bench.UsageError
     for script in SCRIPTS:
         with open(os.path.join(ROOT, script)) as f:
             tree = ast.parse(f.read())

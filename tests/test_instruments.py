@@ -11,6 +11,7 @@ import torch.nn.functional as F
 import data
 import model
 from diagnostics import probes
+import configs
 from diagnostics.instruments import Instruments
 import train
 from conftest import events, run, run_train, tiny
@@ -21,7 +22,7 @@ TINY = tiny(block_size=16, eval_iters=1, warmup_iters=0)
 
 
 def test_ramp_schedule_values():
-    tc = train.TrainConfig(lr=0.1, max_iters=1000, lr_schedule="ramp", warmup_iters=50)
+    tc = configs.TrainConfig(lr=0.1, max_iters=1000, lr_schedule="ramp", warmup_iters=50)
     assert [train.get_lr(s, tc) for s in (0, 1, 500, 1000)] == [0.0, 0.1 / 1000, 0.05, 0.1]
 
 
@@ -215,7 +216,7 @@ def test_z_loss_adds_to_the_objective_and_logs_the_cross_entropy(corpus, tmp_pat
 
 
 def test_sequence_warmup_shapes():
-    tc = train.TrainConfig(batch_size=4, seq_warmup_iters=10, seq_warmup_start=4)
+    tc = configs.TrainConfig(batch_size=4, seq_warmup_iters=10, seq_warmup_start=4)
     shapes = [train.sequence_shape(s, tc, 64) for s in range(12)]
     assert shapes[0] == (4, 64) and shapes[10] == shapes[11] == (64, 4)
     lengths = [length for length, _ in shapes]

@@ -18,8 +18,8 @@ from model import GPT, GPTConfig, PRESETS, flops_per_token, norm, softcap, subln
 from norms import PER_TOKEN_NORMS
 from conftest import ROOT, TINY_CONFIG
 import copy
-from engine import config_checks, runtime
-import train
+from engine import runtime
+import configs
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -1240,11 +1240,9 @@ def test_powernorm_context_puts_the_compared_norm_in_every_slot(preset, statisti
 
 @pytest.mark.parametrize("schedule, expected", [("ramp", 0), ("cosine", 2 * 50)])
 def test_powernorm_warmup_follows_the_lr_schedule(schedule, expected):
-    from engine import config_checks
-    from train import TrainConfig
+    from configs import TrainConfig, fit_to_tokenizer
     tc = TrainConfig(lr_schedule=schedule, warmup_iters=50, grad_accum=2)
-    meta = {"vocab_size": 256, "train_tokens": 10 ** 6, "val_tokens": 10 ** 5}
-    cfg = config_checks.fit_to_data(GPTConfig(norm="powernorm"), tc, meta, given={}, resumed=False)
+    cfg = fit_to_tokenizer(GPTConfig(norm="powernorm"), tc, given={}, resumed=False)
     assert cfg.pn_warmup == expected
 
 
@@ -1349,7 +1347,7 @@ def test_logit_softcap_caps_the_output_logits_and_the_loss_sees_them():
 def test_the_memory_estimate_counts_the_scores_a_soft_cap_keeps():
     """--attn_softcap takes the manual path, which keeps the (B, H, T, T) scores: train.py's memory check counts
     them as for --attn_impl=manual, Korthikanti et al.'s 5 H T / d bytes per activation value (x2 in float32)."""
-    tc = train.TrainConfig(dtype="float32")
+    tc = configs.TrainConfig(dtype="float32")
     T, L, H, d = 4096, 4, 4, 128
     sizes = dict(block_size=T, n_layer=L, n_head=H, n_embd=d)
     sdpa = runtime.memory_estimate(GPTConfig(**sizes), tc)
@@ -1451,8 +1449,8 @@ def test_learned_embed_scale_starts_at_sqrt_d_and_its_gradient_is_the_chain_rule
     expected = (upstream * model.wte.weight[idx].detach()).sum()
     torch.testing.assert_close(model.embed_gain.grad, expected, rtol=1e-12, atol=0)
     assert build(embed_scale_learned=True).embed_gain is None  # no --embed_scale, no multiplier to learn
-    warnings = config_checks.no_effect_warnings({"embed_scale_learned"}, GPTConfig(embed_scale_learned=True),
-                                                train.TrainConfig())
+    warnings = configs.no_effect_warnings({"embed_scale_learned"}, GPTConfig(embed_scale_learned=True),
+                                          configs.TrainConfig())
     assert warnings == ["train.py: warning: --embed_scale_learned has no effect with --embed_scale=False"]
 
 

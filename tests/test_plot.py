@@ -14,10 +14,11 @@ import lab.summary
 import plot
 from lab import recipes
 import sweep
+import configs
 import train
 from conftest import SWEEP_TINY, check_png
 
-INSTRUMENTED = {"telemetry_interval", "fp16_headroom_interval"} <= set(train.TrainConfig.__dataclass_fields__)
+INSTRUMENTED = {"telemetry_interval", "fp16_headroom_interval"} <= set(configs.TrainConfig.__dataclass_fields__)
 TELEMETRY_PLOTS = ("grad_norms", "gains", "attn_logits", "powernorm", "headroom")
 
 

@@ -17,6 +17,7 @@ import plot
 from lab import recipes
 from lab import stats
 import sweep
+import configs
 import train
 from model import PRESETS
 from conftest import SWEEP_TINY, check_png
@@ -45,7 +46,7 @@ def recipe_args(argv):
 
 def train_configs(argv):
     """train.py's own parser and config checks, as it runs them on its command line."""
-    return train.build_configs(train.parse_flags(argv))
+    return configs.build_configs(configs.parse_flags(argv))
 
 
 @pytest.mark.parametrize("scale", ["cpu", "gpu"])
@@ -62,13 +63,13 @@ def test_recipe_dry_run_commands_parse_with_train_parser(name, scale, tmp_path, 
         variant, lr, seed = os.path.relpath(tc.out_dir, tmp_path).split(os.sep)
         assert (tc.lr, tc.seed, lr) == (float(lr), int(seed), settings["lrs"][settings["lrs"].index(lr)])
         assert (tc.lr_schedule == "ramp") == (settings["mode"] == "ramp")
-        assert tc.dtype == train.parse_flags(settings["train_argv"]).get("dtype", "auto")  # the recipe's own
-        given = train.parse_flags(argv)
+        assert tc.dtype == configs.parse_flags(settings["train_argv"]).get("dtype", "auto")  # the recipe's own
+        given = configs.parse_flags(argv)
         head, *overrides = variant.split("+")
         for key, value in PRESETS.get(head, {}).items():  # the context preset, where no explicit flag replaces it
             assert key in given or getattr(model_cfg, key) == value, (variant, key)
         for key, text in (part.split("=") for part in overrides):
-            assert given[key] == train.parse_flags([f"--{key}={text}"])[key]
+            assert given[key] == configs.parse_flags([f"--{key}={text}"])[key]
         seen.add((variant, lr, seed))
     assert {v for v, _, _ in seen} == set(settings["variants"]) and len(seen) == len(lines)
     first = recipes.RECIPES[name].first_seed

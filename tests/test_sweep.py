@@ -20,10 +20,11 @@ from engine import files
 import lab.stats
 import lab.summary
 import sweep
+import configs
 import train
 from conftest import FailingWrites, ROOT, SWEEP_TINY
 
-HAS_RAMP = "ramp" in typing.get_args(train.TrainConfig.__annotations__["lr_schedule"])
+HAS_RAMP = "ramp" in typing.get_args(configs.TrainConfig.__annotations__["lr_schedule"])
 
 
 def test_lr_sensitivity_by_hand():
@@ -122,8 +123,8 @@ def test_dry_run_commands_parse_with_train_parser(tmp_path, capsys, mode):
     assert code == 0 and len(lines) == 3 * 2 * 2
     seen = set()
     for line in lines:
-        given = train.parse_flags(shlex.split(line)[2:])
-        model_cfg, tc = train.build_configs(given)
+        given = configs.parse_flags(shlex.split(line)[2:])
+        model_cfg, tc = configs.build_configs(given)
         assert (tc.max_iters, model_cfg.n_layer) == (7, 3)
         variant, lr, seed = os.path.relpath(tc.out_dir, tmp_path).split(os.sep)
         assert (float(lr), int(seed)) == (tc.lr, tc.seed)
@@ -200,7 +201,7 @@ def snapshot(run_dir):
 
 
 def steps_of(run_dir, kind):
-    return [e["step"] for e in lab.summary.read_events(os.path.join(run_dir, "log.jsonl")) if e["event"] == kind]
+    return [e["step"] for e in lab.summary.read_events(run_dir) if e["event"] == kind]
 
 
 @pytest.mark.slow
@@ -368,7 +369,7 @@ def test_a_recipe_takes_extra_flags_after_its_own_and_runs_its_own_seeds():
     args = sweep.parse_args(["--recipe=powernorm", "--device=cpu", "--max_iters=50"])
     assert args.seeds == 8 and args.out_dir == os.path.join("sweeps", "powernorm")
     assert args.train_argv[-2:] == ["--device=cpu", "--max_iters=50"]  # after the recipe's --max_iters: they win
-    assert train.parse_flags(args.train_argv)["max_iters"] == 50
+    assert configs.parse_flags(args.train_argv)["max_iters"] == 50
     assert sweep.parse_args(["--recipe=powernorm", "--scale=gpu"]).out_dir == os.path.join("sweeps", "powernorm_gpu")
     # normformer_loss runs seeds 10-19, which did not pick its LR
     assert {run.seed for run in sweep.grid(sweep.parse_args(["--recipe=normformer_loss"]))} == set(range(10, 20))
@@ -513,8 +514,7 @@ def test_a_held_run_folder_is_left_to_its_holder_and_reported_as_running(corpus,
 
 
 def events_of(run_dir):
-    path = os.path.join(run_dir, "log.jsonl")
-    return lab.summary.read_events(path) if os.path.isfile(path) else []
+    return lab.summary.read_events(run_dir) if os.path.isfile(os.path.join(run_dir, "log.jsonl")) else []
 
 
 @pytest.mark.slow
@@ -586,19 +586,19 @@ def finished_as(run, argv, drop=()):
 
 
 def resolved_configs(run, argv):
-    """The run's configs for the flags of sweep argv, as train.py resolves them before it writes config.json (paths
-    absolute)."""
+    """The run's configs for the flags of sweep argv, as train.py resolves them before it writes config.json, less
+    what the machine decides (configs.resolve)."""
     flags = [f for f in sweep.train_flags(run, sweep.parse_args(argv)) if f not in ("--resume", "--overwrite")]
-    model_cfg, tc = train.build_configs(train.parse_flags(flags))
-    return model_cfg, train.config_checks.absolute_paths(tc)
+    model_cfg, tc, _ = configs.resolve(configs.parse_flags(flags), machine=False)
+    return model_cfg, tc
 
 
 def write_config(run, argv, drop=()):
     """The run's config.json as train.py writes it before its first step, for the flags of sweep argv: the configs
-    resolved as train.py resolves them (vocabulary padded from the data, dtype and compile made concrete, paths
-    absolute), less the keys in drop (a config.json written before those keys existed)."""
+    resolved as train.py resolves them (vocabulary padded from the tokenizer's, paths absolute), dtype and compile
+    as a machine made them concrete, less the keys in drop (a config.json written before those keys existed)."""
     model_cfg, tc = resolved_configs(run, argv)
-    model = {**dataclasses.asdict(model_cfg), "vocab_size": 64, "pn_warmup": 0}
+    model = dataclasses.asdict(model_cfg)
     training = {**dataclasses.asdict(tc), "dtype": "float32", "compile": False}
     for key in drop:
         model.pop(key, None)

@@ -1,6 +1,7 @@
 """train.py end to end on a tiny corpus: exact resume, DDP, mixed precision, checkpoints, bad input."""
 
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -18,6 +19,7 @@ from diagnostics import leakage
 import model
 import norms
 from engine import runtime
+import configs
 import train
 from model import GPT, GPTConfig
 from norms import NORMS
@@ -40,6 +42,18 @@ def test_run_writes_config_log_and_checkpoint(corpus, tmp_path):
     checkpoint = torch.load(out / "ckpt.pt", weights_only=True)
     assert checkpoint["step"] == 6 and checkpoint["model_config"] == config["model"]
     assert not os.path.exists(out / "ckpt.pt.tmp")
+
+
+def test_config_json_holds_the_one_resolution_of_the_flags(corpus, tmp_path):
+    """The configs a run writes are configs.resolve's for its flags, the vocabulary, PowerNorm's warmup, dtype and
+    compile included: what a sweep compares with a finished run is what train.py ran."""
+    flags = [*TINY, "--max_iters=2", "--eval_interval=2", "--norm=powernorm", "--grad_accum=2"]
+    assert run(corpus, tmp_path, *flags) == 0
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    resolved = configs.resolve(configs.parse_flags(train_argv(corpus, tmp_path / "data", tmp_path / "out", *flags)))
+    assert config["model"] == json.loads(json.dumps(dataclasses.asdict(resolved.model)))
+    assert config["train"] == json.loads(json.dumps(dataclasses.asdict(resolved.train)))
+    assert config["model"]["pn_warmup"] == 2 * 2 and config["train"]["compile"] is False  # resolved, not as given
 
 
 class StepClock:
@@ -297,13 +311,13 @@ def test_ddp_processes_share_the_gpus_when_there_are_fewer(monkeypatch, device_t
 def test_mfu_peak_is_the_gpus_own(monkeypatch, name, flag, expected):
     """nanoGPT issue #182: MFU against a hard-coded A100 peak is wrong on every other GPU."""
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
-    assert runtime.gpu_peak_flops(train.TrainConfig(gpu_peak_tflops=flag), "cuda") == expected
+    assert runtime.gpu_peak_flops(configs.TrainConfig(gpu_peak_tflops=flag), "cuda") == expected
 
 
 def test_compile_default_is_per_device():
-    assert runtime.resolve_device(train.TrainConfig(device="cpu"))[1].compile is False
-    assert runtime.resolve_device(train.TrainConfig(device="cpu", compile=True))[1].compile is True
-    assert train.parse_flags(["--compile"]) == {"compile": True}
+    assert runtime.resolve_device(configs.TrainConfig(device="cpu"))[1].compile is False
+    assert runtime.resolve_device(configs.TrainConfig(device="cpu", compile=True))[1].compile is True
+    assert configs.parse_flags(["--compile"]) == {"compile": True}
 
 
 TRAINING_STEP_FAULTS = """
@@ -313,6 +327,7 @@ import sys
 import torch
 import model
 from engine import runtime
+import configs
 import train
 keep = sys.argv[1] == "keep" and runtime.keep_freed_memory()
 torch.manual_seed(0)
@@ -320,7 +335,7 @@ torch.manual_seed(0)
 # mmap threshold rises to, so by default every step maps them afresh. The quickstart's own blocks (1-8 MiB) fault
 # too, but how often depends on the order of frees that moved the threshold (476 to 5,700 a step measured).
 gpt = model.GPT(model.GPTConfig(vocab_size=8192, n_layer=1))
-optimizer = train.configure_optimizer(gpt, train.TrainConfig(), "cpu")
+optimizer = train.configure_optimizer(gpt, configs.TrainConfig(), "cpu")
 x = torch.randint(0, 8192, (16, gpt.config.block_size))
 def step():
     gpt(x, x)[1].backward()
@@ -430,7 +445,7 @@ def cross_entropy_by_hand(logits, targets):
 
 
 def schedule(**overrides):
-    return train.TrainConfig(**{"lr": 1.0, "min_lr": 0.1, "warmup_iters": 10, "max_iters": 110, **overrides})
+    return configs.TrainConfig(**{"lr": 1.0, "min_lr": 0.1, "warmup_iters": 10, "max_iters": 110, **overrides})
 
 
 def test_warmup_rises_linearly_from_the_first_step_to_lr():
@@ -474,7 +489,7 @@ def test_constant_schedule_holds_lr_after_warmup():
 
 def test_ramp_is_lr_times_step_over_max_iters():
     """NormFormer §4: LR = lr * step / max_iters, 0 at step 0 and lr at max_iters, ignoring the warmup."""
-    schedules = typing.get_args(typing.get_type_hints(train.TrainConfig)["lr_schedule"])
+    schedules = typing.get_args(typing.get_type_hints(configs.TrainConfig)["lr_schedule"])
     if "ramp" not in schedules:
         pytest.skip(f"--lr_schedule=ramp is not implemented yet (allowed: {', '.join(schedules)})")
     tc = schedule(lr_schedule="ramp", max_iters=100)
@@ -487,7 +502,7 @@ def test_weight_decay_on_weight_matrices_only(tie):
                     scale_heads=True, scale_attn=True, scale_fc=True, scale_resids=True, layer_scale=True,
                     qkv_norm=True, embed_norm=True, ffn_out_norm=True)
     gpt = GPT(cfg)
-    tc = train.TrainConfig(weight_decay=0.07, lr=3e-4, beta1=0.8, beta2=0.95)
+    tc = configs.TrainConfig(weight_decay=0.07, lr=3e-4, beta1=0.8, beta2=0.95)
     optimizer = train.configure_optimizer(gpt, tc, "cpu")
     # the decision from the module a parameter belongs to, not from its shape
     decayed, names = {}, {}

@@ -1,30 +1,84 @@
 """
-train.py's flags made into its two configs, and checked: model.py's GPTConfig (a --preset first, then the
-explicit flags) and train.py's TrainConfig. GPTConfig checks its own combinations; here are the ranges of the
-training flags, the warnings for flags that change nothing in a configuration, and the configs of a resumed run.
-
-In the order a run meets them: `model_flags(given)` are the GPTConfig fields the command line asks for (its
-preset's, then the explicit ones); `check_train_config(tc, given)` refuses a value out of range in one line, before
-anything is written, and `absolute_paths(tc)` makes --dataset and --data_dir absolute, as the run records them;
-`no_effect_warnings(given, model_cfg, tc)` are the warnings for flags that change nothing. On --resume,
-`resume_configs(given, checkpoint, world_size, tc)` takes the checkpoint's configs, with the flags given on top
-where a resume may change them; a change that would make it another run is one line. Once the data is prepared,
-`fit_to_data(model_cfg, tc, meta, given, resumed)` sets the vocabulary from the tokenizer's, and
-`check_resumed_data(checkpoint, meta)` refuses a resume onto data other than the run's.
+A run's configs from its command line, resolved in one place: model.py's GPTConfig (a --preset first, then the
+explicit flags) and TrainConfig. `resolve` is the whole resolution, as nanoGPT resolves its model_args once: the
+flags (from_flags); on --resume the checkpoint's configs with the flags a resume may change on top
+(resume_configs); the vocabulary and PowerNorm's warmup (fit_to_tokenizer); and the device, dtype and compile of
+this machine (runtime.resolve_device). It reads nothing but its arguments and the machine, so the configs of a run
+are known without running it, and a second copy of a rule has no reason to exist. GPTConfig checks its own
+combinations; here are the ranges of the training flags, the warnings for flags that change nothing, and
+`check_data`, which holds the prepared data to the configs.
 """
 
 import dataclasses
 import math
 import os
 import re
+from dataclasses import dataclass
+from typing import Literal, NamedTuple, Optional
 
 import data
+from engine import flags
+from engine import runtime
 from engine.flags import UsageError
 from model import GPTConfig, PRESETS, block_layout
 from norms import NORM_FLAGS, reads
 
-# Flags of the machine, not of the run: a resume takes them from its own command line, not the checkpoint.
-SYSTEM_FLAGS = ("out_dir", "device", "dtype", "compile", "overwrite", "resume")
+
+@dataclass
+class TrainConfig:
+    # data
+    dataset: str = "builtin"
+    tokenizer: Literal["byte", "gpt2"] = "byte"
+    data_dir: str = "data"
+    batch_size: int = 16  # sequences per micro-step on each process
+    grad_accum: int = 1  # micro-steps per optimizer step on each process
+    # optimizer and schedule
+    lr: float = 4e-3
+    min_lr: float = 4e-4
+    warmup_iters: int = 50
+    max_iters: int = 800
+    lr_decay_iters: Optional[int] = None  # None: decay until max_iters
+    lr_schedule: Literal["cosine", "linear", "constant", "ramp"] = "cosine"  # ramp: NormFormer §4 LR stability test
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0  # 0 disables clipping (the norm is still logged)
+    # evaluation, logging, checkpoints
+    out_dir: str = "out"
+    eval_interval: int = 200
+    eval_iters: int = 10  # eval_iters x batch_size fixed windows per split (data.eval_starts), on all processes
+    log_interval: int = 25
+    always_save_checkpoint: bool = True
+    resume: bool = False
+    preset: Optional[str] = None
+    seed: int = 1337
+    overwrite: bool = False  # start afresh in an out_dir that holds a run
+    keep_checkpoints: int = 1  # ckpt-<step>.pt of the last K checkpoints, and of the best
+    # loss-spike instruments (probes.py) and mitigations
+    diverge_loss: Optional[float] = None  # diverged above this loss 3 steps in a row; None: first loss + 1
+    diverge_gap: float = 1.5  # diverged when the 10-step mean loss is this far above its best; 0: off
+    spike_window: int = 100  # steps in the spike monitor's running mean and std
+    spike_z: float = 5.0  # a loss or grad-norm z-score above this is a spike
+    skip_spikes: bool = False  # skip the optimizer step of a spike (llm.c)
+    telemetry_interval: int = 0  # a "telemetry" event every N steps; 0: off
+    fp16_headroom_interval: int = 0  # a "headroom" event (max |x| per op and layer) every N steps; 0: off
+    fp16_overflow_fails: bool = False  # diverged at the first op output over 65504 (NormFormer's float16 failure)
+    z_loss: float = 0.0  # adds z_loss * mean(log Z)^2 to the training loss (PaLM)
+    seq_warmup_iters: int = 0  # steps over which the sequence length grows to block_size; 0: off
+    seq_warmup_start: int = 8  # the sequence length at step 0 of the sequence-length warmup
+    # system
+    device: str = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
+    compile: Optional[bool] = None  # None: on CUDA, off on CPU (where inductor is slower at small shapes)
+    gpu_peak_tflops: Optional[float] = None  # for MFU; None: looked up by GPU name
+
+
+CHOICES = {"preset": list(PRESETS)}  # allowed values of the flags whose type does not list them
+
+
+def parse_flags(argv):
+    """{flag: value} of the flags a train.py command line sets."""
+    return flags.parse(argv, GPTConfig, TrainConfig, choices=CHOICES)
 
 
 def model_flags(given):
@@ -32,6 +86,52 @@ def model_flags(given):
     model_args = dict(PRESETS[given["preset"]]) if given.get("preset") else {}
     model_args.update({k: v for k, v in given.items() if k in GPTConfig.__dataclass_fields__})
     return model_args
+
+
+def build_configs(given):
+    """The preset first, then the explicit flags; a meaningless combination is one line (GPTConfig's checks)."""
+    try:
+        return GPTConfig(**model_flags(given)), flags.build(TrainConfig, given)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def from_flags(given):
+    """The configs of the flags alone, checked (check_train_config), with absolute paths."""
+    model_cfg, tc = build_configs(given)
+    check_train_config(tc, given)
+    return model_cfg, absolute_paths(tc)
+
+
+class RunConfigs(NamedTuple):
+    """What resolve gives: the run's model config, its training config, and its device (None without the machine)."""
+    model: GPTConfig
+    train: TrainConfig
+    device: Optional[str]
+
+
+def resolve(given, checkpoint=None, world_size=1, machine=True):
+    """The RunConfigs a run will have: the flags (from_flags); on --resume the checkpoint's configs
+    with the flags given on top where a resume may change them (resume_configs); the vocabulary and PowerNorm's
+    warmup (fit_to_tokenizer); and with machine, --device, --dtype and --compile made concrete on this machine
+    (runtime.resolve_device; without it they stay as given, MACHINE_SETTINGS, and the device is None).
+    Bad input is a UsageError of one line. Reads nothing but its arguments and the machine."""
+    model_cfg, tc = from_flags(given)
+    if checkpoint:
+        model_cfg, tc = resume_configs(given, checkpoint, world_size, tc)
+        check_train_config(tc, given)
+        tc = absolute_paths(tc)  # a checkpoint's configs may hold relative paths
+    model_cfg = fit_to_tokenizer(model_cfg, tc, given, resumed=checkpoint is not None)
+    device = None
+    if machine:
+        device, tc = runtime.resolve_device(tc)
+    return RunConfigs(model_cfg, tc, device)
+
+
+# Flags of the machine, not of the run: a resume takes them from its own command line, not the checkpoint.
+SYSTEM_FLAGS = ("out_dir", "device", "dtype", "compile", "overwrite", "resume")
+# the settings resolve() makes concrete on the machine (runtime.resolve_device) where they are left at the default
+MACHINE_SETTINGS = ("dtype", "compile")
 
 
 # an AdamW LR this large moves every weight by ~1,000 a step: a typo, and past float32 it breaks the optimizer
@@ -166,32 +266,33 @@ def resume_configs(given, checkpoint, world_size, tc):
     return model_cfg, tc
 
 
-def check_resumed_data(checkpoint, meta):
-    """A resumed run trains on the text it started on: the sha256 its checkpoint records is the prepared data's.
-    (A checkpoint that records none is not checked.)"""
-    started_on, now = checkpoint.get("data_sha256"), meta["source"]["sha256"]
-    if started_on and started_on != now:
-        raise UsageError(f"--resume: the data has changed since the run started ({meta['source']['path']}: text sha256 "
-                         f"{now[:12]}, the run trained on {started_on[:12]}); put the run's data back, or start a new "
-                         "run in another --out_dir")
-
-
-def fit_to_data(model_cfg, tc, meta, given, resumed):
-    """The model config for this prepared dataset (meta.json): the vocabulary padded from the tokenizer's, unless
-    given or resumed; PowerNorm's warmup from the LR warmup, unless given. Too short a dataset is one line."""
-    data.check_length(meta, model_cfg.block_size)
+def fit_to_tokenizer(model_cfg, tc, given, resumed):
+    """The model config for the tokenizer: the vocabulary padded from the tokenizer's (data.VOCAB_SIZES, what a
+    prepared dataset's meta.json holds), unless given or resumed; PowerNorm's warmup from the LR warmup, unless
+    given."""
     if tc.seq_warmup_iters and tc.seq_warmup_start > model_cfg.block_size:
         raise UsageError(f"--seq_warmup_start={tc.seq_warmup_start} must be <= --block_size={model_cfg.block_size}")
-    padded_vocab = 64 * math.ceil(meta["vocab_size"] / 64)  # a multiple of 64 is faster on GPUs (nanoGPT)
+    vocab = data.VOCAB_SIZES[tc.tokenizer]
     if "vocab_size" in given or resumed:
-        if model_cfg.vocab_size < meta["vocab_size"]:
-            raise UsageError(f"--vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's "
-                             f"{meta['vocab_size']}")
+        if model_cfg.vocab_size < vocab:
+            raise UsageError(f"--vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's {vocab}")
     else:
-        model_cfg = dataclasses.replace(model_cfg, vocab_size=padded_vocab)
+        # a multiple of 64 is faster on GPUs (nanoGPT)
+        model_cfg = dataclasses.replace(model_cfg, vocab_size=64 * math.ceil(vocab / 64))
     if model_cfg.pn_warmup is None:
         # PowerNorm App. A.1 sets its psi warmup to the LR warmup (here counted in training forward calls); a
         # ramp has no LR warmup (--warmup_iters has no effect there), so PowerNorm's psi warmup is 0 too
         warmup = 0 if tc.lr_schedule == "ramp" else tc.warmup_iters
         model_cfg = dataclasses.replace(model_cfg, pn_warmup=warmup * tc.grad_accum)
     return model_cfg
+
+
+def check_data(meta, model_cfg, checkpoint):
+    """The prepared data (meta.json) fits the run: long enough for a block, and on --resume the text the run
+    started on (the sha256 its checkpoint records; a checkpoint that records none is not checked)."""
+    started_on, now = (checkpoint or {}).get("data_sha256"), meta["source"]["sha256"]
+    if started_on and started_on != now:
+        raise UsageError(f"--resume: the data has changed since the run started ({meta['source']['path']}: text sha256 "
+                         f"{now[:12]}, the run trained on {started_on[:12]}); put the run's data back, or start a new "
+                         "run in another --out_dir")
+    data.check_length(meta, model_cfg.block_size)
