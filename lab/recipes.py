@@ -137,7 +137,7 @@ QUARTER = ("no number in the paper: the design is powered for a quarter of the r
 
 # The variants are model.py's paper-context presets: each paper's baseline and variants in the model it used
 NF_BASELINE = "nf_baseline"
-WIDE = "+n_embd=128"
+WIDE = "+n_embd=128+n_head=4"  # 4 heads of 32 at either scale (GPU: 12 x 768 is the other width)
 # best_loss: seeds 10-11 choose each arm's LR, seeds 12-19 are tested
 NF_PILOT_SEEDS = 2
 NF_LOSS_NUMBER = "final Table 5, 125M at LR 0.003: valid PPL 15.88 vs 16.37 (arXiv v1 Table 7: 15.98 vs 16.37)"
@@ -252,8 +252,9 @@ RECIPES = {
                    "the paper's gain in nats per GPT-2 token divided by BYTES_PER_GPT2_TOKEN (lab/recipes.py); the "
                    "gradient ratio is layer 0's over layer 3's mean |grad| of W_2, its geometric mean over the "
                    "telemetry steps 10-100 scored as |ln ratio|, at LR 1e-2, 64 wide",
-        gpu_deviations="12 x 768 (the paper's 125M shape) and the same 128-wide override, bfloat16 where the GPU has "
-                       "it, 5,000 steps with 500 warmup (the paper: 100,000), 65K tokens a step, each arm at its "
+        gpu_deviations="12 x 768 (the paper's 125M shape) and the same 128-wide, 4-head variants, bfloat16 "
+                       "where the GPU has it, 5,000 steps with 500 warmup (the paper: 100,000), 65K tokens a step, "
+                       "each arm at its "
                        "best of LRs 1e-3 and 3e-3 on the pilot seeds, the target per GPT-2 token converted to "
                        "bytes as on CPU although these runs count tokens; the builtin corpus unless --dataset names "
                        "a larger one",

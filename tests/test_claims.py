@@ -96,7 +96,8 @@ def test_a_pair_whose_arms_both_diverge_from_different_initial_losses_has_d_zero
     runs = [write_run(tmp_path / f"{variant}{seed}", diverging_run(init), variant=variant, seed=seed)
             for seed in range(2) for variant, init in (("ref", 5.9), ("v", 5.2))]
     records = [lab.summary.run_record(run) for run in runs]
-    seeds, raw, d, _ = claims.contrast(records, Claim("v", "final_loss@1e-2", "better", "", 0.1, "", "paper"), "ref", [])
+    claim = Claim("v", "final_loss@1e-2", "better", "", 0.1, "", "paper")
+    seeds, raw, d, _ = claims.contrast(records, claim, "ref", [])
     assert seeds == [0, 1] and raw == [0.0, 0.0] and d == [0.0, 0.0]
 
 
@@ -193,7 +194,8 @@ def test_an_interaction_subtracts_the_second_contrast_per_seed_on_the_seeds_ever
     records = claim_records({"post36": [3.1, 3.2, 3.0], "deep36": [2.4, 2.6, 2.5],
                              "post6": [2.3, 2.4, 2.2], "deep6": [2.2, 2.35, 2.25]})
     records = [r for r in records if not (r["variant"] == "deep6" and r["seed"] == 1)]  # seed 1 unfinished
-    claim = Claim("deep36", "final_loss@1e-2", "better", "", 0.25, "", "paper", reference="post36", minus=("deep6", "post6"))
+    claim = Claim("deep36", "final_loss@1e-2", "better", "", 0.25, "", "paper", reference="post36",
+                  minus=("deep6", "post6"))
     seeds, raw, d, _ = claims.contrast(records, claim, "post6", [])
     # (deep36 - post36) - (deep6 - post6): seed 0: (2.4 - 3.1) - (2.2 - 2.3) = -0.6; seed 2: -0.5 - 0.05 = -0.55
     assert seeds == [0, 2]
@@ -206,7 +208,8 @@ def test_holm_within_a_recipe_and_the_verdicts():
     # Holm with m = 2: a's 2/256 x 2 = 4/256, then b's 18/256 x 1 (already above). Claim c: worse on all 8.
     records = claim_records({"ref": [2.5] * PAIRS, "a": [2.0] * PAIRS, "b": [2.0] * 7 + [3.0],
                              "c": [3.0] * PAIRS})
-    two = [Claim("a", "final_loss@1e-2", "better", "", 0.1, "", "paper"), Claim("b", "final_loss@1e-2", "better", "", 0.1, "", "paper")]
+    two = [Claim("a", "final_loss@1e-2", "better", "", 0.1, "", "paper"),
+           Claim("b", "final_loss@1e-2", "better", "", 0.1, "", "paper")]
     a, b = claims.judge(records, two, "ref", ["1e-2"])
     assert (a["p"], b["p"]) == (pytest.approx(2 / 256), pytest.approx(18 / 256))
     assert (a["p_holm"], b["p_holm"]) == (pytest.approx(4 / 256), pytest.approx(18 / 256))
@@ -234,7 +237,8 @@ def test_effect_interval_power_and_mde_are_asked_with_the_designs_numbers(monkey
     diffs = [0.1 * (k + 1) for k in range(PAIRS)]
     records = claim_records({"ref": [2.0] * PAIRS, "v": [2.0 - x for x in diffs]})
     claim = Claim("v", "final_loss@1e-2", "better", "", 0.25, "", "paper", relative=True)
-    [result] = claims.judge(records, [claim, Claim("v", "final_loss@1e-2", "worse", "", 0.1, "", "paper")], "ref", [])[:1]
+    worse = Claim("v", "final_loss@1e-2", "worse", "", 0.1, "", "paper")
+    [result] = claims.judge(records, [claim, worse], "ref", [])[:1]
     sd = stats_sd(diffs)
     assert asked["power"][0] == (PAIRS, pytest.approx(sd), pytest.approx(0.5), 0.025)  # alpha = 0.05 / 2 claims
     assert asked["mde"][0] == (PAIRS, pytest.approx(sd), 0.025, 0.8)
@@ -283,7 +287,8 @@ def test_a_claim_without_pairs_stays_in_holms_family():
     # claim a: better on all 8 seeds, p = 2/256; claim b's variant never ran: it enters Holm as p = 1, so a's
     # adjusted p is 2 x 2/256, not 2/256
     records = claim_records({"ref": [2.5] * PAIRS, "a": [2.0] * PAIRS})
-    two = [Claim("a", "final_loss@1e-2", "better", "", 0.1, "", "paper"), Claim("b", "final_loss@1e-2", "better", "", 0.1, "", "paper")]
+    two = [Claim("a", "final_loss@1e-2", "better", "", 0.1, "", "paper"),
+           Claim("b", "final_loss@1e-2", "better", "", 0.1, "", "paper")]
     a, b = claims.judge(records, two, "ref", ["1e-2"])
     assert a["p_holm"] == pytest.approx(4 / 256) and (b["n"], b["p"], b["p_holm"]) == (0, None, None)
     assert b["verdict"] == "not run yet" and b["missing"] == {"b": PAIRS, "ref": 0}
