@@ -7,6 +7,7 @@ cannot drift from the data.
 """
 
 import glob
+import json
 import math
 import os
 import statistics
@@ -83,7 +84,7 @@ def design_changes(summary):
     recipe = summary["recipe"]
     if recipe["name"] not in recipes.RECIPES:
         return ["the recipe is not in lab/recipes.py"]
-    now = recipes.describe(recipe["name"], recipe["scale"])
+    now = json.loads(json.dumps(recipes.describe(recipe["name"], recipe["scale"])))  # as summary.json holds it
     design = recipe["design"]
     changed = [what for what, then, current in (
         ("variants", recipe["variants"], now["variants"]), ("LRs", recipe["lrs"], now["lrs"]),

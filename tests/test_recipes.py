@@ -195,7 +195,8 @@ def test_results_page_from_a_tiny_real_sweep(tiny_experiments, capsys):
         for claim in summary["claims"]:
             # the page's numbers are the summary's, in the headline and in the recipe's table
             effect = lab.tables.interval_text(claim["effect"], claim["effect_ci"])
-            cells = (f"| {effect} | {lab.tables.p_value_text(claim['p_holm'])} | "
+            cells = (f"| {effect} | {lab.tables.coverage_text(claim['ci_coverage'])} | "
+                     f"{lab.tables.p_value_text(claim['p_holm'])} | {lab.tables.target_value_text(claim)} | "
                      f"{lab.tables.power_text(claim['power'])} | {claim['verdict']} |")
             assert cells in headline, (name, cells)
             assert (f"| {claim['n']} | {lab.tables.p_value_text(claim['p'])} | "
@@ -214,7 +215,8 @@ def test_results_page_from_a_tiny_real_sweep(tiny_experiments, capsys):
     assert "(norm=rmsnorm+n_layer=2 vs baseline+n_layer=2) - (norm=rmsnorm+n_layer=1 vs baseline+n_layer=1)" in depth
     positions = [page.index(f'<a id="{name}">') for name in names]
     assert page.index("## Headline") < positions[0] and positions == sorted(positions)
-    assert "sign-flip" in page and "Holm" in page and "Hodges-Lehmann" in page and "MDE" in page
+    assert "sign-flip" in page and "Holm" in page and "- Failure rule: " in page and "MDE" in page
+    assert "earlier design" not in headline  # these runs are the recipes' designs as they stand
 
 
 def test_the_gradient_ratio_recipe_has_ratios_from_its_telemetry(tiny_experiments):
