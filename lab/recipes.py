@@ -135,6 +135,14 @@ CURVE_SEEDS = 6
 QUARTER = ("no number in the paper: the design is powered for a quarter of the reference's median "
            "(nanonorm's choice, fixed before the runs)")
 
+# Measured: this recipe run twice on one 2-core AMD EPYC (torch 2.13.0+cpu), with 1 thread a run (--jobs=2) and
+# with 2 (--jobs=1); sweep.py's pool gives each run cores // jobs threads, so --jobs sets the thread count
+STABILITY_SPREAD = ("the recipe run with 1 thread a run (--jobs=2) and with 2 (--jobs=1) on one 2-core AMD EPYC, "
+                    "torch 2.13.0+cpu, gave different steps survived in all 16 runs, by up to 59 steps (median "
+                    "|change| 22.5), and an effect of +0 [-12.7, +12] (p 1) against -21.1 [-42.3, +1] (p 0.055), "
+                    "both read as smaller than the paper's 37.5%: expect numbers this far apart from a re-run with "
+                    "another --jobs or CPU")
+
 # The variants are model.py's paper-context presets: each paper's baseline and variants in the model it used
 NF_BASELINE = "nf_baseline"
 WIDE = "+n_embd=128+n_head=4"  # 4 heads of 32 at either scale (GPU: 12 x 768 is the other width)
@@ -190,7 +198,7 @@ RECIPES = {
         deviations=NF_DEVIATIONS + "; the LR rises by 2e-3 a step, 0 to 1.0 over 500 steps (the paper: 5e-5 a step), "
                    "because a model this small survives far higher LRs; float32 runs fail where the paper's float16 "
                    "ones would, at the first op output above 65504 (--fp16_overflow_fails), unless nanonorm's "
-                   "divergence rules stop them first",
+                   "divergence rules stop them first; the step at which a run fails is chaotic: " + STABILITY_SPREAD,
         gpu_deviations="12 x 768 (the paper's 125M shape), float16 with GradScaler, the LR rising by 5e-5 a step "
                        "as in final Fig. 5; 65K tokens a step (the paper: 524K); the builtin corpus unless "
                        "--dataset names a larger one",
