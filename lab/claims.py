@@ -6,8 +6,9 @@ every arm involved ran (the arms share seeds, so their data order, initializatio
 up). d_s is signed so that positive is the paper's expected direction. A failed run counts by FAILURE_RULE, fixed
 before the runs. Then, per claim:
   p        the exact two-sided sign-flip permutation p of the mean of the d_s (TEST; lab/stats.py)
-  p_holm   Holm's adjustment over the recipe's claims (the family: every claim of the recipe, one without pairs
-           entering as p = 1)
+  p_holm   Holm's adjustment over the recipe's tested claims (the family: every tested claim of the recipe, one
+           without pairs entering as p = 1); a descriptive claim (recipes.Claim.tested False) has its own p and
+           interval, no p_holm and the verdict "descriptive"
   effect   the mean of d with the interval that inverts the same test and its achieved coverage (INTERVAL),
            in the expected-direction sign; difference: the same in the metric's own sign, variant minus reference
   power    of the design for the claim's effect (recipes.Claim.effect, times |the reference's median| when
@@ -18,6 +19,10 @@ before the runs. Then, per claim:
            target effect, whose origin (the paper's number or nanonorm's choice) the claim records
 A binary endpoint (left_plateau@LR, survived@LR: 1 or 0 a run) is judged by the same test on d in {-1, 0, 1}, the
 exact McNemar test on the discordant pairs; its effect is the difference of the two arms' shares over the pairs.
+The gradient ratios (layer 0 over the last layer) count as |ln ratio|: NormFormer Fig. 3 and Spike No More Fig. 3
+claim the layers' gradients come closer together, so a ratio that overshoots below 1 is uneven too. best_loss with
+a pilot (recipes.Claim.pilot) reads each arm at the LR of its lowest median loss over the first pilot seeds, and
+pairs only the seeds after them.
 """
 
 import math
@@ -36,6 +41,9 @@ FIELDS = {"final_loss": "final_loss_capped", "steps_survived": "steps_survived",
 # what a failed run measures: the LR ramp's failure time is the metric itself
 AT_FAILURE = ("steps_survived", "peak_lr")
 BINARY = ("left_plateau", "survived")
+# scored as |ln ratio|: 0 where the layers' gradients are even
+LOG_RATIOS = ("grad_ratio", "fc2_grad_ratio")
+DESCRIPTIVE = "descriptive"
 # the telemetry steps whose gradient ratios a run's grad_ratio and fc2_grad_ratio average (early training, where
 # NormFormer Fig. 3 and Spike No More Fig. 3 read them)
 RATIO_STEPS = (10, 100)
@@ -74,21 +82,20 @@ def finished(records, variant):
     return [r for r in records if r["variant"] == variant and r["status"] != "unfinished"]
 
 
-def seed_values(records, variant, metric, lrs):
+def seed_values(records, variant, metric, lrs, pilot=0):
     """{seed: the variant's value of metric}, a failed run counted by FAILURE_RULE: NAME@LR from the run at that LR,
-    lr_sensitivity from the seed's runs at every LR of lrs, best_loss at the variant's best LR (the lowest median).
-    A seed whose value is missing (an unfinished run, no telemetry) is left out."""
+    lr_sensitivity from the seed's runs at every LR of lrs, best_loss at the variant's best LR (the lowest median;
+    with pilot, over the sweep's first pilot seeds, which are then left out). A seed whose value is missing (an
+    unfinished run, no telemetry) is left out."""
     ran = finished(records, variant)
     if metric == "lr_sensitivity":
         return {seed: value for seed in sorted({r["seed"] for r in ran})
                 if (value := seed_lr_sensitivity([r for r in ran if r["seed"] == seed], lrs)) is not None}
     if metric == "best_loss":
-        by_lr = {lr: [r for r in ran if r["lr"] == lr and r["final_loss_capped"] is not None] for lr in lrs}
-        by_lr = {lr: runs for lr, runs in by_lr.items() if runs}
-        if not by_lr:
-            return {}
-        best = min(by_lr, key=lambda lr: statistics.median(r["final_loss_capped"] for r in by_lr[lr]))
-        return {r["seed"]: r["final_loss_capped"] for r in by_lr[best]}
+        chosen = pilot_seeds(records, pilot)
+        lr = best_lr(ran, lrs, chosen)
+        return {r["seed"]: r["final_loss_capped"] for r in ran
+                if r["lr"] == lr and r["seed"] not in chosen and r["final_loss_capped"] is not None}
     name, _, lr = metric.partition("@")
     at_lr = [r for r in ran if r["lr"] == lr]
     if name in BINARY:
@@ -96,20 +103,43 @@ def seed_values(records, variant, metric, lrs):
     if name == "final_loss" or name in AT_FAILURE:
         return {r["seed"]: r[FIELDS[name]] for r in at_lr if r[FIELDS[name]] is not None}
     worst = worst_value(records, name, lr)
-    values = {r["seed"]: worst if not measured(r, name) else r[FIELDS[name]] for r in at_lr}
+    values = {r["seed"]: worst if not measured(r, name) else scored(r, name) for r in at_lr}
     return {seed: value for seed, value in values.items() if value is not None}
+
+
+def pilot_seeds(records, pilot):
+    """The sweep's first pilot seeds: they choose an arm's LR and are not tested."""
+    return set(sorted({r["seed"] for r in records})[:pilot])
+
+
+def best_lr(runs, lrs, seeds):
+    """The LR of lrs with the lowest median loss (min(L, ln V)) over the runs of seeds (every seed where seeds is
+    empty); None where no run has a loss."""
+    by_lr = {lr: [r["final_loss_capped"] for r in runs if r["lr"] == lr and (not seeds or r["seed"] in seeds)
+                  and r["final_loss_capped"] is not None] for lr in lrs}
+    by_lr = {lr: losses for lr, losses in by_lr.items() if losses}
+    return min(by_lr, key=lambda lr: statistics.median(by_lr[lr])) if by_lr else None
+
+
+def scored(record, name):
+    """A run's value of a metric as the claims score it: a gradient ratio as |ln ratio|, the rest as recorded."""
+    value = record[FIELDS[name]]
+    if name in LOG_RATIOS and value is not None:
+        return abs(math.log(value)) if value > 0 else math.inf
+    return value
 
 
 def measured(record, name):
     """Whether a run's value of a metric is a measurement: the run did not fail and its value is a finite number."""
-    value = record[FIELDS[name]]
+    value = scored(record, name)
     return not failed(record) and value is not None and math.isfinite(value)
 
 
 def worst_value(records, name, lr):
     """The worst value of a metric over every finished run of the sweep at lr that measured it (the largest where
     lower is better): what a failed run counts as, the same for every arm; None where no run measured it."""
-    values = [r[FIELDS[name]] for r in records if r["lr"] == lr and r["status"] != "unfinished" and measured(r, name)]
+    values = [scored(r, name) for r in records
+              if r["lr"] == lr and r["status"] != "unfinished" and measured(r, name)]
     if not values:
         return None
     return max(values) if recipes.BETTER[name] == "lower" else min(values)
@@ -157,7 +187,7 @@ def contrast(records, claim, reference, lrs):
     """(seeds, d_s in the metric's sign, d_s in the expected-direction sign, {arm: {seed: value}}) over the seeds
     present in every arm."""
     involved = arms(claim, reference)
-    values = {arm: seed_values(records, arm, claim.metric, lrs) for arm in involved}
+    values = {arm: seed_values(records, arm, claim.metric, lrs, claim.pilot) for arm in involved}
     seeds = sorted(set.intersection(*(set(v) for v in values.values())))
     variant, ref = involved[:2]
     raw = []
@@ -171,28 +201,25 @@ def contrast(records, claim, reference, lrs):
 
 
 def judge(records, claims, reference, lrs):
-    """Every claim of a recipe judged (see the module docstring); Holm over all of them, a claim without pairs
-    counting as p = 1, so that it stays in the family fixed before the runs."""
-    results = [judge_one(records, claim, reference, lrs, len(claims)) for claim in claims]
-    adjusted = stats.holm([r["p"] if r["p"] is not None else 1.0 for r in results])
-    for result, p_holm in zip(results, adjusted):
+    """Every claim of a recipe judged (see the module docstring); Holm over the tested ones, a claim without pairs
+    counting as p = 1, so that it stays in the family fixed before the runs; descriptive claims outside it."""
+    family = sum(claim.tested for claim in claims)
+    results = [judge_one(records, claim, reference, lrs, family) for claim in claims]
+    tested = [r for r in results if r["tested"]]
+    adjusted = stats.holm([r["p"] if r["p"] is not None else 1.0 for r in tested])
+    for result, p_holm in zip(tested, adjusted):
         result["p_holm"] = p_holm if result["p"] is not None else None
+    for result in results:
         result["verdict"] = verdict(result)
         result["reading"] = reading(result["verdict"])
     return results
-
-
-def target_origin(effect_source):
-    """"nanonorm" where a claim's effect is nanonorm's choice (its source says so: the paper gives no number for
-    it), else "paper"."""
-    return "nanonorm" if "nanonorm's choice" in effect_source else "paper"
 
 
 def judge_one(records, claim, reference, lrs, family):
     seeds, raw, signed, values = contrast(records, claim, reference, lrs)
     ref = claim.reference or reference
     n = len(seeds)
-    alpha = ALPHA / family
+    alpha = ALPHA / max(family, 1)
     name = claim.metric.partition("@")[0]
     ref_median = statistics.median(values[ref][s] for s in seeds) if seeds else None
     to_detect = claim.effect * abs(ref_median) if claim.relative and ref_median is not None else claim.effect
@@ -201,7 +228,8 @@ def judge_one(records, claim, reference, lrs, family):
               "metric": claim.metric, "expect": claim.expect, "better": recipes.BETTER[name],
               "endpoint": "binary" if name in BINARY else "continuous",
               "paper_number": claim.paper_number, "effect_source": claim.effect_source, "relative": claim.relative,
-              "target_origin": target_origin(claim.effect_source), "effect_claimed": claim.effect,
+              "target_origin": claim.target_origin, "tested": claim.tested, "pilot": claim.pilot,
+              "effect_claimed": claim.effect, "p_holm": None,
               "reference_median": ref_median, "effect_to_detect": to_detect, "seeds": seeds, "n": n,
               "differences": raw, "family": family, "alpha_first_step": alpha,
               "diverged": {arm: sum(failed(r) for r in records if r["variant"] == arm and r["seed"] in seeds
@@ -243,6 +271,8 @@ def verdict(result):
     target effect and whose it is; "not run yet" without pairs. Only an interval of at least 95% coverage can
     exclude the target: with 5 pairs or fewer the interval is [min, max] at 1 - 2 / 2^n (2 pairs: 50%), too
     little to call an effect smaller than anything."""
+    if not result.get("tested", True):
+        return DESCRIPTIVE
     if result["p_holm"] is None:
         return "not run yet"
     mde = result["mde"] if result["mde"] is not None else math.inf
@@ -254,7 +284,7 @@ def verdict(result):
 
 def reading(text):
     """The verdict's reading in a word or two, for the page to count and label: agrees, disagrees, smaller, not
-    detected or not run yet."""
+    detected, not run yet or descriptive."""
     return "smaller" if text.startswith("smaller than") else text.split(" (")[0]
 
 
@@ -262,6 +292,7 @@ def design(recipe_record, model_cfg, tc):
     """What summary.json records of a recipe's design: variants, LRs, seeds, steps, evaluation windows, the
     metrics, the test, the family and each claim's effect and its source. tc: the runs' TrainConfig."""
     claims = recipe_record["claims"]
+    tested = sum(c.get("tested", True) for c in claims)
     windows = tc.eval_iters * tc.batch_size
     return {"variants": recipe_record["variants"], "reference": recipe_record["reference"],
             "lrs": recipe_record["lrs"], "seeds": recipe_record["seed_list"], "steps": tc.max_iters,
@@ -269,9 +300,8 @@ def design(recipe_record, model_cfg, tc):
                              "block_size": model_cfg.block_size, "tokens": windows * model_cfg.block_size},
             "metrics": list(dict.fromkeys(c["metric"] for c in claims)), "test": TEST, "interval": INTERVAL,
             "failure_rule": FAILURE_RULE,
-            "family": f"the recipe's {len(claims)} claim{'s' if len(claims) > 1 else ''}, Holm-adjusted together",
-            "alpha": ALPHA, "power_alpha": ALPHA / max(len(claims), 1), "target_power": TARGET_POWER,
+            "family": f"the recipe's {tested} tested claim{'s' if tested != 1 else ''}, Holm-adjusted together",
+            "alpha": ALPHA, "power_alpha": ALPHA / max(tested, 1), "target_power": TARGET_POWER,
             "effects": [{"variant": c["variant"], "metric": c["metric"], "effect": c["effect"],
-                         "relative": c["relative"], "source": c["effect_source"],
-                         "origin": target_origin(c["effect_source"])}
+                         "relative": c["relative"], "source": c["effect_source"], "origin": c["target_origin"]}
                         for c in claims]}

@@ -7,6 +7,7 @@ cannot drift from the data.
 """
 
 import glob
+import json
 import math
 import os
 import statistics
@@ -16,10 +17,12 @@ import matplotlib.ticker
 from engine import files
 from engine.flags import UsageError
 from lab import schema
-from lab.claims import FIELDS, RATIO_STEPS
+from lab import claims as claims_lib
+from lab import recipes
+from lab.claims import RATIO_STEPS
 from lab.figures import FP16_MAX, legend_outside, log_lr_axis, make_folder, plt, save_png
-from lab.tables import (claims_table, comparison_text, interval_text, metric_label, p_value_text, power_text,
-                        value_text)
+from lab.tables import (claims_table, comparison_text, coverage_text, interval_text, metric_label, p_value_text,
+                        power_text, target_value_text, value_text)
 
 LINE_STYLES = ("-", "--", ":", "-.")
 FIGURE_SIZE = (8, 4.5)  # inches, at FIGURE_DPI: readable at the page's width
@@ -35,6 +38,7 @@ def read_recipe_summaries(root):
         if not summary.get("recipe"):
             continue
         check_recipe_summary(path, summary)
+        check_verdicts(path, summary)
         key = (summary["recipe"]["order"], summary["recipe"]["scale"])
         if key in found:
             raise UsageError(f"{found[key][0]} and {path} are both sweeps of recipe {summary['recipe']['name']} "
@@ -55,6 +59,68 @@ def check_recipe_summary(path, summary):
             found = schema.mismatch(row, needs, f"variants[{i}]") if row.get(key) else None
             if found:
                 raise UsageError(f"{path}: {found} beside {key}; {schema.SUMMARY_ALLOWED}")
+
+
+def check_verdicts(path, summary):
+    """A UsageError naming path where a claim's stored verdict is not the one its own numbers give
+    (claims.verdict, recomputed from p (Holm), the effect, its interval and coverage, the MDE and the target): the
+    page prints only verdicts that follow from the numbers beside them."""
+    for i, claim in enumerate(summary["claims"]):
+        numbers = {key: None for key in ("ci_coverage", "target_origin")} | claim
+        recomputed = claims_lib.verdict(numbers)
+        if claim["verdict"] != recomputed:
+            raise UsageError(f"{path}: claims[{i}] says {claim['verdict']!r} where its numbers give "
+                             f"{recomputed!r}; {schema.SUMMARY_ALLOWED}")
+
+
+def finite_number(value):
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def design_changes(summary):
+    """How a summary's recipe differs from lab/recipes.py and lab/claims.py as they stand: the variants, LRs,
+    seeds, the recipe's own flags, the claims, or the failure rule, test and interval; [] where it is the current
+    design."""
+    recipe = summary["recipe"]
+    if recipe["name"] not in recipes.RECIPES:
+        return ["the recipe is not in lab/recipes.py"]
+    now = json.loads(json.dumps(recipes.describe(recipe["name"], recipe["scale"])))  # as summary.json holds it
+    design = recipe["design"]
+    changed = [what for what, then, current in (
+        ("variants", recipe["variants"], now["variants"]), ("LRs", recipe["lrs"], now["lrs"]),
+        ("seeds", recipe.get("seed_list"), now["seed_list"]),
+        ("the recipe's flags", recipe["train_argv"][:len(now["recipe_argv"])], now["recipe_argv"]),
+        ("claims", recipe["claims"], now["claims"]), ("failure rule", design.get("failure_rule"),
+                                                      claims_lib.FAILURE_RULE),
+        ("test", design.get("test"), claims_lib.TEST), ("interval", design.get("interval"), claims_lib.INTERVAL))
+        if then != current]
+    return changed
+
+
+def extra_flags(recipe):
+    """The flags the runs had beyond the recipe's own (sweep.py puts the command line's after the recipe's); None
+    where the summary does not say which flags were the recipe's."""
+    own = recipe.get("recipe_argv")
+    if own is None or recipe["train_argv"][:len(own)] != own:
+        return None
+    return recipe["train_argv"][len(own):]
+
+
+def variant_flags(variant):
+    """The flags a variant adds to every run of it ('dn_postln+n_layer=6' -> --preset=dn_postln --n_layer=6), as
+    sweep.py gives them."""
+    return [f"--{part}" if "=" in part else f"--preset={part}" for part in variant.split("+")]
+
+
+def flags_text(recipe):
+    """The flags the runs had: those every run shares, and each variant's own (its flags win over the shared
+    ones, so a shared flag a variant sets is listed with the variants, not as every run's)."""
+    per_variant = {v: variant_flags(v) for v in recipe["variants"]}
+    overridden = {flag.partition("=")[0] for flags in per_variant.values() for flag in flags}
+    shared = [flag for flag in recipe["train_argv"] if flag.partition("=")[0] not in overridden]
+    shared = without_paths(shared)
+    own = "; ".join(f"{variant}: `{' '.join(flags)}`" for variant, flags in per_variant.items())
+    return f"Every run's flags: `{' '.join(shared)}`; each variant's own: {own}."
 
 
 def family_styles(variants):
@@ -89,7 +155,7 @@ def figure_ramp(summary, ax):
 
 
 def capped(run):
-    """A run's final val loss as the claims count it: min(L, L_0), a diverged run at its loss at initialization."""
+    """A run's final val loss as the claims count it: min(L, ln V), a failed run at ln V (claims.FAILURE_RULE)."""
     return run.get("final_loss_capped")
 
 
@@ -104,7 +170,7 @@ def band(ax, xs, groups, color, style, label):
 
 
 def mark_diverged(ax, runs, x_of, color):
-    """An x at each diverged run's counted loss (L_0)."""
+    """An x at each diverged run's counted loss (ln V)."""
     diverged = [(x_of(r), capped(r)) for r in runs if r["status"] == "diverged" and capped(r) is not None]
     if diverged:
         ax.plot(*zip(*diverged), "x", color=color, ms=8, mew=2)
@@ -112,7 +178,7 @@ def mark_diverged(ax, runs, x_of, color):
 
 def figure_loss_vs_lr(summary, ax):
     """Final val loss against the LR (log-x), per variant the median over seeds and a min-max band; a diverged run
-    counts as its loss at initialization (min(L, L_0), Wortsman et al. 2023 §3), marked x."""
+    counts at ln V, a uniform guess (claims.FAILURE_RULE), marked x."""
     for variant, (color, style) in family_styles(summary["recipe"]["variants"]).items():
         mine = [r for r in summary["runs"] if r["variant"] == variant and r["status"] != "unfinished"]
         lrs = sorted({float(r["lr"]) for r in mine})
@@ -122,7 +188,7 @@ def figure_loss_vs_lr(summary, ax):
     log_lr_axis(ax, "peak learning rate")
     grid = sorted({float(r["lr"]) for r in summary["runs"]})
     ax.set_xticks(grid, [f"{lr:g}" for lr in grid])  # the sweep's own LRs
-    ax.set(ylabel="final val loss, min(L, L_0)\n(line: median; band: min-max; x: diverged)")
+    ax.set(ylabel="final val loss, min(L, ln V)\n(line: median; band: min-max; x: diverged)")
 
 
 def depth_of(variant):
@@ -132,7 +198,7 @@ def depth_of(variant):
 
 def figure_depth(summary, ax):
     """Final val loss against depth at the claims' LR, per variant family the median over seeds and a min-max
-    band, a diverged run at L_0 (x); the dotted line is the val split's unigram entropy, the plateau of a model
+    band, a diverged run at ln V (x); the dotted line is the val split's unigram entropy, the plateau of a model
     that has learned only the tokens' frequencies."""
     lr = summary["recipe"]["claims"][0]["metric"].partition("@")[2]
     runs = [r for r in summary["runs"] if r["lr"] == lr and r["status"] != "unfinished"]
@@ -150,7 +216,7 @@ def figure_depth(summary, ax):
         ax.axhline(statistics.median(entropy), color="gray", ls=":", lw=1, label="unigram entropy of val")
     depths = sorted({depth_of(v) for v in summary["recipe"]["variants"]})
     ax.set_xticks(depths, [str(d) for d in depths])
-    ax.set(xlabel="layers", ylabel=f"final val loss at LR {lr}, min(L, L_0)\n(line: median; band: min-max)")
+    ax.set(xlabel="layers", ylabel=f"final val loss at LR {lr}, min(L, ln V)\n(line: median; band: min-max)")
 
 
 def ratio_metric(summary):
@@ -166,36 +232,47 @@ def figure_grad_ratio(summary, axes):
     name, _, lr = metric.partition("@")
     curve = "ratio_curve" if name == "grad_ratio" else "fc2_ratio_curve"
     styles = family_styles(summary["recipe"]["variants"])
+    shown = [[], []]
     for x, (variant, (color, style)) in enumerate(styles.items()):
         mine = [r for r in summary["runs"] if r["variant"] == variant and r["lr"] == lr and r["status"] != "unfinished"]
-        values = [r[name] for r in mine if r.get(name) is not None]
+        values = [r[name] for r in mine if finite_number(r.get(name))]
+        shown[0] += values
         axes[0].plot([x] * len(values), values, "o", color=color, ms=4, alpha=0.7)
         if values:
             axes[0].plot([x - 0.3, x + 0.3], [statistics.median(values)] * 2, style, color=color, lw=2)
         steps = sorted({step for r in mine for step, _ in r.get(curve, [])})
         at = [[ratio for r in mine for s, ratio in r.get(curve, []) if s == step] for step in steps]
+        shown[1] += [ratio for values_at in at for ratio in values_at]
         if steps:
             axes[1].plot(steps, [statistics.median(v) for v in at], style, color=color, label=variant)
     axes[0].set_xticks(range(len(styles)), list(styles), rotation=20, ha="right")
-    axes[0].set(ylabel=metric_label(metric))
+    axes[0].set(ylabel=f"{name.replace('_', ' ')} at LR {lr}, each seed\n(the claims score abs ln of it)")
     axes[1].axvspan(*RATIO_STEPS, color="gray", alpha=0.1, lw=0)
-    axes[1].set(xlabel="step (shaded: the steps averaged)", ylabel="the ratio, median over seeds")
-    for ax in axes:
-        if ax.has_data() and ax.lines:  # a log axis needs a ratio to show: runs that diverged early have none
-            ax.set_yscale("log")
-            ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-            ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    axes[1].set(xlabel="step (shaded: the steps averaged; dotted: even)", ylabel="the ratio, median over seeds")
+    for ax, values in zip(axes, shown):
+        # a log axis needs a positive ratio to show: a 1-layer model, or runs that diverged early, have none
+        if not any(v > 0 for v in values):
+            ax.text(0.5, 0.5, "no gradient ratios", transform=ax.transAxes, ha="center", va="center")
+            continue
+        ax.axhline(1.0, color="gray", ls=":", lw=1)  # even: the claims score |ln ratio|, the distance from here
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
 
 
 def figure_metric(summary, ax):
     """The first claim's metric for each variant, as the claims count it: every seed a dot, the median a bar (in
     the variant's line style), the number of diverged runs written above."""
-    metric = summary["recipe"]["claims"][0]["metric"]
-    name, _, lr = metric.partition("@")
+    claim = summary["recipe"]["claims"][0]
+    metric = claim["metric"]
+    lr = metric.partition("@")[2]
     styles = family_styles(summary["recipe"]["variants"])
     for x, (variant, (color, style)) in enumerate(styles.items()):
-        mine = [r for r in summary["runs"] if r["variant"] == variant and r["status"] != "unfinished" and r["lr"] == lr]
-        values = [r[FIELDS[name]] for r in mine if r.get(FIELDS[name]) is not None]
+        mine = [r for r in summary["runs"] if r["variant"] == variant and r["status"] != "unfinished"
+                and (not lr or r["lr"] == lr)]
+        counted = claims_lib.seed_values(summary["runs"], variant, metric, summary["recipe"]["lrs"],
+                                         claim.get("pilot", 0))
+        values = [v for v in counted.values() if finite_number(v)]
         ax.plot([x] * len(values), values, "o", color=color, ms=4, alpha=0.7, label=variant)
         if values:
             ax.plot([x - 0.3, x + 0.3], [statistics.median(values)] * 2, style, color=color, lw=2)
@@ -242,31 +319,33 @@ def ended_text(row):
 
 def headline_rows(summary):
     recipe = summary["recipe"]
+    earlier = "earlier design: " if design_changes(summary) else ""
     return [f"| [{recipe['name']}](#{anchor(recipe)}) | {comparison_text(c)}: {metric_label(c['metric'])} | "
-            f"{interval_text(c['effect'], c['effect_ci'])} | {p_value_text(c['p_holm'])} | {power_text(c['power'])} "
-            f"| {c['verdict']} |" for c in summary["claims"]]
+            f"{interval_text(c['effect'], c['effect_ci'])} | {coverage_text(c.get('ci_coverage'))} | "
+            f"{p_value_text(c['p_holm'])} | {target_value_text(c)} | {power_text(c['power'])} | "
+            f"{earlier}{c['verdict']} |" for c in summary["claims"]]
 
 
 def headline(summaries):
     """The headline table: one row per claim of every recipe (the README's table is pasted from it)."""
-    lines = ["| recipe | claim | effect [95% CI] (+: the paper's direction) | p (Holm) | power for the paper's effect "
-             "| verdict |", "|---|---|---|---|---|---|"]
+    lines = ["| recipe | claim | effect: mean d [interval] (+: the paper's direction) | interval's coverage | "
+             "p (Holm) | target (whose) | power for the target | verdict |", "|---|---|---|---|---|---|---|---|"]
     for summary in summaries:
         lines += headline_rows(summary)
     return "\n".join(lines)
 
 
 def diverged_text(summary):
-    """How many runs of each arm diverged among the pairs of each claim (their loss counts as L_0)."""
+    """How many runs of each arm failed among the pairs of each claim (their loss counts as ln V)."""
     found = {arm: count for c in summary["claims"] for arm, count in c["diverged"].items() if count}
     if not found:
         return []
-    return ["Diverged runs among the pairs (a diverged run's final loss counts as its loss at initialization): " +
+    return ["Failed runs among the pairs (counted by the failure rule above): " +
             "; ".join(f"{arm}: {count}" for arm, count in found.items()) + ".", ""]
 
 
 def lr_curve_table(summary):
-    """The final val loss of each variant at each LR (median over seeds, a diverged run at L_0), the runs that
+    """The final val loss of each variant at each LR (median over seeds, a failed run at ln V), the runs that
     diverged, and Wortsman et al.'s LR sensitivity of the medians."""
     lrs = summary["recipe"]["lrs"]
     lines = ["| variant | " + " | ".join(f"L({lr})" for lr in lrs) + " | diverged runs | LR sensitivity |",
@@ -278,7 +357,7 @@ def lr_curve_table(summary):
         medians = [c["arm_medians"].get(variant) for c in sensitivity]
         lines.append(f"| {variant} | " + " | ".join(cells) + f" | {sum(r['status'] == 'diverged' for r in mine)} of "
                      f"{len(mine)} | {value_text(medians[0] if medians else None)} |")
-    return ["Final val loss per LR (median over seeds, min(L, L_0)); the LR sensitivity is the median over seeds of "
+    return ["Final val loss per LR (median over seeds, min(L, ln V)); the LR sensitivity is the median over seeds of "
             "each seed's own:", "", *lines, ""]
 
 
@@ -326,16 +405,50 @@ def median_of(values):
 
 
 def design_text(recipe):
-    """The design paragraph: what ran, on which windows, and how the claims are tested."""
+    """The design paragraph: what ran, on which windows, how the claims are tested, and the failure rule."""
     d = recipe["design"]
     windows = d["eval_windows"]
     seeds = d["seeds"]
-    return (f"Design, fixed before the runs: {len(d['variants'])} variants x {len(d['lrs'])} LR(s) "
+    return [f"Design, fixed before the runs: {len(d['variants'])} variants x {len(d['lrs'])} LR(s) "
             f"({', '.join(d['lrs'])}) x {len(seeds)} seeds ({seeds[0]}-{seeds[-1]}), {d['steps']} steps a run; "
             f"every run scored on the same {windows['windows']} validation windows ({windows['eval_iters']} x "
-            f"{windows['batch_size']} windows of {windows['block_size']} tokens, {windows['tokens']:,} tokens). "
-            f"Test: {d['test']}; family: {d['family']}; power at alpha = {d['power_alpha']:.3g} (Holm's first "
-            f"step), from the recipe's own spread of the paired differences.")
+            f"{windows['batch_size']} windows of {windows['block_size']} tokens, {windows['tokens']:,} tokens); "
+            f"family: {d['family']}; power at alpha = {d['power_alpha']:.3g} (Holm's first step), from the "
+            "recipe's own spread of the paired differences.", "",
+            f"- Test, for every claim: {d['test']}.",
+            f"- Interval: {d.get('interval', 'not recorded in this summary')}.",
+            f"- Failure rule: {d.get('failure_rule', 'not recorded in this summary')}.", ""]
+
+
+def earlier_design_text(summary):
+    """A warning above a section whose runs had another design or rules than lab/recipes.py and lab/claims.py
+    have now: its verdicts are that design's."""
+    changed = design_changes(summary)
+    if not changed:
+        return []
+    name = summary["recipe"]["name"]
+    return [f"**From an earlier design.** These runs' {', '.join(changed)} differ from lab/recipes.py and "
+            "lab/claims.py as they stand: the numbers and verdicts below are that design's, not the current one's. "
+            f"Re-run `python sweep.py --recipe={name}` and this page.", ""]
+
+
+def command_text(summary):
+    """The command and flags the runs had, the time it took, and where."""
+    recipe, machine = summary["recipe"], summary["machine"]
+    extra = extra_flags(recipe)
+    command = " ".join([recipe["command"], *without_paths(extra or [])])
+    minutes = summary["wall_s"] / 60 if finite_number(summary["wall_s"]) else None
+    load = machine["load"] if finite_number(machine["load"]) else None
+    lines = [f"Command: `{command}`, then `python plot.py --experiments=sweeps --out=docs`. It took "
+             f"{'an unknown time' if minutes is None else f'{minutes:.1f} min'} on {machine['hardware']} "
+             f"(5-minute load average {'unknown' if load is None else f'{load:.1f}'} as it ended, its own runs "
+             f"included), torch {machine['torch']}, {machine['date']}. {flags_text(recipe)}"]
+    if extra is None:
+        lines.append("This summary does not say which flags were the recipe's: the flags above are the runs'.")
+    elif extra:
+        lines.append(f"These runs had flags beyond the recipe's ({' '.join(without_paths(extra))}): the deviations "
+                     "above are the recipe's and do not describe them.")
+    return lines
 
 
 def anchor(recipe):
@@ -343,11 +456,11 @@ def anchor(recipe):
 
 
 def recipe_section(summary, figure):
-    recipe, machine = summary["recipe"], summary["machine"]
+    recipe = summary["recipe"]
     ended = [ended_text(row) for row in summary["variants"] if row.get("criterion")]
-    lines = [f'<a id="{anchor(recipe)}"></a>', f"## {recipe['title']}", "",
+    lines = [f'<a id="{anchor(recipe)}"></a>', f"## {recipe['title']}", "", *earlier_design_text(summary),
              f"Recipe `{recipe['name']}` ({recipe['scale']} scale). Paper: {recipe['paper']}.", "",
-             f"> {recipe['quote']}", "", design_text(recipe), "", claims_table(summary["claims"]), "",
+             f"> {recipe['quote']}", "", *design_text(recipe), claims_table(summary["claims"]), "",
              *diverged_text(summary)]
     if summary["mode"] == "lr":
         lines += lr_curve_table(summary)
@@ -355,50 +468,45 @@ def recipe_section(summary, figure):
     if ended:
         lines += ["How the runs that diverged ended (the most frequent rule; loss gap and loss bound are nanonorm's "
                   "divergence rules, probes.DivergenceCheck, not the papers'): " + "; ".join(ended) + ".", ""]
-    lines += [f"Deviations from the paper's protocol: {recipe['deviations']}.", "",
-              f"Command: `{recipe['command']}`, then `python plot.py --experiments=sweeps --out=docs`. It took "
-              f"{summary['wall_s'] / 60:.1f} min on {machine['hardware']} (5-minute load average {machine['load']:.1f} "
-              f"as it ended, its own runs included), torch {machine['torch']}, {machine['date']}. Every run's flags: "
-              f"`{' '.join(without_paths(recipe['train_argv']))}`.",
+    lines += [f"Deviations from the paper's protocol: {recipe['deviations']}.", "", *command_text(summary),
               "", f"![{recipe['name']}]({figure})", ""]
     return "\n".join(lines)
 
 
 INTRO = """\
 Generated by `python plot.py --experiments=sweeps --out=docs` from the summary.json of each recipe's sweep \
-(`python sweep.py --recipe=NAME`); edit lab/recipes.py and re-run, never this page. NormFormer's table numbers name \
-their version: arXiv v1 (the earlier text) or final (the later, fuller one); see [papers.md](papers.md).
+(`python sweep.py --recipe=NAME`); edit lab/recipes.py and re-run, never this page. NormFormer's numbers name \
+their version: arXiv v1 (the earlier text) or final (the later, fuller one); see [papers.md](papers.md). A section \
+whose runs had another design or other rules than lab/recipes.py and lab/claims.py have now says so at its top, and \
+its verdicts in the headline read "earlier design:".
 
 How to read the numbers. Each claim is a comparison fixed in lab/recipes.py before the runs: a variant against a \
-reference of the same model context, on one metric, in the direction the paper states, with the effect the design \
-must be able to detect and where that effect comes from. Every arm runs the same seeds (a seed fixes the \
-initialization draws and the order of the training batches) and every run is scored on the same validation \
-windows, so the runs of two arms with the same seed form a pair. Per pair: d = variant - reference (for an \
-interaction, the difference of two such differences), signed so that a positive d is the paper's direction (a \
-lower loss, a lower gradient ratio, more steps survived). A run that diverged counts with its loss at \
-initialization, min(L, L_0) (Wortsman et al. 2023 §3), so that every d is a number; the tables count such runs.
+reference of the same model context, on one metric, in the direction the paper states, with a target effect in the \
+metric's unit and whose it is (the paper's number, converted to nats per byte where the paper counts GPT-2 tokens \
+or words, or nanonorm's choice where the paper gives none). Every arm runs the same seeds and every run is scored \
+on the same validation windows, so the runs of two arms with the same seed form a pair. Per pair: d = variant - \
+reference (for an interaction, the difference of two such differences), signed so that a positive d is the \
+paper's direction. Each section states its failure rule (a failed run's loss counts at ln V, a uniform guess over \
+the tokenizer's V tokens, the same for both arms), its test and its interval.
 
-- **p**: the exact two-sided sign-flip permutation test over seeds. If the variant made no difference, each d \
-would be as likely negative as positive; p is the share of all 2^n ways to flip the signs of the n differences \
-whose sum is at least as far from 0 as the observed one. With n pairs the smallest possible p is 2 / 2^n \
-(8 pairs: 0.0078).
-- **p (Holm)**: a recipe's claims are one family. Holm's step-down adjustment (the smallest p times m, the next \
-times m - 1, ...) keeps the chance of any false verdict within the recipe at 5%.
-- **effect [95% CI]**: the Hodges-Lehmann estimate of d (the median of the averages of every two differences, each \
-with itself included) with its exact 95% confidence interval (from the distribution of Wilcoxon's signed-rank \
-statistic), in the metric's units; positive is the paper's direction. The recipe's table also gives it as \
-variant - reference, in the metric's own sign.
-- **power for the paper's effect**: the probability that this design detects a true mean difference of the size \
-the recipe names (the paper's number where it gives one, else nanonorm's stated choice; a relative effect is a \
-share of the reference's median), at alpha = 0.05 / m (Holm's first step, the conservative case), with n pairs \
-whose differences spread as this recipe's own did (their sd), by simulation.
-- **MDE**: the minimum detectable effect, the smallest true mean difference the design detects with 80% power at \
-that alpha and spread.
-- **verdict**: "agrees" where p (Holm) < 0.05 and the effect is in the paper's direction; "disagrees" where \
-p (Holm) < 0.05 and it is against it; otherwise "not detected", with the MDE: an effect smaller than the MDE \
-could be there unseen, so "not detected" is not "no effect".
+- **p**: the exact two-sided sign-flip permutation test of the mean of d over seeds (a binary endpoint: the exact \
+McNemar test). With n pairs the smallest possible p is 2 / 2^n (8 pairs: 0.0078).
+- **p (Holm)**: a recipe's tested claims are one family, Holm-adjusted together. Descriptive rows (a comparison \
+no design of this size can power, or a check of the mechanism beside a tested claim) stand outside it, with their \
+own p and the verdict "descriptive".
+- **effect: mean d [interval]**: the mean of d with the interval of the shifts the same test does not reject; its \
+coverage is printed beside it, as a discrete test reaches 95% only approximately (8 pairs: 95.3%).
+- **power for the target**: the chance that this design detects a true mean difference of the target's size, at \
+alpha = 0.05 / m (Holm's first step), with differences spread as this recipe's own; **MDE**: the smallest true \
+mean difference it detects with 80% power.
+- **verdict**, one of four: "agrees" (p (Holm) < 0.05, in the paper's direction), "disagrees" (p (Holm) < 0.05, \
+against it), "smaller than" the target (the interval, at 95% coverage or more, ends short of it) or "not \
+detected" (with the MDE: an effect smaller than it could be there unseen). The page recomputes each verdict from \
+the numbers beside it and refuses a summary whose stored verdict differs.
 
-Descriptive numbers (LR curves, leakage, plateau counts) are shown, not tested."""
+Descriptive numbers (LR curves, leakage, plateau counts) are shown, not tested. Reproducibility: the same recipe \
+re-run with another thread count, or on another CPU, rounds differently, and a chaotic metric moves (see \
+normformer_stability's section); read a verdict together with its interval."""
 
 
 def experiments_page(root, out):

@@ -1,6 +1,7 @@
 """
 The text of a summary's numbers, one rule for every table that shows them: sweep.py's Markdown tables and
-summary.csv, and the results page (docs/experiments.md).
+summary.csv, and the results page (docs/experiments.md). A NaN, or an infinity that is not a diverged run's loss,
+is never printed as a number: it reads "n/a".
 """
 
 import math
@@ -14,7 +15,14 @@ def value_text(value, plain=False):
         return "" if plain else "n/a"
     if value == math.inf and not plain:
         return "diverged"
+    if isinstance(value, float) and not math.isfinite(value) and not plain:
+        return "n/a"
     return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def known(value):
+    """value where it is a finite number, else None."""
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
 def side_text(side):
@@ -24,13 +32,13 @@ def side_text(side):
 
 def signed(value):
     """A number to 3 significant digits with its sign: +0.0213, -1.2."""
-    return "n/a" if value is None else f"{value:+.3g}"
+    return "n/a" if known(value) is None else f"{value:+.3g}"
 
 
 def interval_text(estimate, interval):
     """An estimate and its confidence interval: "+0.0213 [+0.004, +0.035]"; the estimate alone without one (a
     binary endpoint)."""
-    if estimate is None:
+    if known(estimate) is None:
         return "n/a"
     if interval is None:
         return signed(estimate)
@@ -38,32 +46,49 @@ def interval_text(estimate, interval):
 
 
 def p_value_text(p):
-    return "n/a" if p is None else f"{p:.3g}"
+    return "n/a" if known(p) is None else f"{p:.3g}"
 
 
 def power_text(power):
-    return "n/a" if power is None else f"{power:.0%}"
+    return "n/a" if known(power) is None else f"{power:.0%}"
 
 
 def mde_text(mde):
     """The minimum detectable effect; inf where too few pairs can reach the level at all."""
     if mde is not None and math.isinf(mde):
         return "none reachable"
-    return value_text(mde)
+    return value_text(known(mde))
 
 
 def coverage_text(coverage):
     """An interval's achieved coverage, "96.9%" (a discrete test's interval is rarely exactly 95%)."""
-    return "n/a" if coverage is None else f"{coverage:.1%}"
+    return "n/a" if known(coverage) is None else f"{coverage:.1%}"
+
+
+def whose_text(claim):
+    return "nanonorm's choice" if claim.get("target_origin") == "nanonorm" else "the paper's"
+
+
+def metric_unit(metric):
+    """The unit of a claim's metric on the CPU recipes (byte tokens: a loss is in nats per byte)."""
+    name = metric.partition("@")[0]
+    return {"steps_survived": "steps", "peak_lr": "LR", "final_loss": "nats per byte", "best_loss": "nats per byte",
+            "lr_sensitivity": "nats per byte", "spikes": "spikes a run", "attn_logit_max": "logit",
+            "log_z": "nats", "grad_ratio": "|ln ratio|", "fc2_grad_ratio": "|ln ratio|",
+            "left_plateau": "share of runs", "survived": "share of runs"}[name]
+
+
+def target_value_text(claim):
+    """The target effect in the metric's unit and whose it is: "0.009 nats per byte (the paper's)"."""
+    return f"{value_text(known(claim['effect_to_detect']))} {metric_unit(claim['metric'])} ({whose_text(claim)})"
 
 
 def target_text(claim):
-    """The effect the design is powered for, whose it is, and its source."""
-    text = value_text(claim["effect_to_detect"])
+    """The effect the design is powered for, in the metric's unit, whose it is, and its source."""
+    text = target_value_text(claim)
     if claim["relative"]:
-        text += f" ({claim['effect_claimed']:.0%} of the reference's median)"
-    whose = "nanonorm's choice" if claim.get("target_origin") == "nanonorm" else "the paper's"
-    return f"{text}, {whose}: {claim['effect_source']}"
+        text += f", {claim['effect_claimed']:.0%} of the reference's median"
+    return f"{text}: {claim['effect_source']}"
 
 
 def metric_label(metric):
@@ -75,8 +100,8 @@ def metric_label(metric):
             "log_z": f"abs(mean log Z) at the end, LR {lr}",
             "lr_sensitivity": "LR sensitivity (Wortsman et al.), nats",
             "left_plateau": f"left the unigram plateau, LR {lr}", "survived": f"survived, LR {lr}",
-            "grad_ratio": f"layer 0 / last layer gradient L2 norm, LR {lr}",
-            "fc2_grad_ratio": f"layer 0 / last layer mean abs grad of fc2, LR {lr}"}[name]
+            "grad_ratio": f"abs ln(layer 0 / last layer gradient L2 norm), LR {lr}",
+            "fc2_grad_ratio": f"abs ln(layer 0 / last layer mean abs grad of fc2), LR {lr}"}[name]
 
 
 def comparison_text(claim):
@@ -89,9 +114,9 @@ def comparison_text(claim):
 
 def claims_table(claims):
     """A recipe's claims with every number its verdict rests on."""
-    lines = ["| comparison | metric | the paper's number | effect to detect (whose, source) | effect: mean d [CI] (+: "
-             "the paper's direction) | variant - reference [CI] | CI coverage | n pairs | p | p (Holm) | power | "
-             "MDE (80% power) | verdict |", "|" + "---|" * 13]
+    lines = ["| comparison | metric | the paper's number | target effect (unit, whose: source) | effect: mean d "
+             "[interval] (+: the paper's direction) | variant - reference [interval] | interval's coverage | n pairs "
+             "| p | p (Holm) | power for the target | MDE (80% power) | verdict |", "|" + "---|" * 13]
     for c in claims:
         lines.append(f"| {comparison_text(c)} | {metric_label(c['metric'])} | {c['paper_number']} | "
                      f"{target_text(c)} | {interval_text(c['effect'], c['effect_ci'])} | "

@@ -97,7 +97,8 @@ def test_a_pair_whose_arms_both_diverge_from_different_initial_losses_has_d_zero
     runs = [write_run(tmp_path / f"{variant}{seed}", diverging_run(init), variant=variant, seed=seed)
             for seed in range(2) for variant, init in (("ref", 5.9), ("v", 5.2))]
     records = [lab.summary.run_record(run) for run in runs]
-    seeds, raw, d, _ = claims.contrast(records, Claim("v", "final_loss@1e-2", "better", "", 0.1, ""), "ref", [])
+    claim = Claim("v", "final_loss@1e-2", "better", "", 0.1, "", "paper")
+    seeds, raw, d, _ = claims.contrast(records, claim, "ref", [])
     assert seeds == [0, 1] and raw == [0.0, 0.0] and d == [0.0, 0.0]
 
 
@@ -110,7 +111,7 @@ def test_a_nan_loss_at_initialization_is_a_failed_run_not_a_crash(tmp_path):
     assert nan_run["status"] == "diverged" and nan_run["final_loss_capped"] == math.log(256)
     assert claims.failed(nan_run)
     records = [nan_run, record("ref", 0, final=2.0, failure=math.log(256))]
-    [result] = claims.judge(records, [Claim("v", "final_loss@1e-2", "better", "", 0.1, "")], "ref", ["1e-2"])
+    [result] = claims.judge(records, [Claim("v", "final_loss@1e-2", "better", "", 0.1, "", "paper")], "ref", ["1e-2"])
     assert result["differences"] == [pytest.approx(math.log(256) - 2.0)] and result["diverged"] == {"v": 1, "ref": 0}
     # its spikes, ratios and logits are no measurement either: NaN or not, it counts at the worst value
     spiky = {**nan_run, "spikes": 0, "attn_logit_max": math.nan}
@@ -162,7 +163,7 @@ def test_a_seed_on_which_every_lr_diverged_stays_in_the_pairs_at_the_worst_sensi
     runs += [record("v", 1, lr, final) for lr, final in zip(lrs, (2.0, 3.0))]
     runs += [record("ref", seed, lr, final) for seed in (0, 1) for lr, final in zip(lrs, (2.0, 2.5))]
     assert claims.seed_lr_sensitivity(runs[:2], lrs) == 4.0
-    [result] = claims.judge(runs, [Claim("v", "lr_sensitivity", "better", "", 0.1, "")], "ref", lrs)
+    [result] = claims.judge(runs, [Claim("v", "lr_sensitivity", "better", "", 0.1, "", "paper")], "ref", lrs)
     # ref: (0 + 0.5) / 2 = 0.25 on both seeds; v: 4.0 on seed 0, (0 + 1) / 2 = 0.5 on seed 1
     assert result["seeds"] == [0, 1] and result["differences"] == [4.0 - 0.25, 0.5 - 0.25]
     # a seed whose runs all finished at or above F learned nothing either: F as well
@@ -182,11 +183,11 @@ def claim_records(values):
 def test_the_contrast_is_signed_so_that_positive_is_the_papers_direction(expect, signed):
     # lower loss is better: the variant's 2.0 against the reference's 2.5 is +0.5 in the direction "better"
     records = claim_records({"ref": [2.5] * PAIRS, "v": [2.0] * PAIRS})
-    seeds, raw, d, _ = claims.contrast(records, Claim("v", "final_loss@1e-2", expect, "", 0.1, ""), "ref", [])
+    seeds, raw, d, _ = claims.contrast(records, Claim("v", "final_loss@1e-2", expect, "", 0.1, "", "paper"), "ref", [])
     assert seeds == list(range(PAIRS)) and raw == [-0.5] * PAIRS and d == [signed] * PAIRS
     # a higher-is-better metric: no flip for "better"
     records = [{**r, "steps_survived": 500 if r["variant"] == "v" else 400} for r in records]
-    _, _, d, _ = claims.contrast(records, Claim("v", "steps_survived@1e-2", expect, "", 0.1, ""), "ref", [])
+    _, _, d, _ = claims.contrast(records, Claim("v", "steps_survived@1e-2", expect, "", 0.1, "", "paper"), "ref", [])
     assert d == [100 * (1 if expect == "better" else -1)] * PAIRS
 
 
@@ -194,7 +195,8 @@ def test_an_interaction_subtracts_the_second_contrast_per_seed_on_the_seeds_ever
     records = claim_records({"post36": [3.1, 3.2, 3.0], "deep36": [2.4, 2.6, 2.5],
                              "post6": [2.3, 2.4, 2.2], "deep6": [2.2, 2.35, 2.25]})
     records = [r for r in records if not (r["variant"] == "deep6" and r["seed"] == 1)]  # seed 1 unfinished
-    claim = Claim("deep36", "final_loss@1e-2", "better", "", 0.25, "", reference="post36", minus=("deep6", "post6"))
+    claim = Claim("deep36", "final_loss@1e-2", "better", "", 0.25, "", "paper", reference="post36",
+                  minus=("deep6", "post6"))
     seeds, raw, d, _ = claims.contrast(records, claim, "post6", [])
     # (deep36 - post36) - (deep6 - post6): seed 0: (2.4 - 3.1) - (2.2 - 2.3) = -0.6; seed 2: -0.5 - 0.05 = -0.55
     assert seeds == [0, 2]
@@ -207,7 +209,8 @@ def test_holm_within_a_recipe_and_the_verdicts():
     # Holm with m = 2: a's 2/256 x 2 = 4/256, then b's 18/256 x 1 (already above). Claim c: worse on all 8.
     records = claim_records({"ref": [2.5] * PAIRS, "a": [2.0] * PAIRS, "b": [2.0] * 7 + [3.0],
                              "c": [3.0] * PAIRS})
-    two = [Claim("a", "final_loss@1e-2", "better", "", 0.1, ""), Claim("b", "final_loss@1e-2", "better", "", 0.1, "")]
+    two = [Claim("a", "final_loss@1e-2", "better", "", 0.1, "", "paper"),
+           Claim("b", "final_loss@1e-2", "better", "", 0.1, "", "paper")]
     a, b = claims.judge(records, two, "ref", ["1e-2"])
     assert (a["p"], b["p"]) == (pytest.approx(2 / 256), pytest.approx(18 / 256))
     assert (a["p_holm"], b["p_holm"]) == (pytest.approx(4 / 256), pytest.approx(18 / 256))
@@ -217,8 +220,8 @@ def test_holm_within_a_recipe_and_the_verdicts():
     [alone] = claims.judge(records, two[1:], "ref", ["1e-2"])
     assert alone["p_holm"] == pytest.approx(18 / 256)
     # four claims: a's 2/256 x 4 = 0.031 still agrees; c against the paper at 2/256 x 3 disagrees
-    four = [*two, Claim("c", "final_loss@1e-2", "better", "", 0.1, ""), Claim("a", "final_loss@1e-2", "worse", "",
-                                                                              0.1, "")]
+    four = [*two, Claim("c", "final_loss@1e-2", "better", "", 0.1, "", "paper"),
+            Claim("a", "final_loss@1e-2", "worse", "", 0.1, "", "paper")]
     results = claims.judge(records, four, "ref", ["1e-2"])
     assert [r["p_holm"] for r in results] == pytest.approx([8 / 256, 18 / 256, 8 / 256, 8 / 256])
     assert [r["verdict"].split(" (")[0] for r in results] == ["agrees", "not detected", "disagrees", "disagrees"]
@@ -234,8 +237,9 @@ def test_effect_interval_power_and_mde_are_asked_with_the_designs_numbers(monkey
     # direction; the reference's median 2.0 (relative effect: 25% of it, 0.5 nats)
     diffs = [0.1 * (k + 1) for k in range(PAIRS)]
     records = claim_records({"ref": [2.0] * PAIRS, "v": [2.0 - x for x in diffs]})
-    claim = Claim("v", "final_loss@1e-2", "better", "", 0.25, "", relative=True)
-    [result] = claims.judge(records, [claim, Claim("v", "final_loss@1e-2", "worse", "", 0.1, "")], "ref", [])[:1]
+    claim = Claim("v", "final_loss@1e-2", "better", "", 0.25, "", "paper", relative=True)
+    worse = Claim("v", "final_loss@1e-2", "worse", "", 0.1, "", "paper")
+    [result] = claims.judge(records, [claim, worse], "ref", [])[:1]
     sd = stats_sd(diffs)
     assert asked["power"][0] == (PAIRS, pytest.approx(sd), pytest.approx(0.5), 0.025)  # alpha = 0.05 / 2 claims
     assert asked["mde"][0] == (PAIRS, pytest.approx(sd), 0.025, 0.8)
@@ -258,13 +262,13 @@ def test_a_variant_that_diverges_on_every_seed_is_never_better_on_spikes():
     spikes = [1, 2, 1, 3, 2, 1, 2, 1]
     records = [record("ref", s, final=2.0, spikes=n) for s, n in enumerate(spikes)]
     records += [record("v", s, diverged=True, spikes=0) for s in range(PAIRS)]
-    [result] = claims.judge(records, [Claim("v", "spikes@1e-2", "better", "", 1.0, "")], "ref", ["1e-2"])
+    [result] = claims.judge(records, [Claim("v", "spikes@1e-2", "better", "", 1.0, "", "paper")], "ref", ["1e-2"])
     assert result["differences"] == [3 - n for n in spikes]  # variant - reference, in spikes
     assert result["effect"] < 0 and result["verdict"] == "disagrees" and result["diverged"] == {"v": 8, "ref": 0}
     # both arms failing on every seed: every d is 0, whatever spikes they logged
     both = [{**r, "status": "diverged", "diverged": True} if r["variant"] == "ref" else r for r in records]
     both.append(record("other", 0, final=2.0, spikes=7))  # another arm's finished run sets the worst value
-    [result] = claims.judge(both, [Claim("v", "spikes@1e-2", "better", "", 1.0, "")], "ref", ["1e-2"])
+    [result] = claims.judge(both, [Claim("v", "spikes@1e-2", "better", "", 1.0, "", "paper")], "ref", ["1e-2"])
     assert result["differences"] == [0] * PAIRS and result["p"] == 1.0 and result["reading"] != "agrees"
 
 
@@ -275,7 +279,7 @@ def test_the_diverged_runs_counted_per_claim_are_its_arms_at_its_lr_on_its_seeds
     records += [record("v", 1, "1e-1", diverged=True),  # another LR: not this claim's
                 record("other", 2, diverged=True),  # another arm
                 record("ref", 9, diverged=True)]  # a seed v did not run: not among the pairs, but missing for v
-    [result] = claims.judge(records, [Claim("v", "final_loss@1e-2", "better", "", 0.1, "")], "ref", ["1e-2"])
+    [result] = claims.judge(records, [Claim("v", "final_loss@1e-2", "better", "", 0.1, "", "paper")], "ref", ["1e-2"])
     assert result["diverged"] == {"v": 2, "ref": 1}
     assert result["missing"] == {"v": 1, "ref": 0} and result["n"] == PAIRS
 
@@ -284,7 +288,8 @@ def test_a_claim_without_pairs_stays_in_holms_family():
     # claim a: better on all 8 seeds, p = 2/256; claim b's variant never ran: it enters Holm as p = 1, so a's
     # adjusted p is 2 x 2/256, not 2/256
     records = claim_records({"ref": [2.5] * PAIRS, "a": [2.0] * PAIRS})
-    two = [Claim("a", "final_loss@1e-2", "better", "", 0.1, ""), Claim("b", "final_loss@1e-2", "better", "", 0.1, "")]
+    two = [Claim("a", "final_loss@1e-2", "better", "", 0.1, "", "paper"),
+           Claim("b", "final_loss@1e-2", "better", "", 0.1, "", "paper")]
     a, b = claims.judge(records, two, "ref", ["1e-2"])
     assert a["p_holm"] == pytest.approx(4 / 256) and (b["n"], b["p"], b["p_holm"]) == (0, None, None)
     assert b["verdict"] == "not run yet" and b["missing"] == {"b": PAIRS, "ref": 0}
@@ -302,7 +307,7 @@ def test_best_loss_takes_each_arm_at_its_own_best_lr():
 
 def test_one_pair_detects_nothing_and_says_so():
     records = claim_records({"ref": [2.5], "v": [2.0]})
-    [result] = claims.judge(records, [Claim("v", "final_loss@1e-2", "better", "", 0.1, "")], "ref", ["1e-2"])
+    [result] = claims.judge(records, [Claim("v", "final_loss@1e-2", "better", "", 0.1, "", "paper")], "ref", ["1e-2"])
     assert (result["n"], result["p"], result["sd"], result["power"], result["mde"]) == (1, 1.0, None, 0.0, math.inf)
     assert result["verdict"] == "not detected (no effect is detectable with these seeds)"
     assert result["ci_coverage"] == 0.0 and result["effect_ci"] == [0.5, 0.5]  # 1 - 2/2: [min, max] covers nothing
@@ -311,7 +316,7 @@ def test_one_pair_detects_nothing_and_says_so():
 def test_smaller_than_the_target_and_whose_target_it_is():
     # d = 0.005 .. 0.012 on 8 seeds: agrees in direction, but the interval ends below the paper's 0.024
     records = claim_records({"ref": [2.5] * PAIRS, "v": [2.5 - 0.001 * (5 + k) for k in range(PAIRS)]})
-    paper = Claim("v", "final_loss@1e-2", "better", "", 0.024, "Table 7: ln(16.37 / 15.98) = 0.024 nats")
+    paper = Claim("v", "final_loss@1e-2", "better", "", 0.024, "Table 7: ln(16.37 / 15.98) = 0.024 nats", "paper")
     [result] = claims.judge(records, [paper], "ref", ["1e-2"])
     assert result["target_origin"] == "paper" and result["reading"] == "smaller" and result["p"] < 0.05
     assert result["verdict"].startswith("smaller than the paper's (detected in its direction; the interval ends")
@@ -320,9 +325,55 @@ def test_smaller_than_the_target_and_whose_target_it_is():
     [result] = claims.judge([r for r in records if r["seed"] < 5], [paper], "ref", ["1e-2"])
     assert result["ci_coverage"] == 1 - 2 / 32 and result["effect_ci"][1] < 0.024
     assert result["verdict"] == "not detected (no effect is detectable with these seeds)"
-    ours = Claim("v", "final_loss@1e-2", "better", "", 0.001, "a quarter (nanonorm's choice, fixed before the runs)")
+    ours = Claim("v", "final_loss@1e-2", "better", "", 0.001, "a quarter, fixed before the runs", "nanonorm")
     [result] = claims.judge(records, [ours], "ref", ["1e-2"])
     assert (result["target_origin"], result["reading"], result["verdict"]) == ("nanonorm", "agrees", "agrees")
+
+
+def test_whose_target_it_is_comes_from_the_claims_own_field_not_its_text():
+    records = claim_records({"ref": [2.5] * PAIRS, "v": [2.5 - 0.001 * (5 + k) for k in range(PAIRS)]})
+    worded = Claim("v", "final_loss@1e-2", "better", "", 0.024, "not nanonorm's choice: the paper's", "paper")
+    [result] = claims.judge(records, [worded], "ref", ["1e-2"])
+    assert result["target_origin"] == "paper" and result["verdict"].startswith("smaller than the paper's")
+    worded = Claim("v", "final_loss@1e-2", "better", "", 0.024, "Table 7", "nanonorm")
+    [result] = claims.judge(records, [worded], "ref", ["1e-2"])
+    assert result["verdict"].startswith("smaller than nanonorm's target")
+    with pytest.raises(ValueError, match="target_origin"):
+        Claim("v", "final_loss@1e-2", "better", "", 0.024, "Table 7", "theirs")
+
+
+def test_gradient_evenness_is_the_absolute_log_ratio():
+    """A ratio of 1/4 is as uneven as one of 4: a variant that overshoots below 1 must not score as a win."""
+    ratios = {"ref": [2.0] * PAIRS, "over": [0.25] * PAIRS, "even": [1.0 + 0.01 * k for k in range(PAIRS)]}
+    records = [{**record(arm, s, final=2.0), "grad_ratio": value} for arm, values in ratios.items()
+               for s, value in enumerate(values)]
+    values = claims.seed_values(records, "over", "grad_ratio@1e-2", ["1e-2"])
+    assert values == {s: pytest.approx(math.log(4)) for s in range(PAIRS)}
+    over, even = claims.judge(records, [Claim(arm, "grad_ratio@1e-2", "better", "", 0.25, "", "nanonorm",
+                                              relative=True) for arm in ("over", "even")], "ref", ["1e-2"])
+    assert over["reading"] == "disagrees" and over["effect"] == pytest.approx(math.log(2) - math.log(4))
+    assert even["reading"] == "agrees"
+
+
+def test_a_descriptive_claim_stays_out_of_holms_family():
+    records = claim_records({"ref": [2.5] * PAIRS, "a": [2.4] * PAIRS, "b": [2.4] * PAIRS})
+    tested = Claim("a", "final_loss@1e-2", "better", "", 0.01, "", "nanonorm")
+    shown = Claim("b", "final_loss@1e-2", "better", "", 0.01, "", "nanonorm", tested=False)
+    alone, beside = claims.judge(records, [tested, shown], "ref", ["1e-2"])
+    assert alone["p_holm"] == alone["p"] == 2 / 2 ** PAIRS and alone["family"] == 1
+    assert (beside["p"], beside["p_holm"], beside["verdict"]) == (2 / 2 ** PAIRS, None, "descriptive")
+
+
+def test_best_loss_with_a_pilot_chooses_each_arms_lr_on_the_pilot_seeds_and_tests_the_others():
+    # the arm's LR 1e-2 is best on the pilot seeds 0-1 and worst on the others: the pilot's choice holds
+    records = [{**record("v", s, final=2.0 if s < 2 else 3.0), "lr": "1e-2"} for s in range(6)]
+    records += [{**record("v", s, final=2.5), "lr": "3e-3"} for s in range(6)]
+    records += [{**record("ref", s, final=2.5), "lr": lr} for s in range(6) for lr in ("1e-2", "3e-3")]
+    values = claims.seed_values(records, "v", "best_loss", ["3e-3", "1e-2"], pilot=2)
+    assert values == {s: 3.0 for s in range(2, 6)}
+    [result] = claims.judge(records, [Claim("v", "best_loss", "better", "", 0.1, "", "paper", pilot=2)], "ref",
+                            ["3e-3", "1e-2"])
+    assert result["seeds"] == [2, 3, 4, 5] and result["effect"] == -0.5
 
 
 def test_a_binary_endpoint_is_the_exact_mcnemar_test_on_the_pairs():
@@ -331,7 +382,7 @@ def test_a_binary_endpoint_is_the_exact_mcnemar_test_on_the_pairs():
     records = [record("v", s, final=2.0, left_plateau=s != 3) for s in range(PAIRS)]
     records += [record("ref", s, final=3.0, left_plateau=False) for s in range(PAIRS - 1)]
     records.append(record("ref", PAIRS - 1, diverged=True, left_plateau=None))
-    [result] = claims.judge(records, [Claim("v", "left_plateau@1e-2", "better", "", 0.5, "")], "ref", ["1e-2"])
+    [result] = claims.judge(records, [Claim("v", "left_plateau@1e-2", "better", "", 0.5, "", "paper")], "ref", ["1e-2"])
     assert result["endpoint"] == "binary" and result["discordant"] == [7, 0] and result["p"] == 1 / 64
     assert result["effect"] == 7 / 8 and result["effect_ci"] is None and result["verdict"] == "agrees"
     survived = claims.seed_values(records, "ref", "survived@1e-2", [])

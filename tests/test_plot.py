@@ -141,7 +141,7 @@ def recipe_summary():
              "curve": [[step, step / 100, 5.0 - step / 50] for step in range(10, 50, 10)], "logit_curve": []}
             for variant in variants for seed in (0, 1)]
     claim = recipes.Claim("norm=rmsnorm", "steps_survived@0.5", "better", "94 vs 200 steps", effect=0.375,
-                          effect_source="Table 3", relative=True)
+                          effect_source="Table 3", target_origin="paper", relative=True)
     design = {"variants": variants, "lrs": ["0.5"], "seeds": [0, 1], "steps": 50, "test": lab.claims.TEST,
               "family": "the recipe's 1 claim", "power_alpha": 0.05,
               "eval_windows": {"eval_iters": 5, "batch_size": 8, "windows": 40, "block_size": 64, "tokens": 2560}}
@@ -149,7 +149,8 @@ def recipe_summary():
             "recipe": {"name": "tiny", "title": "a tiny ramp", "order": 1, "scale": "cpu", "paper": "A Paper §1",
                        "quote": "It is better.", "reference": "baseline", "figure": "ramp", "variants": variants,
                        "lrs": ["0.5"], "seeds": 2, "deviations": "tiny", "command": "python sweep.py --recipe=tiny",
-                       "train_argv": ["--max_iters=50"], "claims": [vars(claim)], "design": design},
+                       "train_argv": ["--max_iters=50"], "recipe_argv": ["--max_iters=50"],
+                       "claims": [vars(claim)], "design": design},
             "claims": lab.claims.judge(runs, [claim], "baseline", ["0.5"]),
             "machine": {"hardware": "2-core CPU", "load": 1.0, "torch": "2.13.0+cpu", "date": "2026-11-24"},
             "comparisons": [],
@@ -314,3 +315,73 @@ def test_a_recipe_name_that_is_not_a_plain_name_is_refused(tmp_path, capsys, nam
     assert plot.main([f"--experiments={tmp_path / 'sweeps'}", f"--out={tmp_path / 'out' / 'docs'}"]) == 2
     assert_one_line(capsys, "recipe.name", "not a plain name")
     assert not os.path.exists(tmp_path / "out") and not os.path.exists(tmp_path / "x")
+
+
+def page_of(tmp_path, summary):
+    write_json(tmp_path / "sweeps" / "tiny" / "summary.json", summary)
+    assert plot.main([f"--experiments={tmp_path / 'sweeps'}", f"--out={tmp_path / 'docs'}"]) == 0
+    return (tmp_path / "docs" / "experiments.md").read_text()
+
+
+def test_the_page_refuses_a_stored_verdict_its_numbers_contradict(tmp_path, capsys):
+    """"agrees" beside p (Holm) 0.125 is refused with one line; the same summary with its own verdict is shown."""
+    summary = recipe_summary()
+    [claim] = summary["claims"]
+    assert claim["p_holm"] >= 0.05 and not claim["verdict"].startswith("agrees")
+    page_of(tmp_path, summary)
+    claim["verdict"] = "agrees"
+    write_json(tmp_path / "sweeps" / "tiny" / "summary.json", summary)
+    assert plot.main([f"--experiments={tmp_path / 'sweeps'}", f"--out={tmp_path / 'docs'}"]) == 2
+    assert_one_line(capsys, "claims[0] says 'agrees'", "its numbers give 'not detected")
+
+
+def test_the_page_never_prints_nan_or_inf_as_a_number(tmp_path):
+    summary = recipe_summary()
+    summary["wall_s"] = math.nan
+    summary["machine"]["load"] = math.inf
+    [claim] = summary["claims"]
+    claim.update(power=math.nan, sd=math.nan, effect_to_detect=math.nan)
+    page = page_of(tmp_path, summary)
+    words = set(page.replace("|", " ").replace("(", " ").replace(",", " ").lower().split())
+    assert not words & {"nan", "inf", "-inf", "+nan", "+inf", "nan%", "infinity"}, page
+    assert "It took an unknown time" in page and "load average unknown" in page
+
+
+def test_the_page_prints_the_flags_the_runs_had(tmp_path):
+    """Extra flags after the recipe's show in the command, with a word that the deviations are the recipe's; a
+    variant's own flags are listed as its own, not the shared flag it overrides as every run's."""
+    summary = recipe_summary()
+    summary["recipe"]["variants"] = ["baseline+n_layer=6", "norm=rmsnorm+n_layer=18"]
+    summary["recipe"]["train_argv"] = ["--max_iters=50", "--n_layer=4", "--n_embd=32"]
+    summary["recipe"]["recipe_argv"] = ["--max_iters=50", "--n_layer=4"]
+    page = page_of(tmp_path, summary)
+    assert "Command: `python sweep.py --recipe=tiny --n_embd=32`" in page
+    assert "flags beyond the recipe's (--n_embd=32)" in page and "do not describe them" in page
+    assert "Every run's flags: `--max_iters=50 --n_embd=32`" in page and "--n_layer=4" not in page
+    assert "baseline+n_layer=6: `--preset=baseline --n_layer=6`" in page
+    assert "norm=rmsnorm+n_layer=18: `--norm=rmsnorm --n_layer=18`" in page
+
+
+def test_a_summary_of_another_design_is_marked_as_such(tmp_path):
+    """The test's recipe "tiny" is not in lab/recipes.py: its section and headline say they are an earlier
+    design's; every claim's failure rule, test, interval coverage and target unit are on the page."""
+    page = page_of(tmp_path, recipe_summary())
+    assert "**From an earlier design.**" in page and "| earlier design: not detected" in page
+    assert "- Failure rule:" in page and "- Test, for every claim:" in page and "interval's coverage" in page
+    assert "steps (the paper's)" in page
+
+
+def test_a_gradient_ratio_figure_without_ratios_is_drawn_not_a_traceback(tmp_path):
+    """`sweep.py --recipe=normformer_loss --n_layer=1`: a 1-layer model has no layer beside layer 0, so no run has
+    a ratio; the log axis has nothing to scale and the page is written all the same."""
+    summary = recipe_summary()
+    for run in summary["runs"]:
+        run.update(fc2_grad_ratio=None, fc2_ratio_curve=[], status="done", diverged=False, final_loss=2.0,
+                   final_loss_capped=2.0)
+    claim = recipes.Claim("norm=rmsnorm", "fc2_grad_ratio@0.5", "better", "Fig. 3", effect=0.25,
+                          effect_source="a quarter", target_origin="nanonorm", relative=True)
+    summary["recipe"].update(figure="grad_ratio", claims=[vars(claim)])
+    summary["claims"] = lab.claims.judge(summary["runs"], [claim], "baseline", ["0.5"])
+    page = page_of(tmp_path, summary)
+    assert "not run yet" in page
+    check_png(tmp_path / "docs" / "experiments" / "tiny.png")

@@ -27,8 +27,11 @@ def test_every_recipe_can_reach_significance_at_holms_first_step():
     """With n pairs the sign-flip test's smallest p is 2 / 2^n; Holm's first step asks p < 0.05 / m, m the recipe's
     claims, so every recipe's seeds must reach it. Every arm a claim involves is one of the recipe's variants."""
     for name, recipe in recipes.RECIPES.items():
-        assert 2 / 2 ** recipe.seeds < stats.ALPHA / len(recipe.claims), name
+        tested = sum(claim.tested for claim in recipe.claims)
+        pilot = max(claim.pilot for claim in recipe.claims)  # seeds that choose an LR are not tested
+        assert 2 / 2 ** (recipe.seeds - pilot) < stats.ALPHA / tested, name
         for claim in recipe.claims:
+            assert claim.target_origin in ("paper", "nanonorm"), (name, claim)
             arms = [claim.variant, claim.reference or recipe.reference, *(claim.minus or ())]
             assert all(arm in recipe.variants for arm in arms), (name, claim)
             assert claim.metric.split("@")[0] in recipes.BETTER and claim.expect in ("better", "worse"), name
@@ -37,6 +40,26 @@ def test_every_recipe_can_reach_significance_at_holms_first_step():
             assert not lr or lr in recipe.lrs, (name, claim.metric)  # the claim is read at an LR the recipe runs
         assert recipe.reference in recipe.variants and recipe.mode in ("ramp", "lr"), name
         assert recipe.figure in lab.results_page.FIGURES, name
+
+
+PAPERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "papers")
+
+
+@pytest.mark.skipif(not os.path.isdir(PAPERS), reason="the papers' text is in ../shared/papers")
+def test_the_bytes_per_token_and_word_the_targets_are_converted_with_are_measured():
+    """recipes.BYTES_PER_GPT2_TOKEN and BYTES_PER_WORD, measured again: GPT-2's BPE (r50k_base) on NormFormer's two
+    versions, whitespace-separated words on all five papers."""
+    import data
+    encoding = data.get_tokenizer("gpt2")
+    texts = {name: open(os.path.join(PAPERS, name), encoding="utf-8").read() for name in os.listdir(PAPERS)
+             if name.endswith(".txt")}
+    normformer = [texts[name] for name in recipes.NORMFORMER_PAPERS]
+    per_token = sum(len(t.encode()) for t in normformer) / sum(len(encoding.encode_ordinary(t)) for t in normformer)
+    per_word = sum(len(t.encode()) for t in texts.values()) / sum(len(t.split()) for t in texts.values())
+    assert per_token == pytest.approx(recipes.BYTES_PER_GPT2_TOKEN, abs=0.005)
+    assert per_word == pytest.approx(recipes.BYTES_PER_WORD, abs=0.005)
+    nf_loss = recipes.RECIPES["normformer_loss"].claims[0]
+    assert nf_loss.effect == pytest.approx(math.log(16.37 / 15.88) / per_token, abs=1e-4)
 
 
 def recipe_args(argv):
@@ -85,7 +108,7 @@ def tiny_recipe(mode, figure, variants, flags, claims, lrs=("0.5",)):
 
 def tiny_claim(variant, metric, **options):
     return recipes.Claim(variant, metric, "better", "94 vs 200 steps", effect=0.25, effect_source="a guess",
-                         **options)
+                         target_origin="nanonorm", **options)
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +160,7 @@ def test_a_recipes_summary_records_its_design_and_claims_from_the_runs(tiny_expe
     # TINY: --eval_iters=1, --batch_size=4, --block_size=16: 4 windows of 16 tokens
     assert design["eval_windows"] == {"eval_iters": 1, "batch_size": 4, "windows": 4, "block_size": 16, "tokens": 64}
     assert (design["seeds"], design["steps"], design["lrs"]) == ([3, 4], 4, ["0.5"])
-    assert "sign-flip" in design["test"] and "1 claim," in design["family"]
+    assert "sign-flip" in design["test"] and "1 tested claim," in design["family"]
     assert design["effects"][0]["source"] == "a guess"
     [claim] = summary["claims"]
     # the interaction recomputed from the runs' records: (deep 2 - base 2) - (deep 1 - base 1), loss capped at L_0
@@ -173,7 +196,8 @@ def test_results_page_from_a_tiny_real_sweep(tiny_experiments, capsys):
         for claim in summary["claims"]:
             # the page's numbers are the summary's, in the headline and in the recipe's table
             effect = lab.tables.interval_text(claim["effect"], claim["effect_ci"])
-            cells = (f"| {effect} | {lab.tables.p_value_text(claim['p_holm'])} | "
+            cells = (f"| {effect} | {lab.tables.coverage_text(claim['ci_coverage'])} | "
+                     f"{lab.tables.p_value_text(claim['p_holm'])} | {lab.tables.target_value_text(claim)} | "
                      f"{lab.tables.power_text(claim['power'])} | {claim['verdict']} |")
             assert cells in headline, (name, cells)
             assert (f"| {claim['n']} | {lab.tables.p_value_text(claim['p'])} | "
@@ -192,7 +216,8 @@ def test_results_page_from_a_tiny_real_sweep(tiny_experiments, capsys):
     assert "(norm=rmsnorm+n_layer=2 vs baseline+n_layer=2) - (norm=rmsnorm+n_layer=1 vs baseline+n_layer=1)" in depth
     positions = [page.index(f'<a id="{name}">') for name in names]
     assert page.index("## Headline") < positions[0] and positions == sorted(positions)
-    assert "sign-flip" in page and "Holm" in page and "Hodges-Lehmann" in page and "MDE" in page
+    assert "sign-flip" in page and "Holm" in page and "- Failure rule: " in page and "MDE" in page
+    assert "earlier design" not in headline  # these runs are the recipes' designs as they stand
 
 
 def test_the_gradient_ratio_recipe_has_ratios_from_its_telemetry(tiny_experiments):
