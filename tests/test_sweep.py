@@ -717,3 +717,158 @@ def test_a_run_killed_by_a_signal_is_unfinished_and_the_stop_message_says_what_i
 def test_sweep_and_plot_help(script):
     done = subprocess.run([sys.executable, os.path.join(ROOT, script), "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "--out" in done.stdout and not done.stderr
+
+
+# A summary is one experiment: one corpus, every run's end read from its log and checkpoint, failed runs counted
+
+def test_a_corpus_edited_between_two_sweep_invocations_is_refused(corpus, tmp_path, capsys):
+    """Runs trained on a corpus that was edited since are another experiment's: one line naming the run and the two
+    texts, exit code 2, nothing written; with the text put back they are this command's again. A config.json that
+    records no sha256 of its data is refused too."""
+    text = tmp_path / "corpus.txt"
+    text.write_text(open(corpus).read())
+    argv, (first, second) = two_runs(tmp_path, str(text))
+    for run in (first, second):
+        finished_as(run, argv)
+    assert sweep.main([*argv, "--dry_run"]) == 0 and capsys.readouterr().out == ""
+    before = folder_files(tmp_path / "sweep")
+    text.write_text(open(corpus).read() + "\nnorm layer gamma")
+    assert sweep.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"sweep.py: {first.dir} was trained on another text of --dataset={text}") and \
+        err.count("\n") == 1, err
+    assert folder_files(tmp_path / "sweep") == before  # no summary.json
+    text.write_text(open(corpus).read())
+    assert sweep.main([*argv, "--dry_run"]) == 0
+    config = json.loads(open(os.path.join(second.dir, "config.json")).read())
+    del config["data"]["source"]["sha256"]
+    with open(os.path.join(second.dir, "config.json"), "w") as f:
+        json.dump(config, f)
+    capsys.readouterr()
+    assert sweep.main([*argv, "--dry_run"]) == 2
+    assert capsys.readouterr().err == (f"sweep.py: {second.dir}/config.json records no sha256 of its data, so nothing "
+                                       "says which text trained it; remove the run (its folder, .exit and .out) to "
+                                       "run it again\n")
+
+
+def folder_files(root):
+    return {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def stopped_before_done(run, argv, checkpoint_step):
+    """A run as train.py leaves it when stopped after its final evaluation's line (step max_iters) and the checkpoint
+    of checkpoint_step, before its "done" line; a resume of it was refused (exit code 2 in its .exit)."""
+    finished_as(run, argv)
+    _, tc = resolved_configs(run, argv)
+    start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
+    final = {"event": "eval", "step": tc.max_iters, "train_loss": 2.1, "val_loss": 2.0, "lr": 0.0, "rank_spread": 0.0}
+    os.remove(os.path.join(run.dir, "log.jsonl"))
+    with open(os.path.join(run.dir, "log.jsonl"), "w") as f:
+        f.writelines(json.dumps(e) + "\n" for e in (start, final))
+    for name in ("ckpt.pt", f"ckpt-{checkpoint_step}.pt"):
+        open(os.path.join(run.dir, name), "wb").close()
+    with open(run.dir + ".exit", "w") as f:
+        f.write("2\n")
+    return tc
+
+
+def test_a_run_stopped_between_its_final_checkpoint_and_its_done_line_is_finished(corpus, tmp_path, capsys):
+    """Final evaluation logged and checkpoint at max_iters, no "done" line (a resume of it is refused as past
+    max_iters): finished and counted with its final loss, never resumed; with its newest checkpoint before max_iters
+    it resumes (training to max_iters logs its end)."""
+    argv, (finished, resumable) = two_runs(tmp_path, corpus)
+    tc = stopped_before_done(finished, argv, checkpoint_step=4)
+    assert tc.max_iters == 4
+    stopped_before_done(resumable, argv, checkpoint_step=2)
+    assert lab.summary.is_finished(finished) and not lab.summary.is_finished(resumable)
+    record = lab.summary.run_record(finished)
+    assert (record["status"], record["final_loss"]) == ("done", 2.0)
+    assert lab.summary.run_record(resumable)["status"] == "unfinished"
+    assert sweep.main([*argv, "--dry_run"]) == 0
+    [command] = capsys.readouterr().out.splitlines()
+    assert command.endswith(f"--out_dir={resumable.dir} --resume")
+
+
+@pytest.mark.parametrize("event, says", [
+    ({k: v for k, v in diverged(3, 0.01, "fc2", 0).items() if k != "steps_survived"},
+     "diverged event: steps_survived is missing"),
+    ({**diverged(3, 0.01, "fc2", 0), "lr": None}, "diverged event: lr is null, not a number"),
+    ({k: v for k, v in diverged(3, 0.01, "fc2", 0).items() if k != "reason"}, "diverged event: reason is missing"),
+    ({**diverged(3, 0.01, "fc2", 0), "failed_op": {"layer": 0}}, "diverged event: failed_op.op is missing"),
+    ({**diverged(3, 0.01, "fc2", 0), "grew_most": {"op": "fc2", "layer": 0}},
+     "diverged event: grew_most.ratio is missing"),
+    ({"event": "eval", "step": 3, "val_loss": 2.0, "lr": "0.01"}, "eval event: lr is a string, not a number"),
+    ({"event": "train", "step": 3, "loss": 2.0}, "train event: lr is missing"),
+    ({"event": "telemetry", "step": 3, "weights": [{"layer": 0, "op": "fc2", "name": "w", "grad_mean_abs": 1.0}],
+      "attn_logit_max": [], "logits": {"mean_log_z": 0.1}}, "telemetry event: weights[0].grad_l2 is missing"),
+    ({"event": "telemetry", "step": 3, "weights": [], "attn_logit_max": [{"layer": 0}], "logits": {"mean_log_z": 0.1}},
+     "telemetry event: attn_logit_max[0].value is missing"),
+    ({"event": "telemetry", "step": 3, "weights": [], "attn_logit_max": [], "logits": {}},
+     "telemetry event: logits.mean_log_z is missing"),
+])
+def test_every_event_field_the_summary_reads_is_checked(corpus, tmp_path, capsys, event, says):
+    """A finished sweep whose log has an event without a field the summary reads (a diverged event without
+    steps_survived was a KeyError): one line naming the file, line and field, exit code 2, nothing written."""
+    argv, runs = two_runs(tmp_path, corpus)
+    start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
+    for run in runs:
+        finished_as(run, argv)
+    end = [] if event["event"] == "diverged" else [{"event": "done", "step": 4, "val_loss": 2.0}]
+    with open(os.path.join(runs[1].dir, "log.jsonl"), "w") as f:
+        f.writelines(json.dumps(e) + "\n" for e in (start, event, *end))
+    assert sweep.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == f"sweep.py: {runs[1].dir}/log.jsonl:2: {says}; it is not a log nanonorm wrote\n"
+    assert not os.path.exists(tmp_path / "sweep" / "summary.json")
+
+
+def fail_every_run(runs, jobs, command):
+    """pool.run_all where every run crashes at once (train.py's exit code 1)."""
+    for run in runs:
+        os.makedirs(os.path.dirname(run.dir), exist_ok=True)
+        with open(run.dir + ".exit", "w") as f:
+            f.write("1\n")
+
+
+def test_a_sweep_whose_runs_fail_exits_4_with_a_count_and_a_recipe_publishes_no_verdict(corpus, tmp_path, capsys,
+                                                                                           monkeypatch):
+    """Every run crashes: exit code 4, one line counting them, and a summary that says so (failed_runs, no_verdict,
+    each claim's verdict), not "not run yet". With some runs finished and one crashed the recipe still publishes no
+    verdict; a diverged run is a result, not a failure."""
+    monkeypatch.setattr(sweep.pool, "run_all", fail_every_run)
+    argv = ["--recipe=powernorm", f"--out_dir={tmp_path / 'r'}", "--max_iters=4", "--warmup_iters=0",
+            f"--dataset={corpus}", f"--data_dir={prepared(corpus)}"]
+    runs = sweep.grid(sweep.parse_args(argv))
+    assert sweep.main(argv) == sweep.RUNS_FAILED == 4
+    err = capsys.readouterr().err
+    assert err == (f"sweep.py: {len(runs)} of {len(runs)} runs failed (they crashed or were refused: see their .out "
+                   "files); the recipe publishes no verdict; exit code 4\n")
+    with open(tmp_path / "r" / "summary.json") as f:
+        summary = json.load(f)
+    why = f"all {len(runs)} runs failed: they crashed or were refused, see their .out files"
+    assert (summary["failed_runs"], summary["no_verdict"]) == (len(runs), why)
+    assert summary["claims"] and all(c["verdict"] == f"no verdict ({why})" for c in summary["claims"])
+
+    *others, crashed = runs
+    for run in others:
+        os.remove(run.dir + ".exit")
+        finished_as(run, argv)
+    start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
+    with open(os.path.join(others[0].dir, "log.jsonl"), "w") as f:
+        f.writelines(json.dumps(e) + "\n" for e in (start, diverged(3, 0.01, "fc2", 0)))
+    assert sweep.main(argv) == 4
+    assert capsys.readouterr().err.startswith(f"sweep.py: 1 of {len(runs)} runs failed")
+    with open(tmp_path / "r" / "summary.json") as f:
+        summary = json.load(f)
+    why = f"1 of {len(runs)} runs failed: they crashed or were refused, see their .out files"
+    assert (summary["failed_runs"], summary["no_verdict"]) == (1, why)
+    assert all(c["verdict"] == f"no verdict ({why})" for c in summary["claims"])
+
+    os.remove(crashed.dir + ".exit")
+    finished_as(crashed, argv)
+    assert sweep.main(argv) == 0  # every run finished, one of them diverged: a verdict
+    with open(tmp_path / "r" / "summary.json") as f:
+        summary = json.load(f)
+    assert (summary["failed_runs"], summary["no_verdict"]) == (0, None)
+    assert not any(c["verdict"].startswith("no verdict") for c in summary["claims"])
+    assert [r["status"] for r in summary["runs"]].count("diverged") == 1
