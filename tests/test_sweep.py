@@ -18,6 +18,7 @@ import pytest
 from engine import run_folder
 from engine import files
 import data
+import lab.recipes
 import lab.stats
 import lab.summary
 import sweep
@@ -685,7 +686,8 @@ def test_a_recipe_rerun_over_runs_of_other_flags_is_refused(corpus, tmp_path, ca
     assert not os.path.exists(tmp_path / "r" / "summary.json")
 
 
-def test_a_run_killed_by_a_signal_is_unfinished_and_the_stop_message_says_what_is_true(corpus, tmp_path, capsys, monkeypatch):
+def test_a_run_killed_by_a_signal_is_unfinished_and_the_stop_message_says_what_is_true(corpus, tmp_path, capsys,
+                                                                                        monkeypatch):
     """A run killed by a signal (the OOM killer, kill -9, a Ctrl-C while train.py imports) has a negative exit code
     in its .exit: unfinished, resumed where it has a checkpoint and started afresh where not, never refused; a
     stopped sweep says which of its runs resume and which start again, not that all have a checkpoint."""
@@ -787,6 +789,12 @@ def test_a_run_stopped_between_its_final_checkpoint_and_its_done_line_is_finishe
     assert sweep.main([*argv, "--dry_run"]) == 0
     [command] = capsys.readouterr().out.splitlines()
     assert command.endswith(f"--out_dir={resumable.dir} --resume")
+    # its checkpoint at max_iters without the final evaluation's line (a stop during that evaluation): no final loss
+    with open(os.path.join(finished.dir, "log.jsonl")) as f:
+        first_line = f.readline()
+    with open(os.path.join(finished.dir, "log.jsonl"), "w") as f:
+        f.write(first_line)
+    assert not lab.summary.is_finished(finished)
 
 
 @pytest.mark.parametrize("event, says", [
@@ -872,3 +880,50 @@ def test_a_sweep_whose_runs_fail_exits_4_with_a_count_and_a_recipe_publishes_no_
     assert (summary["failed_runs"], summary["no_verdict"]) == (0, None)
     assert not any(c["verdict"].startswith("no verdict") for c in summary["claims"])
     assert [r["status"] for r in summary["runs"]].count("diverged") == 1
+
+
+def test_unpaired_binary_rows_use_fishers_exact_test():
+    """survived@LR, a recipe's binary endpoint, where the sides ran different seeds: Fisher's exact test of 4 of 4
+    against 0 of 4 survivors, by hand p = 2 / C(8, 4) (the two tables as unlikely as the observed, each 1 / 70); the
+    margins allow nothing smaller. A run that diverged did not survive."""
+    claims = [lab.recipes.Claim("v", "survived@1e-2", "better", "", 1.0, "nanonorm's choice")]
+    records = [record("v", "1e-2", s, "done", final_loss=2.0) for s in range(4)]
+    records += [record("ref", "1e-2", s, "diverged", final_loss=math.inf) for s in range(4, 8)]  # other seeds
+    [row] = [r for r in lab.summary.comparisons(records, "lr", ["1e-2"], ["ref", "v"], "ref", claims)
+             if r["metric"] == "survived@1e-2"]
+    assert (row["test"], row["p_exact"], row["shares"], row["observed"]) == ("Fisher's exact", "1/35", [1.0, 0.0],
+                                                                             "better")
+    assert row["p"] == row["smallest_p"] == pytest.approx(2 / math.comb(8, 4)) and row["verdict"] == "agrees"
+    # 3 of 4 against 1 of 4: the tables 3-1, 1-3, 4-0 and 0-4 are each no more likely than 3-1 (16/70 each, 1/70)
+    result = lab.summary.unpaired_binary([1, 1, 1, 0], [1, 0, 0, 0], "higher", "better")
+    assert result["p_exact"] == "17/35" and result["verdict"].startswith("not detected")
+
+
+def nan_at_init(run_dir):
+    """A run whose loss at initialization is NaN (init=plain+init_std=1e300): train.py logs it and the divergence."""
+    write_log(run_dir, [{"event": "eval", "step": 0, "train_loss": math.nan, "val_loss": math.nan, "lr": 0.01,
+                         "rank_spread": 0.0},
+                        {**diverged(0, 0.01, "fc2", 0), "reason": "non-finite validation loss (nan)",
+                         "failed_op": None, "criterion": "non-finite val loss"}])
+
+
+def test_a_nan_loss_at_initialization_yields_a_summary_on_every_rerun(corpus, tmp_path, capsys):
+    """A variant whose every run has a NaN loss at initialization: failed runs at ln(V) in its row, as in its
+    comparison with the reference, and a summary on every invocation, never a crash."""
+    argv = ["--variants=baseline,init=plain+init_std=1e300", "--lrs=1e-2,1e-3", "--seeds=2", "--reference=baseline",
+            f"--out_dir={tmp_path / 'sweep'}", f"--dataset={corpus}", f"--data_dir={prepared(corpus)}", *SWEEP_TINY]
+    for run in sweep.grid(sweep.parse_args(argv)):
+        if run.variant == "baseline":
+            finished_as(run, argv)
+        else:
+            nan_at_init(run.dir)
+            write_config(run, argv)
+    for _ in range(2):
+        assert sweep.main(argv) == 0
+        with open(tmp_path / "sweep" / "summary.json") as f:
+            summary = json.load(f)
+        row = summary["variants"][1]
+        assert (row["L(1e-2)"], row["L(1e-3)"], row["lr_sensitivity"], row["diverged"]) == (LN_V, LN_V, LN_V, 4)
+        final = next(c for c in summary["comparisons"] if c["metric"] == "final_loss@1e-2")
+        assert final["variant_values"] == {"median": LN_V, "min": LN_V, "max": LN_V, "n": 2}
+    assert "Traceback" not in capsys.readouterr().err
