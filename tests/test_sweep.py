@@ -266,6 +266,36 @@ def test_skip_and_resume_a_half_finished_sweep(corpus, tmp_path, capsys):
     assert [row["variant"] for row in rows] == ["baseline", "norm=rmsnorm", "postln"]
     assert all(row["runs"] == 1 and math.isfinite(row["best_loss"]) for row in rows)
 
+    # stopped between its final checkpoint and its "done" line, its resume refused: finished, and never run again
+    log = os.path.join(done.dir, "log.jsonl")
+    with open(log) as f:
+        lines = f.readlines()
+    assert json.loads(lines[-1])["event"] == "done" and os.path.exists(os.path.join(done.dir, "ckpt-4.pt"))
+    with open(log, "w") as f:
+        f.writelines(lines[:-1])
+    with open(done.dir + ".exit", "w") as f:
+        f.write("2\n")
+    assert sweep.main(["--variants=baseline,norm=rmsnorm,postln", *common]) == 0
+    assert "3 runs, 3 finished already, 0 running elsewhere, 0 to run" in capsys.readouterr().out
+    with open(tmp_path / "sweep" / "summary.json") as f:
+        assert [r["status"] for r in json.load(f)["runs"]] == ["done"] * 3
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_every_run_fails_exits_4(tmp_path):
+    """python sweep.py whose runs all fail in train.py (a dataset that is not there): exit code 4, one line counting
+    them, and a summary that says every run failed."""
+    argv = ["--variants=baseline", "--lrs=1e-2", "--seeds=2", f"--out_dir={tmp_path / 'sweep'}",
+            f"--dataset={tmp_path / 'missing.txt'}", f"--data_dir={tmp_path / 'data'}", *SWEEP_TINY]
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "sweep.py"), *argv], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 4, done.stderr
+    assert done.stderr == ("sweep.py: 2 of 2 runs failed (they crashed or were refused: see their .out files); exit "
+                           "code 4\n")
+    with open(tmp_path / "sweep" / "summary.json") as f:
+        summary = json.load(f)
+    assert summary["failed_runs"] == 2 and [r["status"] for r in summary["runs"]] == ["unfinished"] * 2
+
 
 def test_each_variant_meets_the_reference_of_its_own_context():
     variants = ["dn_postln+n_layer=6", "dn_deepnorm+n_layer=6", "dn_postln+n_layer=18", "dn_deepnorm+n_layer=18",
