@@ -8,36 +8,41 @@ A variant is a preset name (model.PRESETS) or flags without their dashes, severa
 Seeds are --first_seed .. --first_seed + --seeds - 1 (0 .. --seeds-1 by default). Sweep flags take the form
 --key=value (a bare --dry_run is True).
 
-Re-running the same command skips finished runs (a "done" or "diverged" event in the run's log.jsonl, or
-exit code 0 or 3 in <seed>.exit beside the run's folder), resumes interrupted ones that have a checkpoint
-(--resume) and starts the others afresh (--overwrite where a previous attempt left files); a run killed by a
-signal (exit code -N: the OOM killer, kill -9) is one of these. The console output of a run goes to <seed>.out
-beside its folder. --dry_run prints the train.py commands still to run, one per line, for a Slurm array, xargs or
-GNU parallel, and runs nothing. A run whose folder another process holds (the same sweep started twice) is left
-to that process, never started a second time. A Ctrl-C, SIGTERM or SIGHUP to sweep.py is passed on to its runs,
-which stop with a checkpoint, and sweep.py waits for them.
+Re-running the same command skips finished runs (a "done" or "diverged" event in the run's log.jsonl, its final
+evaluation logged beside a checkpoint at --max_iters, or exit code 0 or 3 in <seed>.exit beside the run's folder),
+resumes interrupted ones that have a checkpoint (--resume) and starts the others afresh (--overwrite where a
+previous attempt left files); a run killed by a signal (exit code -N: the OOM killer, kill -9) is one of these. The
+console output of a run goes to <seed>.out beside its folder. --dry_run prints the train.py commands still to run,
+one per line, for a Slurm array, xargs or GNU parallel, and runs nothing. A run whose folder another process holds
+(the same sweep started twice) is left to that process, never started a second time. A Ctrl-C, SIGTERM or SIGHUP to
+sweep.py is passed on to its runs, which stop with a checkpoint, and sweep.py waits for them.
 A finished or resumable run is this command's only where its config.json holds the configs this command resolves
 for it (train.py's own resolution; per-run bookkeeping aside, a key its config.json lacks counting as its
-default): another is refused, naming the run and the first differing setting, as is one without a config.json,
-so that no summary publishes runs of other flags as this command's. Before anything starts, every run's flags
-pass train.py's checks; a variant is a plain folder name (its runs stay inside --out_dir), and two variants that
-resolve to one config are refused.
+default) and the sha256 of the text it trained on is that of the data the command's runs read now (prepared once
+by sweep.py, as train.py prepares it): another is refused, naming the run and the first differing setting or the
+two texts, as is one without a config.json, so that no summary publishes runs of other flags or another corpus as
+this command's. Before anything starts, every run's flags pass train.py's checks; a variant is a plain folder name
+(its runs stay inside --out_dir), and two variants that resolve to one config are refused.
 
 --mode=ramp: the LR stability test (NormFormer §4, Table 3, Fig. 5, Table 8): --lr_schedule=ramp, the LR
 rises linearly from 0 to --lr at --max_iters; per variant and LR: steps survived and the LR reached (median,
 min and max over seeds), the most frequent failed op and layer. --mode=lr: the runs' own schedule (cosine by
 default) at each LR of the grid; per variant: the best LR, the best final val loss and the LR sensitivity of
 Wortsman et al. 2023 ("Small-scale proxies for large-scale Transformer training instabilities", §3), where a
-diverged run counts as infinite loss, i.e. as L_0. Both count the spike monitor's "spike" events.
+diverged run's loss counts as ln(V), V the tokenizer's vocabulary, in the place of their L_0, and every loss is
+capped there (lab/claims.FAILURE_RULE, as the claims count it). Both count the spike monitor's "spike" events.
 summary.json (a diverged run's loss is written as Infinity), summary.csv and a Markdown table on stdout.
+Exit code 0; 4 where runs failed (crashed, or were refused by train.py: not a divergence, which is a result), with
+one line counting them; the summary leaves them out, says how many (failed_runs), and a recipe's claims get no
+verdict (no_verdict says why); 2 bad input, 1 a failed write, 128 + N stopped by signal N.
 
---reference=VARIANT compares every other variant with it, seed by seed, on each metric: ramp mode
-steps_survived@LR and peak_lr@LR; lr mode final_loss@LR, spikes@LR (and attn_logit_max@LR, log_z@LR where the
-runs log telemetry) and best_loss, each variant at its own best LR. Per comparison: median, [min, max] and n per
-side, the difference of medians, p and a verdict, "agrees" or "disagrees" only at p < 0.05. Where both sides ran
-the same seeds, p is the exact two-sided sign-flip test of the per-seed differences (lab/stats.py; a diverged run's
-loss counts as L_0, its loss at initialization); otherwise the exact Mann-Whitney test of the two samples (a
-diverged run the worst value). A variant with the
+--reference=VARIANT compares every other variant with it, seed by seed, on each metric: ramp mode steps_survived@LR
+and peak_lr@LR; lr mode final_loss@LR, spikes@LR (and attn_logit_max@LR, log_z@LR where the runs log telemetry) and
+best_loss, each variant at its own best LR; a recipe's binary endpoints (left_plateau@LR, survived@LR) too. Per
+comparison: median, [min, max] and n per side, the difference of medians, p and a verdict, "agrees" or "disagrees"
+only at p < 0.05. Where both sides ran the same seeds, p is the exact two-sided sign-flip test of the per-seed
+differences (lab/stats.py; a failed run counts by lab/claims.FAILURE_RULE); otherwise the exact Mann-Whitney test of
+the two samples (a failed run the worst value), or Fisher's exact test of a binary endpoint. A variant with the
 reference's preset and other +key=value overrides is a reference too: dn_deepnorm+n_layer=18 meets
 dn_postln+n_layer=18 when --reference=dn_postln+n_layer=6.
 
@@ -63,6 +68,7 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 import configs
+import data
 from engine import files
 from engine import flags
 from engine import run_reader
@@ -80,6 +86,7 @@ BOOKKEEPING = ("out_dir", "resume", "overwrite")  # where and how a run starts, 
 # a variant is a folder name inside --out_dir: no separator, no other character a shell or file system treats apart
 FOLDER_NAME = re.compile(r"[A-Za-z0-9_.=+-]+")
 MAX_COUNT = 10_000  # --seeds and --jobs: larger is a typo, and 1e11 threads would hang the machine
+RUNS_FAILED = 4  # the exit code of a sweep some of whose runs failed (crashed or were refused)
 
 
 @dataclass
@@ -246,11 +253,12 @@ def train_command(run, plan):
     return [sys.executable, os.path.join(HERE, "train.py"), *train_flags(run, plan)]
 
 
-def check_runs(runs, plan):
+def check_runs(runs, plan, texts):
     """Every run's flags through train.py's parser and the checks train.py makes before it writes anything; two
     variants that resolve to one config refused (the same runs twice, into two folders); and a finished or
-    resumable run trained with other settings refused: it is not this command's run, and a summary would publish
-    it as one."""
+    resumable run trained with other settings or on other data refused: it is not this command's run, and a summary
+    would publish it as one. texts: {(dataset, tokenizer, data_dir): the sha256 of its text}, filled as the data is
+    prepared (trained_on), so that one invocation prepares each dataset once and judges every run by one text."""
     seen = {}
     for run in runs:
         model_cfg, tc = run_configs(run, plan)
@@ -263,6 +271,7 @@ def check_runs(runs, plan):
                              "variant once")
         if is_finished(run) or run_reader.has_checkpoint(run.dir):
             check_trained_as(run, settings, tc)
+            check_trained_on(run, tc, texts)
 
 
 def run_configs(run, plan):
@@ -305,6 +314,29 @@ def check_trained_as(run, settings, tc):
                                  ".exit and .out) to run it again")
 
 
+def check_trained_on(run, tc, texts):
+    """The finished or resumable run trained on the text this command's runs read now: the sha256 its config.json
+    records (data.py's meta.json, which train.py copies there) is that of the data prepared now (data.prepare, as
+    train.py prepares it; a corpus prepared already is found, not read again). A corpus edited since the run trained
+    makes it another experiment's run."""
+    key = (tc.dataset, tc.tokenizer, tc.data_dir)
+    if key not in texts:
+        try:
+            texts[key] = data.load_meta(data.prepare(*key))["source"]["sha256"]
+        except data.DataError as e:
+            raise UsageError(f"variant {run.variant}: {e}") from None
+    source = run_reader.read_config(run.dir).get("data")
+    source = source.get("source") if isinstance(source, dict) else None
+    trained_on = source.get("sha256") if isinstance(source, dict) else None
+    if not isinstance(trained_on, str):
+        raise UsageError(f"{run.dir}/config.json records no sha256 of its data, so nothing says which text trained "
+                         "it; remove the run (its folder, .exit and .out) to run it again")
+    if trained_on != texts[key]:
+        raise UsageError(f"{run.dir} was trained on another text of --dataset={tc.dataset} (sha256 {trained_on[:12]}; "
+                         f"now {texts[key][:12]}): it is not this command's run; put its data back, give another "
+                         "--out_dir, or remove the run (its folder, .exit and .out) to run it again")
+
+
 def resolved_at_start(key, value, was, tc, defaults):
     """Whether was is what train.py made of a setting left at its default when the run started: dtype and compile
     (from the machine it ran on, configs.MACHINE_SETTINGS), and a resumed run's lr_decay_iters (max_iters:
@@ -325,10 +357,11 @@ def main(argv):
     try:
         plan = parse_args(argv)
         runs = grid(plan)
-        check_runs(runs, plan)
+        texts = {}
+        check_runs(runs, plan, texts)
         previous_summary(plan.out_dir)  # a damaged one is refused now, not after hours of runs
         todo = [run for run in runs if not is_finished(run)]
-        return run_sweep(plan, runs, todo)
+        return run_sweep(plan, runs, todo, texts)
     except UsageError as e:
         return flags.fail("sweep.py", e)
     except WriteError as e:
@@ -336,9 +369,10 @@ def main(argv):
         return 1
 
 
-def run_sweep(plan, runs, todo):
-    """Print --dry_run's commands, or run what is left and write the summaries. Exit code 0, or 128 + the signal
-    that stopped the sweep (its runs stopped with a checkpoint)."""
+def run_sweep(plan, runs, todo, texts):
+    """Print --dry_run's commands, or run what is left and write the summaries. Exit code 0; RUNS_FAILED where runs
+    failed (crashed or were refused), with one line counting them; or 128 + the signal that stopped the sweep (its
+    runs stopped with a checkpoint). texts: check_runs'."""
     elsewhere = [run for run in todo if files.held_by(run.dir)]
     for run in elsewhere:
         print(f"sweep.py: {run.dir} is running in another process ({files.held_by(run.dir)}); left to it",
@@ -355,8 +389,13 @@ def run_sweep(plan, runs, todo):
     if stopped:
         print(stop_message(stopped, todo), file=sys.stderr)
         return signals.exit_code(stopped)
-    check_runs(runs, plan)  # a run another process finished meanwhile may hold other settings
-    write_summary(plan, runs, wall_s=time.time() - started if todo else 0.0)
+    check_runs(runs, plan, texts)  # a run another process finished meanwhile may hold other settings or data
+    failed = write_summary(plan, runs, wall_s=time.time() - started if todo else 0.0)
+    if failed:
+        print(f"sweep.py: {failed} of {len(runs)} runs failed (they crashed or were refused: see their .out files)"
+              f"{'; the recipe publishes no verdict' if plan.recipe else ''}; exit code {RUNS_FAILED}",
+              file=sys.stderr)
+        return RUNS_FAILED
     return 0
 
 

@@ -68,20 +68,81 @@ def read_config(run_dir):
     return config
 
 
-def ended(events):
-    """Whether a run's events hold its end: a "done" or "diverged" event."""
-    return any(e["event"] in ENDS for e in events)
+def end_state(run_dir, events):
+    """"done" or "diverged" where the run has ended, else None: the end event of its log (events); or, without one,
+    "done" where its log holds the final evaluation (step max_iters of its config.json) and its newest checkpoint is
+    at that step. train.py logs the final evaluation, writes its checkpoint, then logs "done": a run stopped between
+    the last two has trained and evaluated every step, and a resume of it is refused as already past max_iters. The
+    newest checkpoint's step is read from its ckpt-<step>.pt name (--keep_checkpoints >= 1 keeps it), not from
+    the checkpoint, which only torch reads."""
+    end = next((e["event"] for e in events if e["event"] in ENDS), None)
+    if end:
+        return end
+    config = read_config(run_dir)
+    last = config["train"].get("max_iters") if config else None
+    evaluated = any(e["event"] == "eval" and e["step"] == last for e in events)
+    return "done" if evaluated and max(numbered_checkpoints(run_dir), default=None) == last else None
 
 
-# The fields every reader of a log relies on, by event name: each event has a step (an integer >= 0), and the
-# losses that resume, sweep.py and plot.py read are numbers (NaN and infinity included: a diverged run logs them).
-EVENT_NUMBERS = {"train": ("loss",), "eval": ("val_loss",), "done": ("val_loss",)}
+NUMBER = (int, float)
+# where an op is: a block's index, or null outside the blocks (the embeddings, the logits)
+LAYER = (int, type(None))
+# The fields every reader of a log relies on, by event name, as shapes (mismatch): each event has a step (an
+# integer >= 0), and the fields that resume, sweep.py's summary and plot.py read are there with their types (a loss
+# may be NaN or infinite: a diverged run logs them).
+EVENT_FIELDS = {
+    "train": {"loss": NUMBER, "lr": NUMBER},
+    "eval": {"val_loss": NUMBER},
+    "done": {"val_loss": NUMBER},
+    "diverged": {"steps_survived": int, "lr": NUMBER, "reason": str},
+    "telemetry": {"weights": [{"layer": LAYER, "op": None, "name": str, "grad_l2": NUMBER, "grad_mean_abs": NUMBER}],
+                  "attn_logit_max": [{"value": NUMBER}], "logits": {"mean_log_z": NUMBER}},
+}
+# The fields an event may leave out or set to null, with the shape they have where given.
+OPTIONAL_FIELDS = {
+    "eval": {"lr": NUMBER, "val_loss_batch_stats": NUMBER},
+    "diverged": {"criterion": str, "failed_op": {"op": str, "layer": LAYER},
+                 "grew_most": {"op": str, "layer": LAYER, "ratio": NUMBER}},
+}
 JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", type(None): "null",
               list: "a list", dict: "an object"}
 
 
+def mismatch(value, shape, where):
+    """Where a JSON value is not of the shape, such as "runs[2].lr is missing"; None where it is. A shape: a dict
+    is a JSON object with at least these keys, [x] a list whose items are each x, [x, y, z] a list of exactly these
+    items (a row), a type (or a tuple of types) the value's type (exactly: true is not a number), a set the values
+    allowed, None any value."""
+    if isinstance(shape, dict):
+        if not isinstance(value, dict):
+            return f"{where or 'it'} is {JSON_NAMES[type(value)]}, not an object"
+        for key, inner in shape.items():
+            name = f"{where}.{key}" if where else key
+            found = f"{name} is missing" if key not in value else mismatch(value[key], inner, name)
+            if found:
+                return found
+    elif isinstance(shape, list):
+        if not isinstance(value, list):
+            return f"{where} is {JSON_NAMES[type(value)]}, not a list"
+        if len(shape) > 1 and len(value) != len(shape):  # a row: the readers unpack it
+            return f"{where} has {len(value)} items, not {len(shape)}"
+        for i, item in enumerate(value):
+            found = mismatch(item, shape[i] if len(shape) > 1 else shape[0], f"{where}[{i}]")
+            if found:
+                return found
+    elif isinstance(shape, set):
+        if value not in shape:
+            return f"{where} is {json.dumps(value)[:40]}, not one of {', '.join(sorted(shape))}"
+    elif shape is not None and type(value) not in (shape if isinstance(shape, tuple) else (shape,)):
+        kinds = shape if isinstance(shape, tuple) else (shape,)
+        expected = " or ".join(JSON_NAMES[kind] for kind in kinds if not (kind is int and float in kinds))
+        return f"{where} is {JSON_NAMES[type(value)]}, not {expected}"
+    return None
+
+
 def damaged_field(event):
-    """What is wrong with an event's step or losses ("step is null, not an integer"), or None."""
+    """What is wrong with an event's step or the fields its readers rely on ("step is null, not an integer",
+    "diverged event: steps_survived is missing"), or None."""
     step = event.get("step")
     if "step" not in event:
         return "step is missing"
@@ -89,12 +150,12 @@ def damaged_field(event):
         return f"step is {JSON_NAMES[type(step)]}, not an integer"
     if step < 0:
         return f"step is {step}, not an integer >= 0"
-    for name in EVENT_NUMBERS.get(event["event"], ()):
-        if name not in event:
-            return f"{name} is missing"
-        if type(event[name]) not in (int, float):
-            return f"{name} is {JSON_NAMES[type(event[name])]}, not a number"
-    return None
+    found = mismatch(event, EVENT_FIELDS.get(event["event"]), "")
+    if found:
+        return found
+    given = {k: v for k, v in event.items() if v is not None}
+    optional = {k: v for k, v in OPTIONAL_FIELDS.get(event["event"], {}).items() if k in given}
+    return mismatch(given, optional, "")
 
 
 def read_log(path):

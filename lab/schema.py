@@ -1,12 +1,12 @@
 """
 What the readers of nanonorm's files take from them, checked by hand so that a foreign file is refused with one line
-before anything is summed or drawn: the shapes of log.jsonl's events (train.py) and of summary.json (sweep.py),
-mismatch() to hold a value against a shape, and read_summary(), the one reader of a summary.json.
+before anything is summed or drawn: the shapes of the events plot.py draws (train.py's log.jsonl) and of summary.json
+(sweep.py), held against a value by engine/run_reader.mismatch (which also checks every log line for the fields its
+readers rely on), and read_summary(), the one reader of a summary.json.
 
-A shape: a dict is a JSON object with at least these keys, [x] a list whose items are each x, [x, y, z] a list of
-exactly these items (a row), a type (or a tuple of types) the value's type, a set the values allowed, None any
-value. check_values() holds a summary's runs to what a shape cannot say (an LR is a number, a finished run has a
-loss), and check_recipe_name() a recipe's name to a plain name, as the results page names files after it.
+A shape is what engine/run_reader.mismatch reads (a dict: an object with at least these keys, and so on).
+check_values() holds a summary's runs to what a shape cannot say (an LR is a number, a finished run has a loss), and
+check_recipe_name() a recipe's name to a plain name, as the results page names files after it.
 """
 
 import json
@@ -16,11 +16,10 @@ import re
 from engine import files
 from engine import flags
 from engine.flags import UsageError
+from engine.run_reader import JSON_NAMES, mismatch  # the one shape checker, shared with the log's reader
 
 NUMBER = (int, float)
 MAYBE_NUMBER = (int, float, type(None))
-JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", type(None): "null",
-              list: "a list", dict: "an object"}
 
 # the events plot.py draws
 EVENTS = {
@@ -71,35 +70,6 @@ RECIPE_SUMMARY = {
 ENDED_ROW = {"criterion": {"criterion_count": int, "runs": int}, "failed_op": {"failed_op_count": int},
              "grew_most": {"grew_most_count": int}}
 SUMMARY_ALLOWED = "plot.py reads the summary.json that sweep.py writes (the sweep's command again rewrites it)"
-
-
-def mismatch(value, shape, where):
-    """Where value is not of the shape, such as "runs[2].lr is missing"; None where it is."""
-    if isinstance(shape, dict):
-        if not isinstance(value, dict):
-            return f"{where or 'it'} is {JSON_NAMES[type(value)]}, not an object"
-        for key, inner in shape.items():
-            name = f"{where}.{key}" if where else key
-            found = f"{name} is missing" if key not in value else mismatch(value[key], inner, name)
-            if found:
-                return found
-    elif isinstance(shape, list):
-        if not isinstance(value, list):
-            return f"{where} is {JSON_NAMES[type(value)]}, not a list"
-        if len(shape) > 1 and len(value) != len(shape):  # a row: the readers unpack it
-            return f"{where} has {len(value)} items, not {len(shape)}"
-        for i, item in enumerate(value):
-            found = mismatch(item, shape[i] if len(shape) > 1 else shape[0], f"{where}[{i}]")
-            if found:
-                return found
-    elif isinstance(shape, set):
-        if value not in shape:
-            return f"{where} is {json.dumps(value)[:40]}, not one of {', '.join(sorted(shape))}"
-    elif shape is not None and not isinstance(value, shape):
-        kinds = shape if isinstance(shape, tuple) else (shape,)
-        expected = " or ".join(JSON_NAMES[kind] for kind in kinds if not (kind is int and float in kinds))
-        return f"{where} is {JSON_NAMES[type(value)]}, not {expected}"
-    return None
 
 
 def read_summary(path, advice=SUMMARY_ALLOWED):

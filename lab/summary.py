@@ -78,9 +78,10 @@ def exit_code(run):
 
 
 def is_finished(run):
-    """A "done" or "diverged" event in the run's log (a run started by --dry_run's commands has no .exit), or the
-    exit code 0 or 3 recorded beside it."""
-    return run_reader.ended(read_events(run.dir)) or exit_code(run) in FINISHED_CODES
+    """The run's end from its log and checkpoint (run_reader.end_state: a run started by --dry_run's commands has no
+    .exit, and one stopped between its final checkpoint and its "done" line has finished), or the exit code 0 or 3
+    recorded beside it."""
+    return run_reader.end_state(run.dir, read_events(run.dir)) is not None or exit_code(run) in FINISHED_CODES
 
 
 def median_summary(values):
@@ -96,15 +97,18 @@ def most_frequent(items):
     return counts.most_common(1)[0] if counts else (None, 0)
 
 
-def lr_sensitivity(losses, init_loss):
-    """Wortsman et al. 2023 §3: E_lr[min(L(lr), L_0) - L*] over the LR grid, L* = min_lr L(lr).
-
-    A diverged run's loss is inf, so min(L, L_0) caps it at L_0, the loss at initialization. None when
-    every LR diverged (no L*)."""
-    best = min(losses)
-    if not math.isfinite(best):
+def lr_sensitivity(losses, failure):
+    """Wortsman et al. 2023 §3, E_lr[min(L(lr), F) - L*] over the LR grid, L* = min_lr min(L(lr), F), with the
+    failure loss F = ln(V) in the place of their L_0 (lab/claims.FAILURE_RULE, the rule of the claims'
+    seed_lr_sensitivity): a diverged run's loss (inf) counts as F. Where no LR got below F there is no L* to measure
+    from, and the sensitivity is F, the largest any grid can have; None without F."""
+    if failure is None:
         return None
-    return statistics.fmean(min(loss, init_loss) - best for loss in losses)
+    capped = [min(loss, failure) for loss in losses]
+    best = min(capped)
+    if best >= failure:
+        return failure
+    return statistics.fmean(loss - best for loss in capped)
 
 
 def run_record(run):
@@ -113,10 +117,11 @@ def run_record(run):
     evals = [e for e in events if e["event"] == "eval"]
     diverged = next((e for e in events if e["event"] == "diverged"), None)
     code = exit_code(run)
+    end = run_reader.end_state(run.dir, events)
     final = evals[-1]["val_loss"] if evals else None
-    if diverged or code == 3 or (final is not None and not math.isfinite(final)):
+    if end == "diverged" or code == 3 or (final is not None and not math.isfinite(final)):
         status = "diverged"
-    elif any(e["event"] == "done" for e in events) or code == 0:
+    elif end == "done" or code == 0:
         status = "done"
     else:
         status = "unfinished"
@@ -145,7 +150,7 @@ def run_record(run):
             "unigram_entropy": entropy,
             "left_plateau": None if entropy is None or final_loss is None else final_loss < PLATEAU * entropy,
             "steps_survived": diverged["steps_survived"] if diverged else (evals[-1]["step"] if evals else None),
-            "peak_lr": diverged["lr"] if diverged else (evals[-1]["lr"] if evals else None),
+            "peak_lr": diverged["lr"] if diverged else (evals[-1].get("lr") if evals else None),
             "failed_op": op_text(failed) if failed else None,
             "grew_most": grew_most_text((diverged or {}).get("grew_most")),
             "criterion": criterion(diverged) if diverged else None,
@@ -258,18 +263,22 @@ def ramp_rows(records):
 
 
 def lr_rows(records, lrs):
-    """Per variant: L(lr) = median final val loss over seeds (inf if diverged), best LR, L*, LR sensitivity."""
+    """Per variant: L(lr) = the median over seeds of the final val loss, each run's counted as the claims count it
+    (min(L, F), a failed run at the failure loss F = ln(V): lab/claims.FAILURE_RULE), best LR, L*, LR sensitivity
+    at the same F, and the median finite loss at initialization (inf where none is finite)."""
     rows = []
     for variant, group in group_by(records, ("variant",)).items():
         ran = [r for r in group if r["status"] != "unfinished"]
-        by_lr = {lr: statistics.median(r["final_loss"] for r in ran if r["lr"] == lr)
-                 for lr in lrs if any(r["lr"] == lr for r in ran)}
-        init = [r["init_loss"] for r in ran if r["init_loss"] is not None]
-        init_loss = statistics.median(init) if init else math.inf
+        counted = [r for r in ran if r["final_loss_capped"] is not None]
+        by_lr = {lr: statistics.median(r["final_loss_capped"] for r in counted if r["lr"] == lr)
+                 for lr in lrs if any(r["lr"] == lr for r in counted)}
+        init = [r["init_loss"] for r in ran if r["init_loss"] is not None and math.isfinite(r["init_loss"])]
+        failure = next((r["failure_loss"] for r in counted), None)
         best_lr = min(by_lr, key=by_lr.get) if by_lr else None
         rows.append({"variant": variant, "runs": len(ran), "diverged": sum(r["status"] == "diverged" for r in ran),
-                     "best_lr": best_lr, "best_loss": by_lr[best_lr] if by_lr else None, "init_loss": init_loss,
-                     "lr_sensitivity": lr_sensitivity(list(by_lr.values()), init_loss) if by_lr else None,
+                     "best_lr": best_lr, "best_loss": by_lr[best_lr] if by_lr else None,
+                     "init_loss": statistics.median(init) if init else math.inf, "failure_loss": failure,
+                     "lr_sensitivity": lr_sensitivity(list(by_lr.values()), failure) if by_lr else None,
                      "spikes": sum(r["spikes"] for r in ran), **{f"L({lr})": loss for lr, loss in by_lr.items()}})
     return rows
 
@@ -295,12 +304,14 @@ def references(variants, reference):
     return {v: family.get(context(v), reference) for v in variants if v.split("+")[0] != head}
 
 
-def metric_names(mode, lrs, records):
+def metric_names(mode, lrs, records, claims=()):
     """The metrics a sweep compares: NAME@LR for each of the mode's metrics that its runs logged, and in lr mode
-    best_loss (each variant at its own best LR, as NormFormer §4 tunes baseline and NormFormer separately)."""
+    best_loss (each variant at its own best LR, as NormFormer §4 tunes baseline and NormFormer separately); then the
+    binary endpoints of a recipe's claims (left_plateau@LR, survived@LR)."""
     names = [f"{name}@{lr}" for lr in lrs for name in METRICS[mode]
              if any(r[name] is not None for r in records if r["lr"] == lr)]
-    return names + (["best_loss"] if mode == "lr" else [])
+    binary = [c.metric for c in claims if c.metric.partition("@")[0] in claims_lib.BINARY]
+    return list(dict.fromkeys([*names, *(["best_loss"] if mode == "lr" else []), *binary]))
 
 
 def metric_values(records, variant, metric):
@@ -315,6 +326,9 @@ def metric_values(records, variant, metric):
         lr = min(by_lr, key=lambda lr: statistics.median(r["final_loss"] for r in by_lr[lr]))
         return [r["final_loss"] for r in by_lr[lr]], lr
     name, _, lr = metric.partition("@")
+    if name in claims_lib.BINARY:  # 1 or 0 a run, a failed run 0 (lab/claims.FAILURE_RULE)
+        values = [claims_lib.binary_value(r, name) for r in ran if r["lr"] == lr]
+        return ([] if None in values else values), lr
     worst = math.inf if recipes.BETTER[name] == "lower" else -math.inf
     values = [r[name] if name in claims_lib.AT_FAILURE or r[name] is None or counts_as_measured(r, r[name]) else worst
               for r in ran if r["lr"] == lr]
@@ -330,14 +344,15 @@ def comparisons(records, mode, lrs, variants, reference, claims=()):
     """Each variant against its reference on every metric: medians, [min, max] and n per side, the difference of
     medians, p and the verdict. Where both sides ran the same seeds the test is paired by seed (the exact sign-flip
     test of lab/stats.py on the per-seed differences, a failed run counted by lab/claims.FAILURE_RULE, as a
-    claim's); else the exact Mann-Whitney test of the two samples (a failed run the worst value). A recipe's claims
+    claim's; on a binary endpoint the exact McNemar test); else the exact Mann-Whitney test of the two samples (a
+    failed run the worst value), or on a binary endpoint Fisher's exact test. A recipe's claims
     give the paper's direction for their (variant, metric), and for the variant's other metrics; a variant without
     a claim is read against "the variant is better"."""
     expected = {(c.variant, c.metric): c.expect for c in claims}
     by_variant = {c.variant: c.expect for c in claims}
     rows = []
     for variant, ref in references(variants, reference).items():
-        for metric in metric_names(mode, lrs, records):
+        for metric in metric_names(mode, lrs, records, claims):
             expect = expected.get((variant, metric), by_variant.get(variant, "better"))
             better = recipes.BETTER[metric.split("@")[0]]
             ours, theirs = (claims_lib.seed_values(records, v, metric, lrs) for v in (variant, ref))
@@ -348,7 +363,8 @@ def comparisons(records, mode, lrs, variants, reference, claims=()):
                 theirs_all, _ = metric_values(records, ref, metric)
                 if not (ours_all and theirs_all):
                     continue
-                result = unpaired(ours_all, theirs_all, better, expect)
+                binary = metric.partition("@")[0] in claims_lib.BINARY
+                result = (unpaired_binary if binary else unpaired)(ours_all, theirs_all, better, expect)
             _, our_lr = metric_values(records, variant, metric)
             _, their_lr = metric_values(records, ref, metric)
             rows.append({"variant": variant, "reference": ref, "metric": metric, "lr": our_lr,
@@ -408,6 +424,24 @@ def unpaired(values, reference, better, expect):
             "p_exact": f"{p.numerator}/{p.denominator}",
             "smallest_p": float(stats.smallest_p(len(values), len(reference))), "observed": side, "expect": expect,
             "mde": mde, "verdict": verdict(p, side, expect, mde), "test": "Mann-Whitney"}
+
+
+def unpaired_binary(values, reference, better, expect):
+    """A binary endpoint (1 or 0 a run, lab/claims.BINARY) where the two sides did not run the same seeds: the
+    sides' spread and shares, Fisher's exact test of the two shares (stats.fisher_p, Agresti §3.5.1), which side
+    has the larger share, the smallest p these margins allow and the verdict; no power model for a binary endpoint,
+    so the minimum detectable effect is unknown (nan)."""
+    n, m = len(values), len(reference)
+    yes, their_yes = sum(values), sum(reference)
+    p = stats.fisher_p(yes, n, their_yes, m)
+    side = observed_side(yes / n - their_yes / m, better)
+    total = yes + their_yes
+    smallest = min(stats.fisher_p(x, n, total - x, m) for x in range(max(0, total - m), min(total, n) + 1))
+    ours, theirs = spread(values), spread(reference)
+    return {"variant_values": ours, "reference_values": theirs, "median_difference": ours["median"] - theirs["median"],
+            "shares": [yes / n, their_yes / m], "p": float(p), "p_exact": f"{p.numerator}/{p.denominator}",
+            "smallest_p": float(smallest), "observed": side, "expect": expect, "mde": math.nan,
+            "verdict": verdict(p, side, expect, math.nan), "test": "Fisher's exact"}
 
 
 def verdict(p, side, expect, mde):
@@ -476,11 +510,33 @@ def recipe_record(sweep):
     return {**record, "design": claims_lib.design(record, model_cfg, tc)}
 
 
+def missing_runs(runs, records):
+    """(failed, elsewhere): how many runs did not finish and are not running (they crashed, were refused or were
+    killed: their .out says why), and how many are still running in another process."""
+    unfinished = [run for run, record in zip(runs, records) if record["status"] == "unfinished"]
+    elsewhere = sum(files.held_by(run.dir) is not None for run in unfinished)
+    return len(unfinished) - elsewhere, elsewhere
+
+
+def no_verdict(total, failed, elsewhere):
+    """Why a recipe's claims get no verdict, or None: a claim is judged on the whole design, so a run that failed to
+    run (a crash, a refusal; a divergence is a result and counts by lab/claims.FAILURE_RULE) or is still running
+    leaves the recipe without one."""
+    if failed == total:
+        return f"all {total} runs failed: they crashed or were refused, see their .out files"
+    parts = ([f"{failed} of {total} runs failed: they crashed or were refused, see their .out files"] if failed
+             else []) + ([f"{elsewhere} of {total} runs still running in another process"] if elsewhere else [])
+    return "; ".join(parts) or None
+
+
 def write_summary(sweep, runs, wall_s=0.0):
     """summary.json, summary.csv and Markdown tables on stdout. wall_s: this invocation's time running runs, added
     to the previous summary's, so the summary says how long the whole sweep took; where it ran nothing (0), the
-    previous summary's machine, date and load stay, as they are the runs'."""
+    previous summary's machine, date and load stay, as they are the runs'. A recipe whose runs are not all finished
+    publishes its claims' numbers without a verdict, and the summary says why (no_verdict). Returns the number of
+    failed runs (missing_runs)."""
     records = [run_record(run) for run in runs]
+    failed, elsewhere = missing_runs(runs, records)
     os.makedirs(sweep.out_dir, exist_ok=True)
     rows = ramp_rows(records) if sweep.mode == "ramp" else lr_rows(records, sweep.lrs)
     compared = (comparisons(records, sweep.mode, sweep.lrs, sweep.variants, sweep.reference,
@@ -488,8 +544,12 @@ def write_summary(sweep, runs, wall_s=0.0):
     previous = previous_summary(sweep.out_dir)
     where = previous["machine"] if wall_s == 0 and "machine" in previous else machine()
     judged = claims_lib.judge(records, sweep.claims, sweep.reference, sweep.lrs) if sweep.recipe else []
+    why = no_verdict(len(records), failed, elsewhere) if sweep.recipe else None
+    for claim in judged if why else []:
+        claim.update(verdict=f"no verdict ({why})", reading="no verdict")
     summary = {"mode": sweep.mode, "reference": sweep.reference, "variants": rows, "comparisons": compared,
-               "recipe": recipe_record(sweep) if sweep.recipe else None, "claims": judged, "machine": where,
+               "recipe": recipe_record(sweep) if sweep.recipe else None, "claims": judged, "no_verdict": why,
+               "failed_runs": failed, "running_elsewhere": elsewhere, "machine": where,
                "wall_s": wall_s + previous.get("wall_s", 0.0), "runs": records}
     # inf (a diverged run's loss) is written as Infinity, which Python's json reads back
     files.write_atomic(os.path.join(sweep.out_dir, "summary.json"), json.dumps(summary, indent=1).encode())
@@ -498,11 +558,9 @@ def write_summary(sweep, runs, wall_s=0.0):
     writer.writeheader()
     writer.writerows({k: value_text(v, plain=True) for k, v in row.items()} for row in rows)
     files.write_atomic(os.path.join(sweep.out_dir, "summary.csv"), table.getvalue().encode())
-    unfinished = sum(r["status"] == "unfinished" for r in records)
-    elsewhere = sum(files.held_by(run.dir) is not None for run in runs)
-    if unfinished:
-        print(f"{unfinished} of {len(records)} runs did not finish ({elsewhere} of them still running in another "
-              "process; see the others' .out files); the summary leaves them out")
+    if failed + elsewhere:
+        print(f"{failed + elsewhere} of {len(records)} runs did not finish ({elsewhere} of them still running in "
+              "another process; see the others' .out files); the summary leaves them out")
     print(markdown(rows))
     if compared:
         print()
@@ -511,3 +569,4 @@ def write_summary(sweep, runs, wall_s=0.0):
         print()
         print("The recipe's claims, Holm-corrected together (docs/experiments.md's table):")
         print(claims_table(judged))
+    return failed

@@ -258,13 +258,12 @@ def test_read_log_names_the_file_and_line_of_a_foreign_log(tmp_path, content, sa
 
 def test_read_log_leaves_out_a_torn_last_line_and_says_so(tmp_path):
     path = tmp_path / "log.jsonl"
-    path.write_bytes(b'{"event": "train", "step": 1, "loss": 5}\n{"event": "train", "step": 2, "loss": 4}\n'
-                     b'{"event": "tr')
-    assert run_reader.read_log(str(path)) == ([{"event": "train", "step": 1, "loss": 5}, {"event": "train", "step": 2,
-                                                                                   "loss": 4}],
-                                         f"{path}:3: the last line was cut short (a killed run); left out")
-    path.write_bytes(b'{"event": "train", "step": 1, "loss": 5}\n\xe2\x82')  # cut inside a UTF-8 character
-    assert run_reader.read_log(str(path))[0] == [{"event": "train", "step": 1, "loss": 5}]
+    first, second = ({"event": "train", "step": step, "loss": loss, "lr": 0.1} for step, loss in ((1, 5), (2, 4)))
+    path.write_bytes(f"{json.dumps(first)}\n{json.dumps(second)}\n".encode() + b'{"event": "tr')
+    assert run_reader.read_log(str(path)) == ([first, second],
+                                              f"{path}:3: the last line was cut short (a killed run); left out")
+    path.write_bytes(f"{json.dumps(first)}\n".encode() + b"\xe2\x82")  # cut inside a UTF-8 character
+    assert run_reader.read_log(str(path))[0] == [first]
     assert run_reader.read_log(str(tmp_path / "absent.jsonl")) == ([], "")
 
 

@@ -17,21 +17,27 @@ import pytest
 
 from engine import run_folder
 from engine import files
+import data
+import lab.recipes
 import lab.stats
 import lab.summary
 import sweep
 import configs
 import train
-from conftest import FailingWrites, ROOT, SWEEP_TINY
+from conftest import FailingWrites, ROOT, SWEEP_TINY, prepared
 
 HAS_RAMP = "ramp" in typing.get_args(configs.TrainConfig.__annotations__["lr_schedule"])
+LN_V = math.log(256)  # the failure loss of the byte tokenizer (lab/claims.FAILURE_RULE)
 
 
 def test_lr_sensitivity_by_hand():
-    # L* = 2.5; min(L, L_0) with L_0 = 4: 3.0, 2.5, 4.0 (4.5 capped), 4.0 (diverged, inf capped)
-    expected = ((3.0 - 2.5) + 0.0 + (4.0 - 2.5) + (4.0 - 2.5)) / 4
-    assert lab.summary.lr_sensitivity([3.0, 2.5, 4.5, math.inf], 4.0) == pytest.approx(expected, abs=1e-15)
-    assert lab.summary.lr_sensitivity([math.inf, math.inf], 4.0) is None
+    # F = ln 256 = 5.545 in the place of L_0; L* = 2.5; min(L, F): 3.0, 2.5, F (7.0 capped), F (diverged, inf)
+    expected = ((3.0 - 2.5) + 0.0 + (LN_V - 2.5) + (LN_V - 2.5)) / 4
+    assert lab.summary.lr_sensitivity([3.0, 2.5, 7.0, math.inf], LN_V) == pytest.approx(expected, abs=1e-15)
+    # no LR below F, so no L* to measure from: F, the largest any grid can have (as the claims' seeds count it)
+    assert lab.summary.lr_sensitivity([math.inf, math.inf], LN_V) == LN_V
+    assert lab.summary.lr_sensitivity([6.0, math.inf], LN_V) == LN_V
+    assert lab.summary.lr_sensitivity([2.0, 3.0], None) is None
 
 
 def test_median_summary_and_most_frequent():
@@ -95,8 +101,15 @@ def test_ramp_rows_name_the_op_that_grew_the_most_where_none_crossed(tmp_path):
     assert (row["grew_most"], row["grew_most_count"], row["failed_op"]) == ("logits", 2, None)
 
 
+def write_vocab(run_dir, vocab_size=256):
+    """A config.json whose data names the tokenizer's vocabulary, which sets the failure loss ln(V)."""
+    with open(os.path.join(run_dir, "config.json"), "w") as f:
+        json.dump({"model": {}, "train": {}, "data": {"vocab_size": vocab_size}}, f)
+
+
 def test_lr_summary_from_logs(tmp_path):
-    """Two LRs x two seeds; one run diverges and counts as inf, i.e. as L_0 in the sensitivity."""
+    """Two LRs x two seeds; one run diverges and counts at the failure loss F = ln(V) in L(lr) and the sensitivity,
+    as the claims count it, not at the variant's median L_0 (5.5 here)."""
     finals = {("1e-2", 0): 2.0, ("1e-2", 1): 2.4, ("1e-1", 0): 3.0, ("1e-1", 1): None}
     runs = []
     for (lr, seed), final in finals.items():
@@ -106,11 +119,13 @@ def test_lr_summary_from_logs(tmp_path):
                  "rank_spread": 0.0}, {"event": "done", "step": 10, "val_loss": final}]
                if final else [diverged(7, float(lr), "q@k", 0)])
         write_log(run.dir, [start, *end])
+        write_vocab(run.dir)
         runs.append(run)
     [row] = lab.summary.lr_rows([lab.summary.run_record(run) for run in runs], ["1e-2", "1e-1"])
-    l_small, l_large, l_0 = (2.0 + 2.4) / 2, math.inf, (5.0 + 6.0) / 2  # medians over seeds
+    l_small, l_large = (2.0 + 2.4) / 2, (3.0 + LN_V) / 2  # medians over seeds, the diverged run at ln 256
     assert (row["best_lr"], row["best_loss"], row["diverged"]) == ("1e-2", pytest.approx(l_small), 1)
-    assert row["lr_sensitivity"] == pytest.approx(((l_small - l_small) + (min(l_large, l_0) - l_small)) / 2)
+    assert (row["L(1e-1)"], row["failure_loss"], row["init_loss"]) == (pytest.approx(l_large), LN_V, 5.5)
+    assert row["lr_sensitivity"] == pytest.approx(((l_small - l_small) + (l_large - l_small)) / 2, abs=1e-15)
 
 
 @pytest.mark.parametrize("mode", ["lr", pytest.param("ramp", marks=pytest.mark.skipif(
@@ -251,6 +266,36 @@ def test_skip_and_resume_a_half_finished_sweep(corpus, tmp_path, capsys):
     assert [row["variant"] for row in rows] == ["baseline", "norm=rmsnorm", "postln"]
     assert all(row["runs"] == 1 and math.isfinite(row["best_loss"]) for row in rows)
 
+    # stopped between its final checkpoint and its "done" line, its resume refused: finished, and never run again
+    log = os.path.join(done.dir, "log.jsonl")
+    with open(log) as f:
+        lines = f.readlines()
+    assert json.loads(lines[-1])["event"] == "done" and os.path.exists(os.path.join(done.dir, "ckpt-4.pt"))
+    with open(log, "w") as f:
+        f.writelines(lines[:-1])
+    with open(done.dir + ".exit", "w") as f:
+        f.write("2\n")
+    assert sweep.main(["--variants=baseline,norm=rmsnorm,postln", *common]) == 0
+    assert "3 runs, 3 finished already, 0 running elsewhere, 0 to run" in capsys.readouterr().out
+    with open(tmp_path / "sweep" / "summary.json") as f:
+        assert [r["status"] for r in json.load(f)["runs"]] == ["done"] * 3
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_every_run_fails_exits_4(tmp_path):
+    """python sweep.py whose runs all fail in train.py (a dataset that is not there): exit code 4, one line counting
+    them, and a summary that says every run failed."""
+    argv = ["--variants=baseline", "--lrs=1e-2", "--seeds=2", f"--out_dir={tmp_path / 'sweep'}",
+            f"--dataset={tmp_path / 'missing.txt'}", f"--data_dir={tmp_path / 'data'}", *SWEEP_TINY]
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "sweep.py"), *argv], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 4, done.stderr
+    assert done.stderr == ("sweep.py: 2 of 2 runs failed (they crashed or were refused: see their .out files); exit "
+                           "code 4\n")
+    with open(tmp_path / "sweep" / "summary.json") as f:
+        summary = json.load(f)
+    assert summary["failed_runs"] == 2 and [r["status"] for r in summary["runs"]] == ["unfinished"] * 2
+
 
 def test_each_variant_meets_the_reference_of_its_own_context():
     variants = ["dn_postln+n_layer=6", "dn_deepnorm+n_layer=6", "dn_postln+n_layer=18", "dn_deepnorm+n_layer=18",
@@ -267,17 +312,19 @@ def test_each_variant_meets_the_reference_of_its_own_context():
 
 
 def record(variant, lr, seed, status, **values):
+    """A run record as lab/summary.run_record makes it: its loss capped at the failure loss ln 256."""
     base = {"variant": variant, "lr": lr, "seed": seed, "status": status, "final_loss": None, "spikes": 0,
             "steps_survived": None, "peak_lr": None, "attn_logit_max": None, "log_z": None, "init_loss": 4.0,
-            "diverged": status == "diverged"}
+            "diverged": status == "diverged", "failure_loss": LN_V, "left_plateau": None}
     record = {**base, **values}
     loss = record["final_loss"]
-    return {**record, "final_loss_capped": None if loss is None else min(loss, record["init_loss"])}
+    return {**record, "final_loss_capped": None if loss is None else min(loss, record["failure_loss"])}
 
 
-def test_comparisons_pair_runs_by_seed_and_count_a_diverged_run_at_its_initial_loss():
+def test_comparisons_pair_runs_by_seed_and_count_a_diverged_run_at_the_failure_loss():
     """lr mode, 6 seeds a side: at 1e-2 the variant beats the reference on every seed (one reference seed diverged:
-    its loss counts as L_0 = 4.0), so the sign-flip p is 2/64; best_loss takes each variant at its own best LR."""
+    its loss counts as ln 256, not as its L_0 = 4.0), so the sign-flip p is 2/64; best_loss takes each variant at its
+    own best LR."""
     seeds = range(6)
     records = [record("v", "1e-2", s, "done", final_loss=2.0 + s / 10) for s in seeds]
     records += [record("ref", "1e-2", s, "done", final_loss=3.0 + s / 10) for s in seeds[:5]]
@@ -287,7 +334,7 @@ def test_comparisons_pair_runs_by_seed_and_count_a_diverged_run_at_its_initial_l
     rows = {row["metric"]: row for row in lab.summary.comparisons(records, "lr", ["1e-3", "1e-2"], ["ref", "v"], "ref")}
     assert set(rows) == {"final_loss@1e-3", "spikes@1e-3", "final_loss@1e-2", "spikes@1e-2", "best_loss"}
     row = rows["final_loss@1e-2"]
-    assert row["reference_values"] == {"median": pytest.approx(3.25), "min": 3.0, "max": 4.0, "n": 6}
+    assert row["reference_values"] == {"median": pytest.approx(3.25), "min": 3.0, "max": LN_V, "n": 6}
     assert (row["test"], row["pairs"], row["p_exact"], row["verdict"]) == ("paired sign-flip", 6, "1/32", "agrees")
     # 2.5 on all 6 seeds against 2.40-2.45: the variant is worse on every seed
     assert (rows["final_loss@1e-3"]["observed"], rows["final_loss@1e-3"]["verdict"]) == ("worse", "disagrees")
@@ -408,16 +455,17 @@ def test_an_out_dir_that_cannot_be_a_folder_is_one_line(tmp_path, capsys, make, 
         assert (tmp_path / "file").read_text() == "mine"
 
 
-def two_runs(tmp_path):
-    """A two-seed sweep's args and runs (nothing run yet)."""
-    argv = ["--variants=baseline", "--lrs=1e-2", "--seeds=2", f"--out_dir={tmp_path / 'sweep'}", *SWEEP_TINY]
+def two_runs(tmp_path, corpus):
+    """A two-seed sweep's args and runs on corpus (nothing run yet), its data prepared beside corpus."""
+    argv = ["--variants=baseline", "--lrs=1e-2", "--seeds=2", f"--out_dir={tmp_path / 'sweep'}",
+            f"--dataset={corpus}", f"--data_dir={prepared(corpus)}", *SWEEP_TINY]
     args = sweep.parse_args(argv)
     return argv, sweep.grid(args)
 
 
-def test_a_run_that_diverged_without_an_exit_file_counts_as_finished_from_its_log(tmp_path, capsys):
+def test_a_run_that_diverged_without_an_exit_file_counts_as_finished_from_its_log(corpus, tmp_path, capsys):
     """A run started from --dry_run's commands (on a cluster) leaves no <seed>.exit: its log alone says it ended."""
-    argv, (ended, fresh) = two_runs(tmp_path)
+    argv, (ended, fresh) = two_runs(tmp_path, corpus)
     start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
     write_log(ended.dir, [start, diverged(3, 0.01, "fc2", 0)])
     write_config(ended, argv)
@@ -429,10 +477,10 @@ def test_a_run_that_diverged_without_an_exit_file_counts_as_finished_from_its_lo
             and lab.summary.run_record(ended)["final_loss"] == math.inf)
 
 
-def test_torn_and_foreign_logs_exit_files_and_summaries(tmp_path, capsys):
+def test_torn_and_foreign_logs_exit_files_and_summaries(corpus, tmp_path, capsys):
     """A torn last line is left out with a note; a foreign line, a folder in the log's place, a damaged .exit or
     summary.json is one line and exit code 2, and nothing is written."""
-    argv, (first, second) = two_runs(tmp_path)
+    argv, (first, second) = two_runs(tmp_path, corpus)
     start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
     write_log(first.dir, [start, diverged(3, 0.01, "fc2", 0)])
     with open(os.path.join(first.dir, "log.jsonl"), "a") as f:
@@ -489,8 +537,7 @@ time.sleep(120)
 def test_a_held_run_folder_is_left_to_its_holder_and_reported_as_running(corpus, tmp_path, capsys):
     """Another process holds one run's folder (a sweep started twice): this sweep neither starts that run nor
     counts it as failed; it runs the other one and says the first is still running."""
-    argv, (held, free) = two_runs(tmp_path)
-    argv += [f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}"]
+    argv, (held, free) = two_runs(tmp_path, corpus)
     holder = subprocess.Popen([sys.executable, "-c", HOLD.format(here=sweep.HERE, folder=held.dir)],
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -554,10 +601,10 @@ def test_sigterm_to_a_sweep_stops_its_runs_with_a_checkpoint_and_a_rerun_resumes
         assert "--resume" in sweep.train_flags(run, sweep.parse_args(argv))
 
 
-def test_a_summary_that_cannot_be_written_is_one_line_and_keeps_the_old_one(tmp_path, monkeypatch, capsys):
+def test_a_summary_that_cannot_be_written_is_one_line_and_keeps_the_old_one(corpus, tmp_path, monkeypatch, capsys):
     """Disk full at summary.json (then at summary.csv): one line naming the file, exit code 1, the previous summary
     as it was and no temporary file left."""
-    argv, runs = two_runs(tmp_path)
+    argv, runs = two_runs(tmp_path, corpus)
     start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
     for run in runs:
         write_log(run.dir, [start, {"event": "done", "step": 4, "val_loss": 2.0}])
@@ -596,23 +643,25 @@ def resolved_configs(run, argv):
 def write_config(run, argv, drop=()):
     """The run's config.json as train.py writes it before its first step, for the flags of sweep argv: the configs
     resolved as train.py resolves them (vocabulary padded from the tokenizer's, paths absolute), dtype and compile
-    as a machine made them concrete, less the keys in drop (a config.json written before those keys existed)."""
+    as a machine made them concrete, and the data's meta.json as prepared now (with the sha256 of its text), less
+    the keys in drop (a config.json written before those keys existed)."""
     model_cfg, tc = resolved_configs(run, argv)
     model = dataclasses.asdict(model_cfg)
     training = {**dataclasses.asdict(tc), "dtype": "float32", "compile": False}
     for key in drop:
         model.pop(key, None)
         training.pop(key, None)
+    meta = data.load_meta(data.prepare(tc.dataset, tc.tokenizer, tc.data_dir))
     with open(os.path.join(run.dir, "config.json"), "w") as f:
-        json.dump({"model": model, "train": training, "world_size": 1}, f)
+        json.dump({"model": model, "train": training, "world_size": 1, "data": meta}, f)
 
 
-def test_a_rerun_with_other_flags_is_refused_naming_the_run_and_the_setting(tmp_path, capsys):
+def test_a_rerun_with_other_flags_is_refused_naming_the_run_and_the_setting(corpus, tmp_path, capsys):
     """Runs trained with 2 layers and 6 steps are not the runs of a command asking for 3 layers and 9 steps: one
     line naming the run and the first differing setting, exit code 2, nothing written; the same command again
     (whose resolved configs match, with the keys train.py resolves at the start) takes them as finished."""
     argv = ["--variants=baseline", "--lrs=1e-2", f"--out_dir={tmp_path / 'sweep'}", *SWEEP_TINY, "--n_layer=2",
-            "--max_iters=6", f"--data_dir={tmp_path / 'data'}"]
+            "--max_iters=6", f"--dataset={corpus}", f"--data_dir={prepared(corpus)}"]
     [run] = sweep.grid(sweep.parse_args(argv))
     finished_as(run, argv, drop=("z_loss",))  # an older config.json: z_loss counts as its default
     assert sweep.main([*argv, "--dry_run"]) == 0
@@ -634,10 +683,10 @@ def refused_without_config(argv, run, capsys):
                                        ".out) to run it again\n")
 
 
-def test_a_finished_or_resumable_run_without_its_config_json_is_refused(tmp_path, capsys):
+def test_a_finished_or_resumable_run_without_its_config_json_is_refused(corpus, tmp_path, capsys):
     """train.py writes config.json before the first step: a result or checkpoint without one (deleted, or copied in
     from elsewhere) says nothing of the flags that made it, so a re-run sweep refuses to publish or resume it."""
-    argv, (finished, resumable) = two_runs(tmp_path)
+    argv, (finished, resumable) = two_runs(tmp_path, corpus)
     finished_as(finished, argv)
     config = os.path.join(finished.dir, "config.json")
     with open(config, "rb") as f:
@@ -652,11 +701,11 @@ def test_a_finished_or_resumable_run_without_its_config_json_is_refused(tmp_path
     assert not os.path.exists(os.path.join(tmp_path, "sweep", "summary.json"))
 
 
-def test_a_recipe_rerun_over_runs_of_other_flags_is_refused(tmp_path, capsys):
+def test_a_recipe_rerun_over_runs_of_other_flags_is_refused(corpus, tmp_path, capsys):
     """60-step runs of a recipe on another corpus are not the plain recipe command's runs: refused before any
     summary (and so the results page) pairs the recipe's flags with them."""
     out = f"--out_dir={tmp_path / 'r'}"
-    tiny = ["--recipe=powernorm", out, "--max_iters=60", f"--dataset={tmp_path / 'corpus.txt'}"]
+    tiny = ["--recipe=powernorm", out, "--max_iters=60", f"--dataset={corpus}", f"--data_dir={prepared(corpus)}"]
     for run in sweep.grid(sweep.parse_args(tiny)):
         finished_as(run, tiny)
     assert sweep.main([*tiny, "--dry_run"]) == 0
@@ -667,11 +716,12 @@ def test_a_recipe_rerun_over_runs_of_other_flags_is_refused(tmp_path, capsys):
     assert not os.path.exists(tmp_path / "r" / "summary.json")
 
 
-def test_a_run_killed_by_a_signal_is_unfinished_and_the_stop_message_says_what_is_true(tmp_path, capsys, monkeypatch):
+def test_a_run_killed_by_a_signal_is_unfinished_and_the_stop_message_says_what_is_true(corpus, tmp_path, capsys,
+                                                                                        monkeypatch):
     """A run killed by a signal (the OOM killer, kill -9, a Ctrl-C while train.py imports) has a negative exit code
     in its .exit: unfinished, resumed where it has a checkpoint and started afresh where not, never refused; a
     stopped sweep says which of its runs resume and which start again, not that all have a checkpoint."""
-    argv, (killed, resumable) = two_runs(tmp_path)
+    argv, (killed, resumable) = two_runs(tmp_path, corpus)
     start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
     write_log(killed.dir, [start])
     finished_as(resumable, argv)
@@ -699,3 +749,211 @@ def test_a_run_killed_by_a_signal_is_unfinished_and_the_stop_message_says_what_i
 def test_sweep_and_plot_help(script):
     done = subprocess.run([sys.executable, os.path.join(ROOT, script), "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "--out" in done.stdout and not done.stderr
+
+
+# A summary is one experiment: one corpus, every run's end read from its log and checkpoint, failed runs counted
+
+def test_a_corpus_edited_between_two_sweep_invocations_is_refused(corpus, tmp_path, capsys):
+    """Runs trained on a corpus that was edited since are another experiment's: one line naming the run and the two
+    texts, exit code 2, nothing written; with the text put back they are this command's again. A config.json that
+    records no sha256 of its data is refused too."""
+    text = tmp_path / "corpus.txt"
+    text.write_text(open(corpus).read())
+    argv, (first, second) = two_runs(tmp_path, str(text))
+    for run in (first, second):
+        finished_as(run, argv)
+    assert sweep.main([*argv, "--dry_run"]) == 0 and capsys.readouterr().out == ""
+    before = folder_files(tmp_path / "sweep")
+    text.write_text(open(corpus).read() + "\nnorm layer gamma")
+    assert sweep.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"sweep.py: {first.dir} was trained on another text of --dataset={text}") and \
+        err.count("\n") == 1, err
+    assert folder_files(tmp_path / "sweep") == before  # no summary.json
+    text.write_text(open(corpus).read())
+    assert sweep.main([*argv, "--dry_run"]) == 0
+    config = json.loads(open(os.path.join(second.dir, "config.json")).read())
+    del config["data"]["source"]["sha256"]
+    with open(os.path.join(second.dir, "config.json"), "w") as f:
+        json.dump(config, f)
+    capsys.readouterr()
+    assert sweep.main([*argv, "--dry_run"]) == 2
+    assert capsys.readouterr().err == (f"sweep.py: {second.dir}/config.json records no sha256 of its data, so nothing "
+                                       "says which text trained it; remove the run (its folder, .exit and .out) to "
+                                       "run it again\n")
+
+
+def folder_files(root):
+    return {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def stopped_before_done(run, argv, checkpoint_step):
+    """A run as train.py leaves it when stopped after its final evaluation's line (step max_iters) and the checkpoint
+    of checkpoint_step, before its "done" line; a resume of it was refused (exit code 2 in its .exit)."""
+    finished_as(run, argv)
+    _, tc = resolved_configs(run, argv)
+    start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
+    final = {"event": "eval", "step": tc.max_iters, "train_loss": 2.1, "val_loss": 2.0, "lr": 0.0, "rank_spread": 0.0}
+    os.remove(os.path.join(run.dir, "log.jsonl"))
+    with open(os.path.join(run.dir, "log.jsonl"), "w") as f:
+        f.writelines(json.dumps(e) + "\n" for e in (start, final))
+    for name in ("ckpt.pt", f"ckpt-{checkpoint_step}.pt"):
+        open(os.path.join(run.dir, name), "wb").close()
+    with open(run.dir + ".exit", "w") as f:
+        f.write("2\n")
+    return tc
+
+
+def test_a_run_stopped_between_its_final_checkpoint_and_its_done_line_is_finished(corpus, tmp_path, capsys):
+    """Final evaluation logged and checkpoint at max_iters, no "done" line (a resume of it is refused as past
+    max_iters): finished and counted with its final loss, never resumed; with its newest checkpoint before max_iters
+    it resumes (training to max_iters logs its end)."""
+    argv, (finished, resumable) = two_runs(tmp_path, corpus)
+    tc = stopped_before_done(finished, argv, checkpoint_step=4)
+    assert tc.max_iters == 4
+    stopped_before_done(resumable, argv, checkpoint_step=2)
+    assert lab.summary.is_finished(finished) and not lab.summary.is_finished(resumable)
+    record = lab.summary.run_record(finished)
+    assert (record["status"], record["final_loss"]) == ("done", 2.0)
+    assert lab.summary.run_record(resumable)["status"] == "unfinished"
+    assert sweep.main([*argv, "--dry_run"]) == 0
+    [command] = capsys.readouterr().out.splitlines()
+    assert command.endswith(f"--out_dir={resumable.dir} --resume")
+    # its checkpoint at max_iters without the final evaluation's line (a stop during that evaluation): no final loss
+    with open(os.path.join(finished.dir, "log.jsonl")) as f:
+        first_line = f.readline()
+    with open(os.path.join(finished.dir, "log.jsonl"), "w") as f:
+        f.write(first_line)
+    assert not lab.summary.is_finished(finished)
+
+
+@pytest.mark.parametrize("event, says", [
+    ({k: v for k, v in diverged(3, 0.01, "fc2", 0).items() if k != "steps_survived"},
+     "diverged event: steps_survived is missing"),
+    ({**diverged(3, 0.01, "fc2", 0), "lr": None}, "diverged event: lr is null, not a number"),
+    ({k: v for k, v in diverged(3, 0.01, "fc2", 0).items() if k != "reason"}, "diverged event: reason is missing"),
+    ({**diverged(3, 0.01, "fc2", 0), "failed_op": {"layer": 0}}, "diverged event: failed_op.op is missing"),
+    ({**diverged(3, 0.01, "fc2", 0), "grew_most": {"op": "fc2", "layer": 0}},
+     "diverged event: grew_most.ratio is missing"),
+    ({"event": "eval", "step": 3, "val_loss": 2.0, "lr": "0.01"}, "eval event: lr is a string, not a number"),
+    ({"event": "train", "step": 3, "loss": 2.0}, "train event: lr is missing"),
+    ({"event": "telemetry", "step": 3, "weights": [{"layer": 0, "op": "fc2", "name": "w", "grad_mean_abs": 1.0}],
+      "attn_logit_max": [], "logits": {"mean_log_z": 0.1}}, "telemetry event: weights[0].grad_l2 is missing"),
+    ({"event": "telemetry", "step": 3, "weights": [], "attn_logit_max": [{"layer": 0}], "logits": {"mean_log_z": 0.1}},
+     "telemetry event: attn_logit_max[0].value is missing"),
+    ({"event": "telemetry", "step": 3, "weights": [], "attn_logit_max": [], "logits": {}},
+     "telemetry event: logits.mean_log_z is missing"),
+])
+def test_every_event_field_the_summary_reads_is_checked(corpus, tmp_path, capsys, event, says):
+    """A finished sweep whose log has an event without a field the summary reads (a diverged event without
+    steps_survived was a KeyError): one line naming the file, line and field, exit code 2, nothing written."""
+    argv, runs = two_runs(tmp_path, corpus)
+    start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
+    for run in runs:
+        finished_as(run, argv)
+    end = [] if event["event"] == "diverged" else [{"event": "done", "step": 4, "val_loss": 2.0}]
+    with open(os.path.join(runs[1].dir, "log.jsonl"), "w") as f:
+        f.writelines(json.dumps(e) + "\n" for e in (start, event, *end))
+    assert sweep.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == f"sweep.py: {runs[1].dir}/log.jsonl:2: {says}; it is not a log nanonorm wrote\n"
+    assert not os.path.exists(tmp_path / "sweep" / "summary.json")
+
+
+def fail_every_run(runs, jobs, command):
+    """pool.run_all where every run crashes at once (train.py's exit code 1)."""
+    for run in runs:
+        os.makedirs(os.path.dirname(run.dir), exist_ok=True)
+        with open(run.dir + ".exit", "w") as f:
+            f.write("1\n")
+
+
+def test_a_sweep_whose_runs_fail_exits_4_with_a_count_and_a_recipe_publishes_no_verdict(corpus, tmp_path, capsys,
+                                                                                           monkeypatch):
+    """Every run crashes: exit code 4, one line counting them, and a summary that says so (failed_runs, no_verdict,
+    each claim's verdict), not "not run yet". With some runs finished and one crashed the recipe still publishes no
+    verdict; a diverged run is a result, not a failure."""
+    monkeypatch.setattr(sweep.pool, "run_all", fail_every_run)
+    argv = ["--recipe=powernorm", f"--out_dir={tmp_path / 'r'}", "--max_iters=4", "--warmup_iters=0",
+            f"--dataset={corpus}", f"--data_dir={prepared(corpus)}"]
+    runs = sweep.grid(sweep.parse_args(argv))
+    assert sweep.main(argv) == sweep.RUNS_FAILED == 4
+    err = capsys.readouterr().err
+    assert err == (f"sweep.py: {len(runs)} of {len(runs)} runs failed (they crashed or were refused: see their .out "
+                   "files); the recipe publishes no verdict; exit code 4\n")
+    with open(tmp_path / "r" / "summary.json") as f:
+        summary = json.load(f)
+    why = f"all {len(runs)} runs failed: they crashed or were refused, see their .out files"
+    assert (summary["failed_runs"], summary["no_verdict"]) == (len(runs), why)
+    assert summary["claims"] and all(c["verdict"] == f"no verdict ({why})" for c in summary["claims"])
+
+    *others, crashed = runs
+    for run in others:
+        os.remove(run.dir + ".exit")
+        finished_as(run, argv)
+    start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
+    with open(os.path.join(others[0].dir, "log.jsonl"), "w") as f:
+        f.writelines(json.dumps(e) + "\n" for e in (start, diverged(3, 0.01, "fc2", 0)))
+    assert sweep.main(argv) == 4
+    assert capsys.readouterr().err.startswith(f"sweep.py: 1 of {len(runs)} runs failed")
+    with open(tmp_path / "r" / "summary.json") as f:
+        summary = json.load(f)
+    why = f"1 of {len(runs)} runs failed: they crashed or were refused, see their .out files"
+    assert (summary["failed_runs"], summary["no_verdict"]) == (1, why)
+    assert all(c["verdict"] == f"no verdict ({why})" for c in summary["claims"])
+
+    os.remove(crashed.dir + ".exit")
+    finished_as(crashed, argv)
+    assert sweep.main(argv) == 0  # every run finished, one of them diverged: a verdict
+    with open(tmp_path / "r" / "summary.json") as f:
+        summary = json.load(f)
+    assert (summary["failed_runs"], summary["no_verdict"]) == (0, None)
+    assert not any(c["verdict"].startswith("no verdict") for c in summary["claims"])
+    assert [r["status"] for r in summary["runs"]].count("diverged") == 1
+
+
+def test_unpaired_binary_rows_use_fishers_exact_test():
+    """survived@LR, a recipe's binary endpoint, where the sides ran different seeds: Fisher's exact test of 4 of 4
+    against 0 of 4 survivors, by hand p = 2 / C(8, 4) (the two tables as unlikely as the observed, each 1 / 70); the
+    margins allow nothing smaller. A run that diverged did not survive."""
+    claims = [lab.recipes.Claim("v", "survived@1e-2", "better", "", 1.0, "nanonorm's choice")]
+    records = [record("v", "1e-2", s, "done", final_loss=2.0) for s in range(4)]
+    records += [record("ref", "1e-2", s, "diverged", final_loss=math.inf) for s in range(4, 8)]  # other seeds
+    [row] = [r for r in lab.summary.comparisons(records, "lr", ["1e-2"], ["ref", "v"], "ref", claims)
+             if r["metric"] == "survived@1e-2"]
+    assert (row["test"], row["p_exact"], row["shares"], row["observed"]) == ("Fisher's exact", "1/35", [1.0, 0.0],
+                                                                             "better")
+    assert row["p"] == row["smallest_p"] == pytest.approx(2 / math.comb(8, 4)) and row["verdict"] == "agrees"
+    # 3 of 4 against 1 of 4: the tables 3-1, 1-3, 4-0 and 0-4 are each no more likely than 3-1 (16/70 each, 1/70)
+    result = lab.summary.unpaired_binary([1, 1, 1, 0], [1, 0, 0, 0], "higher", "better")
+    assert result["p_exact"] == "17/35" and result["verdict"].startswith("not detected")
+
+
+def nan_at_init(run_dir):
+    """A run whose loss at initialization is NaN (init=plain+init_std=1e300): train.py logs it and the divergence."""
+    write_log(run_dir, [{"event": "eval", "step": 0, "train_loss": math.nan, "val_loss": math.nan, "lr": 0.01,
+                         "rank_spread": 0.0},
+                        {**diverged(0, 0.01, "fc2", 0), "reason": "non-finite validation loss (nan)",
+                         "failed_op": None, "criterion": "non-finite val loss"}])
+
+
+def test_a_nan_loss_at_initialization_yields_a_summary_on_every_rerun(corpus, tmp_path, capsys):
+    """A variant whose every run has a NaN loss at initialization: failed runs at ln(V) in its row, as in its
+    comparison with the reference, and a summary on every invocation, never a crash."""
+    argv = ["--variants=baseline,init=plain+init_std=1e300", "--lrs=1e-2,1e-3", "--seeds=2", "--reference=baseline",
+            f"--out_dir={tmp_path / 'sweep'}", f"--dataset={corpus}", f"--data_dir={prepared(corpus)}", *SWEEP_TINY]
+    for run in sweep.grid(sweep.parse_args(argv)):
+        if run.variant == "baseline":
+            finished_as(run, argv)
+        else:
+            nan_at_init(run.dir)
+            write_config(run, argv)
+    for _ in range(2):
+        assert sweep.main(argv) == 0
+        with open(tmp_path / "sweep" / "summary.json") as f:
+            summary = json.load(f)
+        row = summary["variants"][1]
+        assert (row["L(1e-2)"], row["L(1e-3)"], row["lr_sensitivity"], row["diverged"]) == (LN_V, LN_V, LN_V, 4)
+        final = next(c for c in summary["comparisons"] if c["metric"] == "final_loss@1e-2")
+        assert final["variant_values"] == {"median": LN_V, "min": LN_V, "max": LN_V, "n": 2}
+    assert "Traceback" not in capsys.readouterr().err
