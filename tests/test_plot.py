@@ -335,6 +335,20 @@ def test_the_page_refuses_a_stored_verdict_its_numbers_contradict(tmp_path, caps
     assert_one_line(capsys, "claims[0] says 'agrees'", "its numbers give 'not detected")
 
 
+def test_the_page_shows_a_withheld_verdict_only_with_its_reason(tmp_path, capsys):
+    """A recipe whose runs did not all run has no verdict, and its summary says why (no_verdict): the page shows
+    that, and refuses a verdict stored beside such a reason."""
+    summary = recipe_summary()
+    [claim] = summary["claims"]
+    summary["no_verdict"] = "1 of 4 runs failed: they crashed or were refused, see their .out files"
+    claim["verdict"] = f"no verdict ({summary['no_verdict']})"
+    assert claim["verdict"] in page_of(tmp_path, summary)
+    claim["verdict"] = claims_verdict = "not detected (minimum detectable effect 0.1)"
+    write_json(tmp_path / "sweeps" / "tiny" / "summary.json", summary)
+    assert plot.main([f"--experiments={tmp_path / 'sweeps'}", f"--out={tmp_path / 'docs'}"]) == 2
+    assert_one_line(capsys, f"claims[0] says {claims_verdict!r}", "its numbers give 'no verdict (1 of 4 runs")
+
+
 def test_the_page_never_prints_nan_or_inf_as_a_number(tmp_path):
     summary = recipe_summary()
     summary["wall_s"] = math.nan

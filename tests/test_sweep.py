@@ -916,7 +916,7 @@ def test_unpaired_binary_rows_use_fishers_exact_test():
     """survived@LR, a recipe's binary endpoint, where the sides ran different seeds: Fisher's exact test of 4 of 4
     against 0 of 4 survivors, by hand p = 2 / C(8, 4) (the two tables as unlikely as the observed, each 1 / 70); the
     margins allow nothing smaller. A run that diverged did not survive."""
-    claims = [lab.recipes.Claim("v", "survived@1e-2", "better", "", 1.0, "nanonorm's choice")]
+    claims = [lab.recipes.Claim("v", "survived@1e-2", "better", "", 1.0, "nanonorm's choice", "nanonorm")]
     records = [record("v", "1e-2", s, "done", final_loss=2.0) for s in range(4)]
     records += [record("ref", "1e-2", s, "diverged", final_loss=math.inf) for s in range(4, 8)]  # other seeds
     [row] = [r for r in lab.summary.comparisons(records, "lr", ["1e-2"], ["ref", "v"], "ref", claims)
