@@ -334,8 +334,7 @@ def trained_config(run):
     if not os.path.lexists(path):
         return None
     try:
-        with open(path, "rb") as f:
-            config = json.loads(f.read())
+        config = json.loads(files.read_own(path))
     except (OSError, ValueError):
         config = None
     if not (isinstance(config, dict) and all(isinstance(config.get(k), dict) for k in ("model", "train"))):

@@ -200,8 +200,7 @@ def unigram_entropy(run):
     """The val split's unigram entropy (nats a token) from the run's config.json, None without it."""
     path = os.path.join(run.dir, "config.json")
     try:
-        with open(path, "rb") as f:
-            config = json.loads(f.read())
+        config = json.loads(files.read_own(path))
     except (OSError, ValueError):
         return None
     entropy = config.get("data", {}).get("unigram_entropy") if isinstance(config, dict) else None
