@@ -349,6 +349,7 @@ def main(argv):
         return 0
     try:
         plan = parse_args(argv)
+        runtime.Machine.from_env()  # every run inherits sweep.py's environment: a bad one would fail them all
         runs = grid(plan)
         check_runs(runs, plan)
         previous_summary(plan.out_dir)  # a damaged one is refused now, not after hours of runs
