@@ -70,7 +70,8 @@ class Machine:
 COUNTS = {"RANK": 0, "LOCAL_RANK": 0, "WORLD_SIZE": 1, "LOCAL_WORLD_SIZE": 1}
 RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT")
 BELOW = (("RANK", "WORLD_SIZE"), ("LOCAL_RANK", "LOCAL_WORLD_SIZE"))  # a rank goes from 0 to its size - 1
-RUN_ONE = "run under torchrun (torchrun --standalone --nproc_per_node=N ...), or unset torchrun's variables to run one process"
+RUN_ONE = ("run under torchrun (torchrun --standalone --nproc_per_node=N ...), or unset torchrun's variables to run "
+           "one process")
 
 
 def torchrun_counts(environ):
