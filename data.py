@@ -30,12 +30,18 @@ import tiktoken
 from tiktoken_ext.openai_public import r50k_pat_str
 
 from engine import signals
-from engine.files import WriteError, cannot_write, write_and_sync, write_atomic
+from engine.files import (NotAFile, WriteError, cannot_write, not_own_file, open_own, read_own, write_and_sync,
+                          write_atomic)
 from engine.flags import UsageError, build, fail, help_of, parse, print_help, wants_help
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TOKENIZERS = ("byte", "gpt2")
 VOCAB_SIZES = {"byte": 256, "gpt2": 50257}  # what get_tokenizer's encodings have (n_vocab): test_data checks it
+# A preparation writes into <folder>.<pid>.tmp, where <folder> is <name>-<tokenizer>-<12 hex digits>, and puts MARKER
+# in it first: a leftover is removed only where both say that nanonorm made it (a user's notes.2023.tmp is not).
+TMP_NAME = re.compile(rf"(.+-(?:{'|'.join(TOKENIZERS)})-[0-9a-f]{{12}})\.([0-9]+)\.tmp")
+MARKER = "preparing.nanonorm"
+MARKER_TEXT = b"nanonorm's data.py prepares this folder; a preparation removes it once its process is gone\n"
 
 
 class DataError(Exception):
@@ -101,9 +107,15 @@ def builtin_files():
 
 def folder_files(root):
     """The files under root in sorted path order; hidden files and folders (names starting with '.') are skipped,
-    and so are symlinks to folders (rglob does not follow them: a link to a parent would loop)."""
-    return [path for path in sorted(root.rglob("*"))
-            if path.is_file() and not any(p.startswith(".") for p in path.relative_to(root).parts)]
+    and so are symlinks to folders (rglob does not follow them: a link to a parent would loop). A symlink to a file
+    is a DataError: links in a dataset folder are not followed (one to a file of the folder would read it twice)."""
+    found = [path for path in sorted(root.rglob("*"))
+             if path.is_file() and not any(p.startswith(".") for p in path.relative_to(root).parts)]
+    for path in found:
+        if path.is_symlink():
+            raise DataError(f"--dataset={root}: {path} is a symlink to {os.readlink(path)}, and links in a dataset "
+                            "folder are not followed; copy the file into the folder, or remove the link")
+    return found
 
 
 def download(url, path):
@@ -234,7 +246,9 @@ def write_prepared(folder, enc, text, source, tokenizer):
     tmp = Path(f"{folder}.{os.getpid()}.tmp")
     try:
         tmp.mkdir()
-        contents = (("train.bin", train), ("val.bin", val), ("meta.json", json.dumps(meta, indent=2).encode()))
+        # MARKER first: what says that the folder is nanonorm's to remove, should this process be killed
+        contents = ((MARKER, MARKER_TEXT), ("train.bin", train), ("val.bin", val),
+                    ("meta.json", json.dumps(meta, indent=2).encode()))
         for name, content in contents:
             try:
                 write_and_sync(tmp / name, content)
@@ -242,6 +256,7 @@ def write_prepared(folder, enc, text, source, tokenizer):
                 raise cannot_write(folder / name, e) from None
         if folder.exists():
             shutil.rmtree(folder)  # a preparation stopped before it was whole (no meta.json)
+        os.remove(tmp / MARKER)
         os.replace(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -251,8 +266,8 @@ def write_prepared(folder, enc, text, source, tokenizer):
 def locked(lock_path):
     """Whether some process holds the flock on lock_path (one that does not exist is held by none)."""
     try:
-        fd = os.open(lock_path, os.O_RDONLY)
-    except OSError:
+        fd = open_own(lock_path, os.O_RDONLY)
+    except (OSError, NotAFile):  # a link or a FIFO in its place: nothing can hold it (prepare refuses it)
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -266,23 +281,32 @@ def locked(lock_path):
 def remove_leftovers(data_dir, held):
     """The temporary folders (<folder>.<pid>.tmp) that preparations left when their process was killed (SIGKILL, a
     power cut): removed when that process is gone and nobody holds the folder's lock (held: the folder whose lock
-    this process holds), so a preparation on another machine sharing data_dir keeps its own."""
+    this process holds), so a preparation on another machine sharing data_dir keeps its own. Only a folder that is
+    nanonorm's by its name (TMP_NAME) and by the MARKER inside it is removed: never a user's folder or a link."""
     for tmp in Path(data_dir).glob("*.tmp"):
-        match = re.fullmatch(r"(.+)\.([0-9]+)\.tmp", tmp.name)
-        if not match or not tmp.is_dir() or signals.alive(int(match[2])):
+        match = TMP_NAME.fullmatch(tmp.name)
+        if not match or tmp.is_symlink() or not tmp.is_dir() or not marked(tmp) or signals.alive(int(match[2])):
             continue
         folder = tmp.parent / match[1]
         if folder == held or not locked(f"{folder}.lock"):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def marked(tmp):
+    """Whether the folder tmp holds MARKER, as a regular file that says what write_prepared writes there."""
+    try:
+        return read_own(tmp / MARKER) == MARKER_TEXT
+    except (OSError, NotAFile):
+        return False
+
+
 def prepared_with(data_dir, prefix, files_stamp):
     """The prepared folder <data_dir>/<prefix><content> whose meta.json records this stamp, or None."""
     for meta_path in sorted(Path(data_dir).glob(glob.escape(prefix) + "*/meta.json")):
         try:
-            if json.loads(meta_path.read_bytes())["source"]["stamp"] == files_stamp:
+            if json.loads(read_own(meta_path))["source"]["stamp"] == files_stamp:
                 return meta_path.parent
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, NotAFile):
             continue  # a damaged folder: load_meta names it if it is the one asked for
     return None
 
@@ -317,7 +341,7 @@ def prepare(dataset="builtin", tokenizer="byte", data_dir="data", url=None):
             folder.parent.mkdir(parents=True, exist_ok=True)
             # flock, not a marker file: the kernel releases it when its holder exits, even on kill -9. The lock
             # file stays: removing it would let a third process lock a new file while the first holds the old one
-            with open(f"{folder}.lock", "w") as lock:
+            with open(f"{folder}.lock", "w", opener=open_own) as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 remove_leftovers(data_dir, held=folder)
                 if not (folder / "meta.json").exists():  # another process may have prepared it while this one waited
@@ -341,7 +365,7 @@ def load_meta(folder):
         raise DataError(f"{folder} is not a prepared dataset (no meta.json); run python data.py --dataset=...")
     damaged = f"{folder} is a damaged prepared dataset; delete the folder and run again to prepare it anew:"
     try:
-        meta = json.loads(path.read_bytes())
+        meta = json.loads(read_own(path))
     except ValueError:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
         raise DataError(f"{damaged} meta.json is not JSON") from None
     except OSError as e:
@@ -366,6 +390,9 @@ def load_meta(folder):
                         f"stored as {dtype}")
     for split in ("train", "val"):
         expected = meta[f"{split}_tokens"] * np.dtype(dtype).itemsize
+        problem = not_own_file(Path(folder) / f"{split}.bin")
+        if problem:
+            raise DataError(f"{damaged} {split}.bin is {problem}")
         try:
             size = (Path(folder) / f"{split}.bin").stat().st_size
         except FileNotFoundError:

@@ -356,6 +356,7 @@ def main(argv):
         return 0
     try:
         plan = parse_args(argv)
+        runtime.Machine.from_env()  # every run inherits sweep.py's environment: a bad one would fail them all
         runs = grid(plan)
         texts = {}
         check_runs(runs, plan, texts)

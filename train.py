@@ -293,7 +293,10 @@ def main(argv):
     if flags.wants_help(argv):
         flags.print_help(__doc__, catalog="configurable.txt")
         return 0
-    machine = runtime.Machine.from_env()
+    try:
+        machine = runtime.Machine.from_env()
+    except flags.UsageError as e:  # before anything is written, and with no process group to leave together
+        return flags.fail("train.py", e)
     stop, handlers, lock = runtime.StopRequest(), {}, None
     before = signals.stop_on_signals()  # until training: SIGTERM and SIGHUP stop at once, as Ctrl-C does
     try:

@@ -7,7 +7,9 @@ use it without loading torch.
 `held_by(out_dir)` says which process holds a folder. `append_line` adds a line to a log,
 `write_atomic` writes config.json and the checkpoints, and `write_and_sync` the prepared data. A write that fails
 (disk full, a read-only filesystem) is a WriteError naming the file and the cause, with the file as it was before:
-one line, exit code 1.
+one line, exit code 1. Every file nanonorm opens in its own folders goes through `open_own`, which takes only a
+regular file: never one through a symlink (a link at run.lock would have the lock truncate whatever it points to),
+never a FIFO (its open or read waits forever); anything else is a UsageError naming it, exit code 2.
 """
 
 import contextlib
@@ -31,11 +33,55 @@ def cannot_write(path, error):
     return WriteError(f"cannot write {path} ({error.strerror or error})")
 
 
+class NotAFile(UsageError):
+    """Something other than a regular file where nanonorm opens one of its own files: a symlink, a folder, a FIFO,
+    a socket or a device. Bad input: one line, exit code 2, and the thing at path is left as it is."""
+
+    def __init__(self, path, problem):
+        super().__init__(f"{path} is {problem}; nanonorm opens its own files only as regular files, never through a "
+                         "link: remove it, or choose another folder")
+
+
+def not_own_file(path):
+    """Why path cannot be opened as one of nanonorm's own files (one phrase), or None where it can: not_a_file's
+    reasons, and a symlink to a file too, since nanonorm follows no link to its own files."""
+    problem = not_a_file(path)
+    if not problem and os.path.islink(path):
+        return f"a symlink to {os.readlink(path)}"
+    return problem
+
+
+def open_own(path, flags, mode=0o666):
+    """The file descriptor of path opened with os.open's flags where path is (or, with O_CREAT, becomes) a regular
+    file; as open's opener, open(path, "wb", opener=open_own). O_NOFOLLOW refuses a symlink in path's last place,
+    and O_NONBLOCK makes the open of a FIFO return at once (ENXIO for a write with no reader, else the FIFO, which
+    fstat then tells apart) instead of waiting for its other end forever. Anything but a regular file is a
+    NotAFile; any other failure is the OSError."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as e:
+        problem = e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR) and not_own_file(path)
+        if problem:
+            raise NotAFile(path, problem) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotAFile(path, not_own_file(path) or "not a regular file")
+    os.set_blocking(fd, True)  # a regular file never blocks: the flag is dropped for the reads and writes
+    return fd
+
+
+def read_own(path):
+    """The bytes of one of nanonorm's own files (open_own): a missing one is FileNotFoundError."""
+    with open(path, "rb", opener=open_own) as f:
+        return f.read()
+
+
 def write_and_sync(path, content):
     """content as the file at path, flushed to the disk: bytes (or an array), or a function that writes to the
     open binary file (torch.save of a checkpoint). Not atomic by itself: write_atomic renames the file into place,
     data.py renames the folder that holds it."""
-    with open(path, "wb") as f:
+    with open(path, "wb", opener=open_own) as f:
         if callable(content):
             content(f)
         else:
@@ -58,6 +104,8 @@ def write_atomic(path, content, tmp=None):
             os.fsync(folder)  # the rename itself reaches the disk
         finally:
             os.close(folder)
+    except NotAFile:
+        raise  # something other than nanonorm's temporary file is there: it is left as it is
     except BaseException as e:
         with contextlib.suppress(OSError):
             os.remove(tmp)
@@ -71,7 +119,7 @@ def append_line(path, line):
     up, a second Ctrl-C) is cut back off, so the file keeps its old lines and gains no torn one."""
     data = memoryview(line.encode())
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        fd = open_own(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     except OSError as e:
         raise cannot_write(path, e) from None
     try:
@@ -143,9 +191,10 @@ def in_use(out_dir, who):
 
 
 def held_by(out_dir):
-    """The process holding out_dir's lock ("PID 123 on host"), or None when no process does. Writes nothing."""
+    """The process holding out_dir's lock ("PID 123 on host"), or None when no process does; a lock that is not a
+    regular file (a symlink, a FIFO) is a NotAFile. Writes nothing."""
     try:
-        lock = open(os.path.join(out_dir, LOCK))  # read-only: flock needs only an open file
+        lock = open(os.path.join(out_dir, LOCK), opener=open_own)  # read-only: flock needs only an open file
     except OSError:
         return None
     with lock:
@@ -164,7 +213,7 @@ def claim(out_dir):
     path = os.path.join(out_dir, LOCK)
     try:
         os.makedirs(out_dir, exist_ok=True)
-        lock = open(path, "a+")  # not truncated until it is ours: the holder's PID stays readable
+        lock = open(path, "a+", opener=open_own)  # not truncated until it is ours: the holder's PID stays readable
     except OSError as e:
         raise cannot_write(path, e) from None
     try:

@@ -9,7 +9,7 @@ runs without loading torch.
 import json
 import os
 
-from engine.files import not_a_file
+from engine.files import not_own_file, read_own
 from engine.flags import UsageError
 
 CONFIG = "config.json"  # the resolved configs and the data's description, written before the first step
@@ -58,8 +58,7 @@ def read_config(run_dir):
     if not os.path.lexists(path):
         return None
     try:
-        with open(path, "rb") as f:
-            config = json.loads(f.read())
+        config = json.loads(read_own(path))  # a regular file only: never through a link, never a FIFO
     except (OSError, ValueError):
         config = None
     if not (isinstance(config, dict) and all(isinstance(config.get(k), dict) for k in ("model", "train"))):
@@ -164,13 +163,12 @@ def read_log(path):
     Anything else (a line that is not such an object, an event whose step or losses are missing or not numbers
     (damaged_field), text that is not UTF-8, a folder or a broken symlink in the log's place) is a UsageError
     naming the file and the line: nothing is guessed, and the caller writes nothing."""
-    problem = not_a_file(path)
+    problem = not_own_file(path)
     if problem:
         raise UsageError(f"{path} is {problem}; a run's log.jsonl is a file of JSON lines")
     if not os.path.exists(path):
         return [], ""
-    with open(path, "rb") as f:
-        lines = f.read().split(b"\n")
+    lines = read_own(path).split(b"\n")
     torn = lines.pop()  # what follows the last newline: nothing, in a whole log
     events = []
     for number, line in enumerate(lines, 1):

@@ -16,6 +16,7 @@ import ctypes
 import dataclasses
 import os
 import platform
+import re
 import signal
 import time
 from dataclasses import dataclass
@@ -49,9 +50,11 @@ class Machine:
 
     @classmethod
     def from_env(cls):
-        env = {k: int(os.environ.get(k.upper(), 1)) for k in ("world_size", "local_world_size")}
-        return cls(ddp=int(os.environ.get("RANK", -1)) != -1, rank=int(os.environ.get("RANK", 0)),
-                   local_rank=int(os.environ.get("LOCAL_RANK", 0)), **env)
+        """This process's place from torchrun's variables (torchrun_counts checks them, before anything is
+        written); one process where RANK is unset."""
+        counts = torchrun_counts(os.environ)
+        return cls(ddp="RANK" in os.environ, rank=counts["RANK"], local_rank=counts["LOCAL_RANK"],
+                   world_size=counts["WORLD_SIZE"], local_world_size=counts["LOCAL_WORLD_SIZE"])
 
     @property
     def master(self):
@@ -60,6 +63,50 @@ class Machine:
     @property
     def device_type(self):
         return self.device.split(":")[0]
+
+
+# What torchrun sets in every process it starts, with the values of a run of one process, and where process 0 listens
+# (init_process_group's env:// rendezvous reads MASTER_ADDR and MASTER_PORT)
+COUNTS = {"RANK": 0, "LOCAL_RANK": 0, "WORLD_SIZE": 1, "LOCAL_WORLD_SIZE": 1}
+RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT")
+BELOW = (("RANK", "WORLD_SIZE"), ("LOCAL_RANK", "LOCAL_WORLD_SIZE"))  # a rank goes from 0 to its size - 1
+RUN_ONE = ("run under torchrun (torchrun --standalone --nproc_per_node=N ...), or unset torchrun's variables to run "
+           "one process")
+
+
+def torchrun_counts(environ):
+    """{name: value} of COUNTS from environ, checked against each other: the environment is input too. Each is a
+    plain integer; without RANK the run is one process, so the others are unset or one process's values (WORLD_SIZE=2
+    alone would make process 0 average its losses over a second process that never starts); with RANK all four and
+    the rendezvous are set, the sizes are at least 1, each rank is below its size and a node's processes are at most
+    the run's. Anything else is a UsageError naming the variable."""
+    given = {name: environ[name] for name in COUNTS if name in environ}
+    for name, text in given.items():
+        if not re.fullmatch(r"[0-9]{1,9}", text):
+            raise UsageError(f"{name}={text} in the environment is not an integer >= 0; torchrun sets {name}: "
+                             f"{RUN_ONE}")
+    counts = {name: int(given.get(name, one)) for name, one in COUNTS.items()}
+    for size in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        if counts[size] < 1:
+            raise UsageError(f"{size}=0 in the environment: a run has at least one process; {RUN_ONE}")
+    if "RANK" not in environ:
+        for name, one in COUNTS.items():
+            if counts[name] != one:
+                raise UsageError(f"{name}={counts[name]} is set in the environment but RANK is not, and torchrun "
+                                 f"sets both; {RUN_ONE}")
+        return counts
+    for name in (*COUNTS, *RENDEZVOUS):
+        if name not in environ:
+            raise UsageError(f"RANK={counts['RANK']} is set in the environment but {name} is not, and torchrun "
+                             f"sets both; {RUN_ONE}")
+    for rank, size in BELOW:
+        if counts[rank] >= counts[size]:
+            raise UsageError(f"{rank}={counts[rank]} with {size}={counts[size]} in the environment: a {rank} goes "
+                             f"from 0 to {size} - 1; {RUN_ONE}")
+    if counts["LOCAL_WORLD_SIZE"] > counts["WORLD_SIZE"]:
+        raise UsageError(f"LOCAL_WORLD_SIZE={counts['LOCAL_WORLD_SIZE']} with WORLD_SIZE={counts['WORLD_SIZE']} in "
+                         f"the environment: a node runs at most the run's processes; {RUN_ONE}")
+    return counts
 
 
 def concrete_device(name):

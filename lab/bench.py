@@ -4,7 +4,8 @@ of each variant, interleaved round by round so that drift in the machine's load 
 order runs forward in even rounds and backward in odd ones, so no variant always runs next to the baseline
 or after the same neighbour. Each round gives every variant a ratio to the first variant (the baseline)
 timed in that same round; the table shows the median time, the median of those paired ratios, and a 95%
-interval for that median (a ratio whose interval holds 1.00 is no difference this run could see).
+interval for that median (a ratio whose interval holds 1.00 is no difference this run could see); with fewer than
+6 rounds there is no such interval, and the table shows "-".
     python -m lab.bench                                    # every --norm (and powernorm without group
                                                        # scaling), the quickstart model, on CPU here
     python -m lab.bench --compile=True                     # the same compiled, with the guard's verdict: every
@@ -64,6 +65,10 @@ VARIANTS = {
 # norms.py writes the norms as their equations and leaves the fusing to torch.compile: compiled, no norm's training
 # step may take more than GUARD times layernorm's (--variants=norms --compile=True); eager ratios are only reported
 GUARD = 1.05
+# The fewest rounds whose ratios give a 95% interval for their median: the range of n values misses the median with
+# probability 2 / 2^n (all n on one side), at most 5% from n = 6 on; with fewer the table shows no interval
+MIN_ROUNDS = 6
+NO_INTERVAL = f" (too few for a 95% interval: it takes {MIN_ROUNDS} rounds)"
 
 
 @dataclass
@@ -275,7 +280,7 @@ def main(argv):
                 run.step_bytes = max(run.step_bytes, torch.cuda.max_memory_allocated() - resident)
     peak = runtime.gpu_peak_flops(tc, device) if cuda else None  # per GPU, as train.py's MFU
     print(f"device {runtime.describe_device(device)} {tc.dtype}, compile {tc.compile}, batch {tc.batch_size} x "
-          f"{block_size}, {rounds} rounds x {steps} steps, "
+          f"{block_size}, {rounds} rounds x {steps} steps{'' if rounds >= MIN_ROUNDS else NO_INTERVAL}, "
           f"{'the norm modules alone' if part == 'norm' else 'training steps'}, torch {torch.__version__}")
     if cuda:
         print(f"MFU over a dense bf16 peak of {peak / 1e12:g} TFLOP/s" if peak else
@@ -290,7 +295,8 @@ def main(argv):
         ratios = [t / b for t, b in zip(run.times, baseline)]
         ratio, (low, high) = statistics.median(ratios), median_interval(ratios)
         medians[name] = ratio
-        line = f"{name:<28}{ms * 1000:>10.{3 if part == 'norm' else 1}f}{ratio:>8.2f}{f'{low:.2f}-{high:.2f}':>14}"
+        interval = f"{low:.2f}-{high:.2f}" if rounds >= MIN_ROUNDS else "-"
+        line = f"{name:<28}{ms * 1000:>10.{3 if part == 'norm' else 1}f}{ratio:>8.2f}{interval:>14}"
         line += f"{tokens / steps / ms:>12,.0f}"
         line += f"{run.ops:>6}" if part == "norm" else ""
         if cuda:

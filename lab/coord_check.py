@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import torch
 
 import data
-from engine.files import WriteError, write_atomic
+from engine.files import WriteError, cannot_write, nearest_existing, not_a_file, write_atomic
 from engine import runtime
 from configs import MAX_LR
 from engine.flags import UsageError, build, fail, help_of, number, parse, print_help
@@ -138,10 +138,18 @@ def check_options(opts):
         raise UsageError(f"--preset={opts.preset} is not allowed; choose one of {', '.join(PRESETS)}")
     if not opts.out.endswith(".png"):
         raise UsageError(f"--out={opts.out} must be a .png path")
+    # checked now, not after the runs: the folder of --out is one, or can be made, and can be written
+    above = nearest_existing(os.path.dirname(os.path.abspath(opts.out)))
+    if not os.path.isdir(above):
+        raise UsageError(f"--out={opts.out}: {above} is {not_a_file(above) or 'a file, not a folder'}; give a .png "
+                         "path in a folder")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise UsageError(f"--out={opts.out}: {above} is not writable; give a .png path in a folder you can write to")
 
 
 def run(opts, given):
     """Every width's rows {width, step, layer, op, mean_abs}, on the same batches for all widths."""
+    machine = runtime.Machine.from_env()  # the environment is input too: checked before the data is prepared
     folder = data.prepare(opts.dataset, "byte", opts.data_dir)
     vocab_size = data.load_meta(folder)["vocab_size"]
     configs = model_configs(opts, given, vocab_size)
@@ -149,7 +157,7 @@ def run(opts, given):
     # train.py's checks of the data and the memory, before anything is allocated
     data.check_length(data.load_meta(folder), block_size)
     runtime.check_memory(configs[max(configs)], SimpleNamespace(batch_size=opts.batch_size, dtype="float32"), "cpu",
-                         runtime.Machine.from_env())
+                         machine)
     generator = torch.Generator().manual_seed(opts.seed)
     batches = [data.get_batch(folder, "train", opts.batch_size, block_size, generator, "cpu")
                for _ in range(opts.steps + 1)]
@@ -218,8 +226,11 @@ def main(argv):
         os.makedirs(os.path.dirname(os.path.abspath(opts.out)), exist_ok=True)
         write_atomic(os.path.splitext(opts.out)[0] + ".json", json.dumps(record).encode())
         plot_coord_check(rows, title or "--init=gpt2 (default)", opts.out)
-    except (WriteError, OSError) as e:
+    except WriteError as e:
         print(f"coord_check.py: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # the folder of --out, made after the check (another process changed it meanwhile)
+        print(f"coord_check.py: {cannot_write(e.filename or opts.out, e)}", file=sys.stderr)
         return 1
     print(f"wrote {opts.out}")
     return 0

@@ -62,7 +62,7 @@ def start(run, command, slot, jobs):
     env, cores = job_env(slot, jobs)
     try:
         os.makedirs(os.path.dirname(run.dir), exist_ok=True)
-        out = open(run.dir + ".out", "a")
+        out = open(run.dir + ".out", "a", opener=files.open_own)  # a FIFO or a link there is refused, not waited on
     except OSError as e:
         raise files.cannot_write(run.dir + ".out", e) from None
     print(f"start {run.dir}{' (resume)' if '--resume' in command else ''}", flush=True)

@@ -62,6 +62,21 @@ def test_median_interval_from_the_binomial_distribution():
     assert bench.median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0)  # too few values: the whole range
 
 
+def test_too_few_rounds_for_a_95_percent_interval_show_none(capsys):
+    """The range of n values misses the median with probability 2 / 2^n: 6.25% for 5 rounds, 3.1% for 6. Below
+    MIN_ROUNDS the table shows "-" and the first line says why, rather than a "95% interval" that is not one."""
+    assert 2 / 2 ** bench.MIN_ROUNDS <= 0.05 < 2 / 2 ** (bench.MIN_ROUNDS - 1)
+    for rounds, interval in [(1, "-"), (bench.MIN_ROUNDS - 1, "-"), (bench.MIN_ROUNDS, "interval")]:
+        assert bench.main(["--variants=baseline", f"--rounds={rounds}", "--steps=1", *TINY]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert (bench.NO_INTERVAL in lines[0]) == (interval == "-")
+        rows = [table_row(line) for line in lines[2:]]
+        assert len(rows) == 2 and all((row[3] == "-") == (interval == "-") for row in rows), lines
+        if interval != "-":
+            low, high = map(float, rows[1][3].split("-"))
+            assert low <= float(rows[1][2]) <= high
+
+
 def test_median_interval_holds_the_median_95_times_in_100():
     """Samples of 25 from a skewed distribution (exponential, median ln 2): the interval is exact at
     1 - 2 P(Binomial(25, 1/2) <= 7) = 95.7%, and 4,000 samples measure that to about +-0.3%."""

@@ -273,6 +273,19 @@ def test_a_folder_with_a_symlink_loop_and_a_link_to_its_parent_prepares_its_file
     assert data.load_meta(folder)["source"]["files"] == 1
 
 
+def test_a_symlink_to_a_file_in_a_folder_corpus_is_refused_not_read(tmp_path):
+    """A link to a file of the folder would read that file twice, one to a file elsewhere would read outside the
+    folder: links in a dataset folder are not followed (docs/guarantees.md), and one to a file is named."""
+    root = tmp_path / "books"
+    root.mkdir()
+    (root / "a.txt").write_text("alpha\n" * 20)
+    (root / "b.txt").symlink_to(root / "a.txt")
+    with pytest.raises(data.DataError, match=f"{root / 'b.txt'} is a symlink to {root / 'a.txt'}, and links in a "
+                                             "dataset folder are not followed"):
+        data.prepare(str(root), data_dir=str(tmp_path / "data"))
+    assert not (tmp_path / "data").exists()
+
+
 @pytest.mark.parametrize("stop_at", ["encode", "val.bin"])
 def test_ctrl_c_during_preparation_leaves_no_folder_and_no_temporary_file(tmp_path, monkeypatch, stop_at):
     src = tmp_path / "corpus.txt"
@@ -348,17 +361,31 @@ def test_sigterm_or_sighup_while_preparing_data_is_one_line_and_removes_the_tmp(
     assert not (tmp_path / "out").exists()
 
 
-def test_a_dead_preparations_tmp_folder_is_removed_by_the_next_preparation(tmp_path):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+def test_a_dead_preparations_tmp_folder_is_removed_by_the_next_preparation_and_no_users_folder_is(tmp_path):
+    """A leftover is nanonorm's by its name (<name>-<tokenizer>-<12 hex digits>.<pid>.tmp) and by the marker that
+    write_prepared puts in it first: a user's folder that has only one of the two, or neither, is kept."""
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
     data_dir = tmp_path / "data"
-    leftovers = [data_dir / f"other-byte-0123456789ab.{int(dead.stdout)}.tmp",  # another corpus, its process gone
+    leftovers = [data_dir / f"other-byte-0123456789ab.{dead}.tmp",  # another corpus, its process gone
                  data_dir / f"other-byte-0123456789ab.{os.getpid()}.tmp"]  # a live process: still preparing
     for tmp in leftovers:
         tmp.mkdir(parents=True)
+        (tmp / data.MARKER).write_bytes(data.MARKER_TEXT)
         (tmp / "train.bin").write_bytes(b"\0" * 1000)
+    users = {data_dir / f"notes.{dead}.tmp": None,  # the issue's notes.2023.tmp, with a PID that is surely gone
+             data_dir / f"drafts.{dead}.tmp": data.MARKER,  # a marker, but not a name nanonorm gives
+             data_dir / f"mine-byte-0123456789ab.{dead}.tmp": None}  # nanonorm's name, but no marker
+    for folder, marker in users.items():
+        folder.mkdir()
+        (folder / "draft.txt").write_text("x\n")
+        if marker:
+            (folder / marker).write_bytes(data.MARKER_TEXT)
     (tmp_path / "corpus.txt").write_text("a corpus to prepare beside the leftovers\n" * 50)
     data.prepare(str(tmp_path / "corpus.txt"), data_dir=str(data_dir))
     assert not leftovers[0].exists() and leftovers[1].exists()
+    assert all((folder / "draft.txt").read_text() == "x\n" for folder in users)
+    assert not (Path(data.prepare(str(tmp_path / "corpus.txt"), data_dir=str(data_dir))) / data.MARKER).exists()
 
 
 def test_shakespeare_downloads_once(tmp_path, monkeypatch):

@@ -1551,6 +1551,21 @@ def test_coord_check_bad_input_is_one_line_and_exit_code_2(argv, expected, capsy
     assert err.startswith("coord_check.py: ") and expected in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("out, says", [("a_file/cc.png", "a_file is a file, not a folder"),
+                                       ("a_file/deeper/cc.png", "a_file is a file, not a folder"),
+                                       ("gone/cc.png", "gone is a symlink to")])
+def test_coord_check_refuses_an_out_it_could_not_write_before_it_runs(tmp_path, capsys, monkeypatch, out, says):
+    """--out=<file>/x.png, said before the runs in one line, exit code 2 (not the makedirs error after them)."""
+    (tmp_path / "a_file").write_text("a file\n")
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    ran = []
+    monkeypatch.setattr(coord_check, "run", lambda opts, given: ran.append(opts) or [])
+    assert coord_check.main([f"--out={tmp_path / out}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"coord_check.py: --out={tmp_path / out}: {tmp_path}/") and says in err
+    assert err.count("\n") == 1 and ran == []
+
+
 def test_coord_check_refuses_a_corpus_shorter_than_its_block(tmp_path, capsys):
     (tmp_path / "short.txt").write_text("too short for a block of 64 tokens\n" * 2)
     argv = [f"--dataset={tmp_path / 'short.txt'}", f"--data_dir={tmp_path / 'data'}", f"--out={tmp_path / 'cc.png'}"]

@@ -1,0 +1,106 @@
+"""The environment is input too: the variables torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE and the
+rendezvous address) are checked against each other before anything is written, by train.py and by every command
+that reads them (sweep.py, whose runs inherit them; bench and the coord check); a bad set is one line, exit code 2."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import sweep
+import train
+from engine import runtime
+from lab import bench, coord_check
+from conftest import ROOT, SWEEP_TINY, prepared, tiny, train_argv
+
+TINY = tiny(max_iters=2, eval_interval=2)  # a run that ends at once, had a bad environment been let through
+# what torchrun sets in process 1 of a run of 2 processes on one node
+TORCHRUN = dict(RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                MASTER_PORT="29500")
+VARIABLES = (*runtime.COUNTS, *runtime.RENDEZVOUS)
+
+# (the environment, a piece of the message)
+BAD_ENV = [
+    (dict(RANK="abc"), "RANK=abc in the environment is not an integer >= 0"),
+    (dict(WORLD_SIZE="notanumber"), "WORLD_SIZE=notanumber in the environment is not an integer >= 0"),
+    (dict(RANK="-1"), "RANK=-1 in the environment is not an integer >= 0"),
+    (dict(LOCAL_RANK="1e3"), "LOCAL_RANK=1e3 in the environment is not an integer >= 0"),
+    (dict(WORLD_SIZE="0"), "WORLD_SIZE=0 in the environment: a run has at least one process"),
+    (dict(LOCAL_WORLD_SIZE="0"), "LOCAL_WORLD_SIZE=0 in the environment: a run has at least one process"),
+    (dict(WORLD_SIZE="2"), "WORLD_SIZE=2 is set in the environment but RANK is not"),
+    (dict(LOCAL_RANK="1"), "LOCAL_RANK=1 is set in the environment but RANK is not"),
+    (dict(RANK="0", WORLD_SIZE="1"), "RANK=0 is set in the environment but LOCAL_RANK is not"),
+    ({**TORCHRUN, "MASTER_PORT": None}, "RANK=1 is set in the environment but MASTER_PORT is not"),
+    ({**TORCHRUN, "RANK": "2"}, "RANK=2 with WORLD_SIZE=2 in the environment: a RANK goes from 0 to WORLD_SIZE - 1"),
+    ({**TORCHRUN, "LOCAL_RANK": "2"}, "LOCAL_RANK=2 with LOCAL_WORLD_SIZE=2 in the environment"),
+    ({**TORCHRUN, "LOCAL_WORLD_SIZE": "4"}, "LOCAL_WORLD_SIZE=4 with WORLD_SIZE=2 in the environment"),
+]
+IDS = [" ".join(f"{k}={v}" for k, v in env.items()) for env, _ in BAD_ENV]
+
+
+def set_env(monkeypatch, env):
+    """Exactly env's torchrun variables in the environment (None: unset), whatever the tests run under."""
+    for name in VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        if value is not None:
+            monkeypatch.setenv(name, value)
+
+
+def one_line(err, script, expected):
+    assert err.count("\n") == 1 and err.startswith(f"{script}: ") and "Traceback" not in err, err
+    assert expected in err, (expected, err)
+
+
+@pytest.mark.parametrize("env, expected", BAD_ENV, ids=IDS)
+def test_train_refuses_a_bad_environment_in_one_line_before_writing(corpus, tmp_path, capsys, monkeypatch, env,
+                                                                     expected):
+    set_env(monkeypatch, env)
+    assert train.main(train_argv(corpus, prepared(corpus), str(tmp_path / "out"), *TINY)) == 2
+    one_line(capsys.readouterr().err, "train.py", expected)
+    assert not (tmp_path / "out").exists()
+
+
+def test_what_torchrun_sets_and_no_torchrun_at_all_are_taken(monkeypatch):
+    set_env(monkeypatch, TORCHRUN)
+    machine = runtime.Machine.from_env()
+    assert (machine.ddp, machine.rank, machine.local_rank, machine.world_size, machine.local_world_size) == \
+        (True, 1, 1, 2, 2)
+    set_env(monkeypatch, dict(RANK="5", LOCAL_RANK="1", WORLD_SIZE="8", LOCAL_WORLD_SIZE="4", MASTER_ADDR="node0",
+                              MASTER_PORT="29500"))  # process 5 of 8, on the second of two nodes
+    assert runtime.Machine.from_env().rank == 5
+    set_env(monkeypatch, {})
+    assert runtime.Machine.from_env() == runtime.Machine()
+    set_env(monkeypatch, dict(WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", LOCAL_RANK="0"))  # one process's values
+    assert runtime.Machine.from_env() == runtime.Machine()
+
+
+def test_sweep_bench_and_the_coord_check_refuse_a_bad_environment(corpus, tmp_path, capsys, monkeypatch):
+    set_env(monkeypatch, dict(WORLD_SIZE="2"))
+    expected = "WORLD_SIZE=2 is set in the environment but RANK is not"
+    argv = [f"--dataset={corpus}", f"--data_dir={prepared(corpus)}", f"--out_dir={tmp_path / 'S'}",
+            "--variants=baseline", "--lrs=1e-2", "--seeds=1", *SWEEP_TINY]
+    assert sweep.main(argv) == 2
+    one_line(capsys.readouterr().err, "sweep.py", expected)
+    assert bench.main(["--variants=baseline", "--rounds=1", "--n_layer=1", "--n_embd=16", "--n_head=2",
+                       "--block_size=8", "--batch_size=2", "--vocab_size=64"]) == 2
+    one_line(capsys.readouterr().err, "bench.py", expected)
+    assert coord_check.main([f"--dataset={corpus}", f"--data_dir={tmp_path / 'data'}", "--widths=16", "--steps=1",
+                             "--n_layer=1", "--batch_size=2", f"--out={tmp_path / 'cc.png'}"]) == 2
+    one_line(capsys.readouterr().err, "coord_check.py", expected)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no sweep folder, no prepared data, no figure
+
+
+@pytest.mark.slow
+def test_world_size_2_without_torchrun_writes_nothing_and_the_same_command_says_the_same(corpus, tmp_path):
+    """WORLD_SIZE=2 python train.py ...: once logged a halved val loss, crashed at its first checkpoint and left files
+    that made the same command a run the folder "holds"."""
+    argv = train_argv(corpus, prepared(corpus), str(tmp_path / "out"), *TINY)
+    env = {name: value for name, value in os.environ.items() if name not in VARIABLES}
+    for _ in range(2):
+        result = subprocess.run([sys.executable, "train.py", *argv], capture_output=True, text=True, cwd=ROOT,
+                                timeout=120, env={**env, "OMP_NUM_THREADS": "1", "WORLD_SIZE": "2"})
+        assert result.returncode == 2
+        one_line(result.stderr, "train.py", "WORLD_SIZE=2 is set in the environment but RANK is not")
+        assert not (tmp_path / "out").exists()
