@@ -234,19 +234,13 @@ def resume_configs(given, checkpoint, world_size, tc):
     if changed:
         raise UsageError(f"--resume: {', '.join('--' + k for k in changed)} differ from the checkpoint's; a "
                          "resumed run keeps its model (use another --out_dir for a new one)")
-    if "dataset" in given and tc.dataset != dataset_path(saved_train.get("dataset", "")):
-        raise UsageError(f"--resume: --dataset={given['dataset']} differs from the checkpoint's "
-                         f"{saved_train.get('dataset')}; a resumed run keeps its data")
-    if "tokenizer" in given and given["tokenizer"] != saved_train.get("tokenizer"):
-        raise UsageError(f"--resume: --tokenizer={given['tokenizer']} differs from the checkpoint's "
-                         f"{saved_train.get('tokenizer')}; a resumed run keeps its data")
+    check_kept(given, saved_train)
     if len(checkpoint["rng"]) != world_size:
         raise UsageError(f"--resume: the checkpoint was written by {len(checkpoint['rng'])} processes, this run has "
                          f"{world_size}; exact resume needs the same number (torchrun --nproc_per_node)")
     try:
         model_cfg = GPTConfig(**saved_model)
-        known = {k: v for k, v in saved_train.items() if k in tc.__dataclass_fields__}
-        known.update(lr_decay_iters=known.get("lr_decay_iters") or known.get("max_iters"))
+        known = {k: saved_value(saved_train, k) for k in saved_train if k in tc.__dataclass_fields__}
         # the saved values, except the machine's flags and those given now: tc has those already
         tc = dataclasses.replace(tc, **{k: v for k, v in known.items() if k not in SYSTEM_FLAGS and k not in given})
     except (TypeError, ValueError) as e:
@@ -255,6 +249,69 @@ def resume_configs(given, checkpoint, world_size, tc):
         raise UsageError(f"--resume: the checkpoint is at step {step} and --max_iters={tc.max_iters}; to train on, "
                          f"raise --max_iters (the LR keeps its schedule to --lr_decay_iters={tc.lr_decay_iters})")
     return model_cfg, tc
+
+
+# What a resume does with each training flag (a test holds the table to TrainConfig's fields). The promise is the
+# same losses as an uninterrupted run, and a config.json that says what trained every step:
+#   KEPT     the steps so far trained with it, or it sets the data order: a resume may repeat it, not change it
+#   EXTENDS  it says how far the run goes, how it is logged, checkpointed or judged from the resumed step on:
+#            a resume may change it, and the change is logged (resume_changes)
+#   MACHINE  where and how this process runs (SYSTEM_FLAGS, the data's folder: its text is checked by its sha256):
+#            from the resume's own command line, and a change is logged too
+#   BOOKKEEPING  where the run is and how this command starts it: no setting of the run
+KEPT, EXTENDS, MACHINE, BOOKKEEPING = "kept", "extends", "machine", "bookkeeping"
+RESUME = {
+    "dataset": KEPT, "tokenizer": KEPT, "data_dir": MACHINE,
+    "batch_size": KEPT, "grad_accum": KEPT,  # the batches of every step, and so the data order
+    "lr": KEPT, "min_lr": KEPT, "warmup_iters": KEPT, "lr_schedule": KEPT,  # the LR of the steps so far
+    "max_iters": EXTENDS,
+    "lr_decay_iters": EXTENDS,  # None on resume means the checkpoint's (resume_configs)
+    "weight_decay": KEPT, "beta1": KEPT, "beta2": KEPT, "grad_clip": KEPT,  # the optimizer the steps so far used
+    "out_dir": BOOKKEEPING, "eval_interval": EXTENDS,
+    "eval_iters": KEPT,  # the windows every val loss so far, and the best one, were measured on
+    "log_interval": EXTENDS, "always_save_checkpoint": EXTENDS, "resume": BOOKKEEPING, "preset": KEPT,
+    "seed": KEPT,  # the initial weights and every batch
+    "overwrite": BOOKKEEPING, "keep_checkpoints": EXTENDS,
+    # the divergence and spike bounds judge the steps from the resumed one on (docs/guarantees.md)
+    "diverge_loss": EXTENDS, "diverge_gap": EXTENDS, "spike_window": EXTENDS, "spike_z": EXTENDS,
+    "skip_spikes": KEPT,  # which updates the steps so far skipped
+    # the instruments read the run on a separate pass and leave it as it was (diagnostics/instruments.py)
+    "telemetry_interval": EXTENDS, "fp16_headroom_interval": EXTENDS, "fp16_overflow_fails": EXTENDS,
+    "z_loss": KEPT, "seq_warmup_iters": KEPT, "seq_warmup_start": KEPT,  # the loss and the batches of each step
+    "device": MACHINE, "dtype": MACHINE, "compile": MACHINE, "gpu_peak_tflops": EXTENDS,
+}
+
+
+def saved_value(saved_train, name):
+    """A flag's value in the checkpoint's train_config as a resume compares it: --dataset as an absolute path,
+    lr_decay_iters None as the max_iters it meant, a key an older checkpoint lacks as its default."""
+    default = TrainConfig.__dataclass_fields__[name].default
+    value = saved_train.get(name, default)
+    if name == "dataset":
+        return dataset_path(value)
+    if name == "lr_decay_iters":
+        return value or saved_train.get("max_iters")
+    return value
+
+
+def check_kept(given, saved_train):
+    """A UsageError of one line where a flag given to --resume would change what the run's steps so far trained
+    with (RESUME's KEPT flags); the same value again (sweep.py resumes with the run's own flags) is no change."""
+    for name, value in given.items():
+        if RESUME.get(name) != KEPT:
+            continue
+        now, was = dataset_path(value) if name == "dataset" else value, saved_value(saved_train, name)
+        if now != was:
+            raise UsageError(f"--resume: --{name}={value} differs from the checkpoint's {was}: the run's steps so far "
+                             f"trained with --{name}={was}, and a resumed run keeps it (the same losses as an "
+                             "uninterrupted run); drop it, or start a new run in another --out_dir")
+
+
+def resume_changes(saved_train, tc):
+    """{flag: [the checkpoint's value, this run's]} of each setting a resume changed (RESUME's EXTENDS and MACHINE
+    flags; the KEPT ones it may not change), for the "resumed" event and its line."""
+    return {name: [saved_value(saved_train, name), getattr(tc, name)] for name, rule in RESUME.items()
+            if rule in (EXTENDS, MACHINE) and saved_value(saved_train, name) != getattr(tc, name)}
 
 
 def fit_to_tokenizer(model_cfg, tc, given, resumed):

@@ -291,10 +291,12 @@ def past_events(out_dir, master):
     return events
 
 
-def write_run_files(model_cfg, tc, machine, resumed_step, events, meta):
+def write_run_files(model_cfg, tc, machine, resumed_step, events, changes, meta):
     """A fresh run removes an old one's files (--overwrite) and starts an empty log; a resumed one keeps the
     events up to its checkpoint's step (the steps after it, logged before a crash or a kill, are trained and
-    logged again). config.json holds the resolved configs and the data's description (meta.json)."""
+    logged again), then a "resumed" event with the settings it changed, if any ({flag: [was, now]}: config.json
+    holds the new values, so the log says from which step they hold). config.json holds the resolved configs and
+    the data's description (meta.json)."""
     if tc.overwrite and resumed_step is None:
         for name in run_files(tc.out_dir):
             try:
@@ -304,6 +306,8 @@ def write_run_files(model_cfg, tc, machine, resumed_step, events, meta):
     # a run's end (diverged, done) at its checkpoint's step is not kept: the resumed run logs its own end
     kept = [e for e in events if resumed_step is not None and e["step"] <= resumed_step
             and not (e["step"] == resumed_step and e["event"] in run_reader.ENDS)]
+    if changes:
+        kept.append({"event": "resumed", "step": resumed_step, "changed": changes})
     files.write_atomic(run_reader.log_path(tc.out_dir), "".join(json.dumps(e) + "\n" for e in kept).encode())
     sequences = tc.batch_size * tc.grad_accum * machine.world_size
     config = {"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(tc), "world_size": machine.world_size,
@@ -312,13 +316,18 @@ def write_run_files(model_cfg, tc, machine, resumed_step, events, meta):
     files.write_atomic(run_reader.config_path(tc.out_dir), json.dumps(config, indent=2).encode())
 
 
-def start_run(model_cfg, tc, machine, model, resumed_step, events, folder, meta):
+def start_run(model_cfg, tc, machine, model, resumed_step, events, changes, folder, meta):
     """The run folder's files (write_run_files, by process 0; a failure stops every process) and the run's first
-    lines. Returns the log's path."""
+    lines, with a line for what a resume changed. Returns the log's path."""
     log_path = run_reader.log_path(tc.out_dir)
-    on_process_0(lambda: write_run_files(model_cfg, tc, machine, resumed_step, events, meta), machine)
+    on_process_0(lambda: write_run_files(model_cfg, tc, machine, resumed_step, events, changes, meta), machine)
     if not machine.master:
         return log_path
+    said = {name: values for name, values in changes.items() if name not in ("dtype", "compile", "device")}
+    if said:  # the machine's settings are in the line below, and restore says a dtype change
+        print(f"train.py: note: resumed at step {resumed_step} with " + ", ".join(
+            f"--{name}={now} (was {was})" for name, (was, now) in said.items()) + "; from this step on (log.jsonl: "
+            "a resumed event)", file=sys.stderr)
     sequences = tc.batch_size * tc.grad_accum * machine.world_size
     print(f"{model.num_params():,} parameters | data {folder} | unigram entropy of val {meta['unigram_entropy']:.4f} "
           f"nats/token | device {runtime.describe_device(machine.device)} {tc.dtype} x{machine.world_size} | global "

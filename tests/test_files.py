@@ -305,7 +305,8 @@ def test_resume_drops_a_torn_last_line_with_a_note(corpus, checkpointed, capsys)
     capsys.readouterr()
     assert train.main(flags_of(corpus, checkpointed, "--resume", "--max_iters=6")) == 0
     assert capsys.readouterr().err.splitlines() == [
-        f"train.py: note: {log}:{torn_line}: the last line was cut short (a killed run); left out"]
+        f"train.py: note: {log}:{torn_line}: the last line was cut short (a killed run); left out",
+        "train.py: note: resumed at step 4 with --max_iters=6 (was 4); from this step on (log.jsonl: a resumed event)"]
     assert steps(checkpointed) == [1, 2, 3, 4, 5, 6]
 
 
@@ -315,7 +316,8 @@ def test_resume_with_a_deleted_log_says_so_and_logs_from_the_checkpoint(corpus, 
     capsys.readouterr()
     assert train.main(flags_of(corpus, checkpointed, "--resume", "--max_iters=6")) == 0
     assert capsys.readouterr().err.splitlines() == [
-        f"train.py: note: {log} is missing; the resumed run's log starts at its checkpoint's step"]
+        f"train.py: note: {log} is missing; the resumed run's log starts at its checkpoint's step",
+        "train.py: note: resumed at step 4 with --max_iters=6 (was 4); from this step on (log.jsonl: a resumed event)"]
     assert steps(checkpointed) == [5, 6]
 
 

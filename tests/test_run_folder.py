@@ -1,6 +1,7 @@
 """Nothing lost: Ctrl-C, kill -9 at several points, failed checkpoint writes, kept checkpoints, inconsistent
 resumes, and exact resume under torchrun with gradient accumulation and dropout."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from engine import run_folder
+import configs
 import model
 import train
 from conftest import PAUSED_TRAIN, ROOT, events, prepared, tiny, torchrun, train_argv
@@ -184,6 +186,15 @@ INCONSISTENT = [
     (["--max_iters=2"], "the checkpoint is at step 2 and --max_iters=2"),
     (["--lr=nan"], "--lr=nan is not a finite number"),
     (["--min_lr=1"], "--min_lr=1.0 must be in [0, --lr=0.003]"),
+    # what the steps so far trained with, or the data order: config.json would claim it for the whole run
+    (["--seed=5"], "--seed=5 differs from the checkpoint's 1337"),
+    (["--batch_size=3"], "--batch_size=3 differs from the checkpoint's"),
+    (["--grad_accum=2"], "--grad_accum=2 differs from the checkpoint's 1"),
+    (["--lr_schedule=linear"], "--lr_schedule=linear differs from the checkpoint's cosine"),
+    (["--warmup_iters=1"], "--warmup_iters=1 differs from the checkpoint's"),
+    (["--lr=1e-3"], "--lr=0.001 differs from the checkpoint's 0.003"),
+    (["--eval_iters=1"], "--eval_iters=1 differs from the checkpoint's"),
+    (["--z_loss=1e-4"], "--z_loss=0.0001 differs from the checkpoint's 0.0"),
 ]
 
 
@@ -195,6 +206,30 @@ def test_an_inconsistent_resume_is_one_line(corpus, checkpointed, capsys, more, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and expected in err, err
     assert {p.name: p.read_bytes() for p in checkpointed.iterdir()} == before
+
+
+def test_every_training_flag_has_a_resume_rule():
+    """configs.RESUME decides, flag by flag, what a resume may change: a new TrainConfig field needs its rule."""
+    assert set(configs.RESUME) == {f.name for f in dataclasses.fields(configs.TrainConfig)}
+    assert set(configs.RESUME.values()) == {configs.KEPT, configs.EXTENDS, configs.MACHINE, configs.BOOKKEEPING}
+
+
+def test_a_resume_logs_and_says_what_it_changes_and_repeating_a_flag_changes_nothing(corpus, checkpointed, capsys):
+    """The flags a resume may change (configs.RESUME's EXTENDS) take effect from the resumed step, with a
+    "resumed" event and a line; the run's own flags again (what sweep.py passes) are no change and no event."""
+    capsys.readouterr()
+    same = ("--seed=1337", "--lr_schedule=cosine", "--grad_accum=1")  # and TINY's --lr, --batch_size
+    assert train.main(flags(corpus, checkpointed, "--resume", "--max_iters=3", *same)) == 0
+    assert "resumed at step 2 with --max_iters=3 (was 2);" in capsys.readouterr().err
+    assert [e["changed"] for e in events(checkpointed, "resumed")] == [{"max_iters": [2, 3]}]
+    assert train.main(flags(corpus, checkpointed, "--resume", "--max_iters=5", "--log_interval=2",
+                            "--spike_z=4")) == 0
+    err = capsys.readouterr().err
+    assert "resumed at step 3 with --max_iters=5 (was 3), --log_interval=2 (was 1), --spike_z=4.0 (was 5.0)" in err
+    resumed = events(checkpointed, "resumed")[-1]
+    assert resumed["step"] == 3
+    assert resumed["changed"] == {"max_iters": [3, 5], "log_interval": [1, 2], "spike_z": [5.0, 4.0]}
+    assert json.loads((checkpointed / "config.json").read_text())["train"]["seed"] == 1337
 
 
 @pytest.mark.slow
