@@ -228,6 +228,11 @@ def resume_configs(given, checkpoint, world_size, tc):
     them (tc: the config of the command line alone); an inconsistent resume is one line."""
     saved_model, saved_train = checkpoint["model_config"], checkpoint["train_config"]
     step = checkpoint["step"]
+    types = flags.field_types(GPTConfig, TrainConfig)
+    for name, value in [*saved_model.items(), *saved_train.items()]:
+        problem = flags.wrong_type(name, value, types[name], CHOICES) if name in types else None
+        if problem:
+            raise UsageError(f"--resume: the checkpoint's config is not nanonorm's ({problem})")
     changed = [k for k, v in model_flags(given).items() if saved_model.get(k, v) != v]
     if given.get("preset") not in (None, saved_train.get("preset")):
         changed.insert(0, "preset")

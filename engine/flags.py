@@ -84,6 +84,20 @@ def convert(name, text, kind, choices=None):
     return kind(text)
 
 
+def wrong_type(name, value, kind, choices=None):
+    """What is wrong with a value of a field of this type that a file holds (a checkpoint's configs), such as
+    "batch_size is 'x', not an int", or None: a file is held to what the command line allows."""
+    kind, optional = plain_type(kind)
+    if value is None:
+        return None if optional else f"{name} is None, not {kind.__name__}"
+    allowed = allowed_values(name, kind, choices)
+    if allowed is not None:
+        return None if value in allowed else f"{name} is {value!r:.40}, not one of {', '.join(map(str, allowed))}"
+    fits = type(value) in (int, float) and math.isfinite(value) if kind is float else type(value) is kind
+    what = {bool: "a boolean", int: "an integer", float: "a finite number", str: "a string"}[kind]
+    return None if fits else f"{name} is {value!r:.40}, not {what}"
+
+
 # int() and float() also take " 3", "1_0" and other scripts' digits (Arabic-Indic, fullwidth): a number on a command
 # line is ASCII digits with an optional sign, point and exponent, the one grammar of every script's numbers
 INT_TEXT = re.compile(r"[+-]?[0-9]+")

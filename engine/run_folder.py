@@ -17,6 +17,7 @@ files as they were before it. A run stopped by Ctrl-C ends with `interrupted`, w
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import sys
 
@@ -206,7 +207,28 @@ def read_checkpoint(path):
     missing = [k for k in CHECKPOINT_KEYS if not isinstance(checkpoint, dict) or k not in checkpoint]
     if missing:
         raise UsageError(f"{path} is not a nanonorm checkpoint (it lacks {', '.join(missing)})")
+    damage = damaged_value(checkpoint)
+    if damage:
+        raise UsageError(f"{path} is not a nanonorm checkpoint ({damage}); it is damaged or not train.py's")
     return checkpoint
+
+
+def damaged_value(checkpoint):
+    """What is wrong with a checkpoint's values ("step is -5, not an integer >= 0"), or None: a resume truncates
+    the log to its step and compares losses with its best_val, so each is checked before anything is written."""
+    for name in ("step", "best_step"):
+        value = checkpoint.get(name, 0)
+        if type(value) is not int or value < 0:
+            return f"{name} is {value!r:.40}, not an integer >= 0"
+    if type(checkpoint["best_val"]) not in (int, float) or math.isnan(checkpoint["best_val"]):
+        return f"best_val is {checkpoint['best_val']!r:.40}, not a number"
+    for name in ("model", "optimizer", "scaler", "model_config", "train_config"):
+        if not isinstance(checkpoint[name], dict):
+            return f"{name} is a {type(checkpoint[name]).__name__}, not a dict"
+    rng = checkpoint["rng"]
+    if not (isinstance(rng, list) and rng and all(isinstance(state, dict) and "cpu" in state for state in rng)):
+        return "rng is not a list of each process's RNG states"
+    return None
 
 
 def same_file(path, other):

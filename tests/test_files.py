@@ -245,7 +245,15 @@ FOREIGN_LOGS = [
     (b'{"event": 7, "step": 3}\n', ':1: not an event'),
     (b'{"event": "train", "step": 1}\n{"event": "caf\xe9"}\n', ":2: not UTF-8 text"),
     (b'\n', ":1: not JSON"),
+    (b'{"event": "train", "step": 1}\n' + b"[" * 100_000 + b"\n", ":2: not JSON"),  # past json's recursion limit
 ]
+
+
+def test_read_config_refuses_a_config_json_nested_past_the_recursion_limit(tmp_path):
+    (tmp_path / "config.json").write_bytes(b'{"model": ' + b"[" * 100_000)
+    with pytest.raises(flags.UsageError) as e:
+        run_reader.read_config(str(tmp_path))
+    assert f"{tmp_path / 'config.json'} is not a config.json train.py wrote" in str(e.value)
 
 
 @pytest.mark.parametrize("content, says", FOREIGN_LOGS)

@@ -198,6 +198,7 @@ def test_a_foreign_log_is_one_line_naming_the_file_and_line(tmp_path, capsys, ma
 DAMAGES = {
     "not JSON": (lambda path, _: path.write_bytes(b'{"mode": "lr", "varia'), ": not JSON"),
     "not an object": (lambda path, _: path.write_text("[1, 2]"), ": a list, not an object"),
+    "nested too deeply": (lambda path, _: path.write_text("[" * 100_000), ": not JSON"),
     "a key missing": (lambda path, summary: path.write_text(json.dumps(summary)), ": runs[1].status is missing"),
     "a folder": (lambda path, _: path.mkdir(), " is a folder"),
     "a FIFO": (lambda path, _: os.mkfifo(path), " is not a regular file"),

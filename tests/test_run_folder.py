@@ -164,6 +164,16 @@ FOREIGN = [
      "the checkpoint's config is not nanonorm's"),
     ("a list", lambda c: [1, 2, 3], "is not a nanonorm checkpoint"),
     ("two processes", lambda c: {**c, "rng": c["rng"] * 2}, "written by 2 processes, this run has 1"),
+    # values, not only keys: each is read before log.jsonl is cut back to the checkpoint's step
+    ("a negative step", lambda c: {**c, "step": -5}, "(step is -5, not an integer >= 0)"),
+    ("a step as text", lambda c: {**c, "step": "2"}, "(step is '2', not an integer >= 0)"),
+    ("best_val as text", lambda c: {**c, "best_val": "x"}, "(best_val is 'x', not a number)"),
+    ("train_config as text", lambda c: {**c, "train_config": "oops"}, "(train_config is a str, not a dict)"),
+    ("no RNG states", lambda c: {**c, "rng": []}, "(rng is not a list of each process's RNG states)"),
+    ("a config value of another type", lambda c: {**c, "train_config": {**c["train_config"], "batch_size": "4"}},
+     "the checkpoint's config is not nanonorm's (batch_size is '4', not an integer)"),
+    ("a model config value of another type", lambda c: {**c, "model_config": {**c["model_config"], "norm": 3}},
+     "the checkpoint's config is not nanonorm's (norm is 3, not one of layernorm"),
 ]
 
 
