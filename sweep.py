@@ -79,7 +79,7 @@ SET_BY_SWEEP = ("lr", "seed", "out_dir", "resume", "overwrite")  # per run; the 
 BOOKKEEPING = ("out_dir", "resume", "overwrite")  # where and how a run starts, not what it trains
 # a variant is a folder name inside --out_dir: no separator, no other character a shell or file system treats apart
 FOLDER_NAME = re.compile(r"[A-Za-z0-9_.=+-]+")
-MAX_COUNT = 10_000  # --seeds and --jobs: larger is a typo, and 1e11 threads would hang the machine
+MAX_COUNT = 10_000  # --seeds, --jobs and the runs of a sweep: larger is a typo, and 1e11 threads would hang the machine
 
 
 @dataclass
@@ -134,6 +134,10 @@ def parse_args(argv):
     for name in ("seeds", "jobs"):
         if not 1 <= getattr(opts, name) <= MAX_COUNT:
             raise UsageError(f"--{name}={getattr(opts, name)} must be an integer from 1 to {MAX_COUNT}")
+    runs = len(variants) * len(lrs) * plan.seeds
+    if runs > MAX_COUNT:  # each run's flags are resolved before the first starts: a million would take hours
+        raise UsageError(f"{len(variants):,} variants x {len(lrs):,} LRs x {plan.seeds:,} seeds are {runs:,} runs; a "
+                         f"sweep has at most {MAX_COUNT:,} (split it into several --out_dir)")
     if not 0 <= opts.first_seed < 2 ** 63 - MAX_COUNT:
         raise UsageError(f"--first_seed={opts.first_seed} must be an integer from 0 to {2 ** 63 - MAX_COUNT - 1} "
                          "(train.py's --seed is below 2^63)")

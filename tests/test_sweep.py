@@ -178,6 +178,11 @@ def test_a_device_this_machine_lacks_is_refused_unless_the_commands_are_for_anot
     (["--variants=baseline", "--lrs=1e-2", "--seeds=\u0663"], "--seeds"),
     (["--variants=baseline", "--lrs=1e-2", "--jobs=1e11"], "--jobs"),
     (["--variants=baseline", "--lrs=1e-2", "--dry_run=on"], "--dry_run"),
+    # --lrs and --variants are capped as --seeds is: a million runs' flags would take hours to resolve
+    (["--variants=baseline", "--lrs=" + ",".join(f"{i + 1}e-3" for i in range(1000)), "--seeds=1000", "--dry_run"],
+     "1 variants x 1,000 LRs x 1,000 seeds are 1,000,000 runs; a sweep has at most 10,000"),
+    (["--variants=" + ",".join(f"norm=rmsnorm+n_layer={i + 1}" for i in range(10_001)), "--lrs=1e-2", "--dry_run"],
+     "10,001 variants x 1 LRs x 1 seeds are 10,001 runs"),
     (["--variants=baseline", "--lrs=inf"], "--lrs=inf is not a finite number"),
     (["--variants=baseline", "--lrs=0"], "--lrs: 0 is not a positive number"),
     (["--variants=norm=rmsnorm+data_dir=../../x", "--lrs=1e-2", "--dry_run"],
