@@ -126,6 +126,7 @@ def parse_args(argv):
                 recipe=opts.recipe or None, scale=opts.scale)
     if plan.recipe:
         plan = apply_recipe(plan, given)
+        check_scale(plan)
     elif "scale" in given:
         raise UsageError("--scale sizes a recipe; give --recipe=NAME too")
     variants, lrs = plan.variants, plan.lrs
@@ -204,19 +205,45 @@ def variant_flags(variant):
 def apply_recipe(plan, given):
     """The plan of --recipe=NAME: the recipe's variants, LRs, seeds, mode, reference, claims and every run's flags
     (recipes.settings, --scale=gpu for the GPU-sized ones); the command line's own train.py flags come after the
-    recipe's, so they win. --out_dir defaults to sweeps/NAME (sweeps/NAME_gpu). Its seeds are part of its design,
-    fixed before the runs: --seeds and --first_seed are refused. given: the names of the sweep options the command
-    line set."""
+    recipe's, so they win, and one its variants set is refused (theirs would win without a word). --out_dir defaults
+    to sweeps/NAME (sweeps/NAME_gpu). Its seeds are part of its design, fixed before the runs: --seeds and
+    --first_seed are refused. given: the names of the sweep options the command line set."""
     if "seeds" in given or "first_seed" in given:
         raise UsageError("a recipe's seeds are part of its design; edit lab/recipes.py and re-run the whole recipe")
     taken = [f"--{name}" for name in ("variants", "lrs", "mode", "reference") if name in given]
     if taken:
         raise UsageError(f"{', '.join(taken)} come from the recipe; run without them, or without --recipe")
     recipe = recipes.settings(plan.recipe, plan.scale)
+    overridden = variant_settings(recipe["variants"]).keys() & configs.parse_flags(plan.train_argv).keys()
+    if overridden:
+        name = sorted(overridden)[0]
+        raise UsageError(f"--{name} is set by the recipe's variants ({variant_settings(recipe['variants'])[name]}), "
+                         f"which come after the command line's flags: --{name} would change nothing; run the recipe "
+                         "without it, or run its variants yourself without --recipe")
     out_dir = plan.out_dir if "out_dir" in given else os.path.join(
         "sweeps", plan.recipe + ("_gpu" if plan.scale == "gpu" else ""))
     return dataclasses.replace(plan, **{**recipe, "out_dir": out_dir,
                                         "train_argv": [*recipe["train_argv"], *plan.train_argv]})
+
+
+def check_scale(plan):
+    """--scale=gpu runs where a GPU is, or where the command line asks for its device (--device=cpu): GPU-sized runs
+    that --device=auto would put on this machine's CPU are refused (--dry_run prints them for a GPU node)."""
+    if plan.scale == "gpu" and not plan.dry_run and "device" not in configs.parse_flags(plan.train_argv) and \
+            runtime.concrete_device("auto") == "cpu":
+        raise UsageError("--scale=gpu is the recipe at a GPU's size (GPT-3 Small's shape, 65K tokens a step), and this "
+                         "machine has no CUDA GPU: its runs would take days on the CPU; run it on a GPU node, add "
+                         "--dry_run for its commands, or give --device=cpu to run it here anyway")
+
+
+def variant_settings(variants):
+    """{flag: the first variant that sets it} of the flags the variants set ("preset" for a preset's name): they
+    come after the flags every run gets (train_flags), so they win over them."""
+    found = {}
+    for variant in variants:
+        for part in variant.split("+"):
+            found.setdefault(part.partition("=")[0] if "=" in part else "preset", variant)
+    return found
 
 
 def check_reference(plan):

@@ -358,6 +358,10 @@ def test_paired_not_detected_names_the_minimum_detectable_mean_difference():
     (["--recipe=powernorm", "--seeds=9"], "a recipe's seeds are part of its design; edit lab/recipes.py and re-run "
                                           "the whole recipe"),
     (["--recipe=powernorm", "--first_seed=2"], "a recipe's seeds are part of its design"),
+    # a variant's flag comes after the command line's: the user's would change nothing
+    (["--recipe=deepnorm_depth", "--n_layer=2"], "--n_layer is set by the recipe's variants (dn_postln+n_layer=6)"),
+    (["--recipe=z_loss_lr", "--weight_decay=0.1"], "--weight_decay is set by the recipe's variants"),
+    (["--recipe=powernorm", "--preset=baseline"], "--preset is set by the recipe's variants"),
     (["--variants=baseline", "--lrs=1e-2", "--first_seed=-1"], "--first_seed=-1 must be an integer from 0"),
     (["--variants=baseline", "--lrs=1e-2", "--scale=gpu"], "--scale sizes a recipe"),
     (["--variants=baseline,postln", "--lrs=1e-2", "--reference=normformer"], "--reference=normformer is not one of"),
@@ -370,12 +374,23 @@ def test_recipe_and_reference_bad_input_is_one_line(tmp_path, capsys, flags, exp
     assert not os.path.exists(tmp_path / "sweep")
 
 
+@pytest.mark.skipif(sweep.runtime.torch.cuda.is_available(), reason="a machine with a GPU runs --scale=gpu")
+def test_a_gpu_sized_recipe_is_refused_on_a_cpu_unless_asked_for(tmp_path, capsys):
+    argv = ["--recipe=powernorm", "--scale=gpu", f"--out_dir={tmp_path / 's'}"]
+    assert sweep.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sweep.py: --scale=gpu is the recipe at a GPU's size") and err.count("\n") == 1
+    assert not os.path.exists(tmp_path / "s")
+    assert sweep.parse_args([*argv, "--dry_run"]).scale == "gpu"  # the commands, for a GPU node
+    assert sweep.parse_args([*argv, "--device=cpu"]).scale == "gpu"  # here, as the command line says
+
+
 def test_a_recipe_takes_extra_flags_after_its_own_and_runs_its_own_seeds():
     args = sweep.parse_args(["--recipe=powernorm", "--device=cpu", "--max_iters=50"])
     assert args.seeds == 8 and args.out_dir == os.path.join("sweeps", "powernorm")
     assert args.train_argv[-2:] == ["--device=cpu", "--max_iters=50"]  # after the recipe's --max_iters: they win
     assert configs.parse_flags(args.train_argv)["max_iters"] == 50
-    assert sweep.parse_args(["--recipe=powernorm", "--scale=gpu"]).out_dir == os.path.join("sweeps", "powernorm_gpu")
+    assert sweep.parse_args(["--recipe=powernorm", "--scale=gpu", "--dry_run"]).out_dir == os.path.join("sweeps", "powernorm_gpu")
     # normformer_loss runs seeds 10-19, which did not pick its LR
     assert {run.seed for run in sweep.grid(sweep.parse_args(["--recipe=normformer_loss"]))} == set(range(10, 20))
 
