@@ -390,7 +390,8 @@ def test_a_recipe_takes_extra_flags_after_its_own_and_runs_its_own_seeds():
     assert args.seeds == 8 and args.out_dir == os.path.join("sweeps", "powernorm")
     assert args.train_argv[-2:] == ["--device=cpu", "--max_iters=50"]  # after the recipe's --max_iters: they win
     assert configs.parse_flags(args.train_argv)["max_iters"] == 50
-    assert sweep.parse_args(["--recipe=powernorm", "--scale=gpu", "--dry_run"]).out_dir == os.path.join("sweeps", "powernorm_gpu")
+    gpu = sweep.parse_args(["--recipe=powernorm", "--scale=gpu", "--dry_run"])
+    assert gpu.out_dir == os.path.join("sweeps", "powernorm_gpu")
     # normformer_loss runs seeds 10-19, which did not pick its LR
     assert {run.seed for run in sweep.grid(sweep.parse_args(["--recipe=normformer_loss"]))} == set(range(10, 20))
 
