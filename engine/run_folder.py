@@ -19,6 +19,7 @@ import dataclasses
 import json
 import math
 import os
+import shlex
 import sys
 
 import torch
@@ -368,8 +369,9 @@ def interrupted(step, tc, machine, log_path):
         log_event(log_path, {"event": "interrupted", "step": step})
         launcher = f"torchrun --nproc_per_node={machine.world_size}" if machine.ddp else "python"
         with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone; the log has said it
+            # quoted for a shell: an out_dir may hold spaces, quotes or $
             print(f"interrupted at step {step}; the checkpoint is saved. To continue: "
-                  f"{launcher} train.py --out_dir={tc.out_dir} --resume")
+                  f"{launcher} {shlex.join(['train.py', f'--out_dir={tc.out_dir}', '--resume'])}")
     return 130
 
 

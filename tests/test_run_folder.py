@@ -4,6 +4,7 @@ resumes, and exact resume under torchrun with gradient accumulation and dropout.
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -118,6 +119,14 @@ def test_resume_falls_back_to_the_newest_loadable_checkpoint(corpus, tmp_path, r
     steps = [s for s, _ in losses(out)]
     assert steps == list(range(1, 13))  # steps 7..9 of the first run were dropped from the log, not repeated
     assert losses(out)[:9] == losses(reference)
+
+
+def test_the_printed_resume_command_is_quoted_for_a_shell(corpus, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "my run's $HOME"
+    signal_at(monkeypatch, 1, times=1)
+    assert train.main(flags(corpus, out, "--max_iters=3", "--eval_interval=3")) == 130
+    command = capsys.readouterr().out.split("To continue: ")[1]
+    assert shlex.split(command) == ["python", "train.py", f"--out_dir={out}", "--resume"]
 
 
 def test_extending_a_finished_run_keeps_its_schedule(corpus, tmp_path, capsys):
