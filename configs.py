@@ -93,7 +93,17 @@ def build_configs(given):
     try:
         return GPTConfig(**model_flags(given)), flags.build(TrainConfig, given)
     except ValueError as e:
-        raise UsageError(str(e)) from None
+        raise UsageError(preset_named(str(e), given)) from None
+
+
+def preset_named(text, given):
+    """text (a refusal or a warning), saying which of the flags it names the preset set, not the command line:
+    --preset=olmo2 --norm=batchnorm is refused for --qk_norm, which only the preset set."""
+    preset = PRESETS.get(given.get("preset"), {})
+    named = [name for name in preset if name not in given and re.search(rf"--{name}\b", text)]
+    if not named:
+        return text
+    return f"{text} (the preset {given['preset']} sets {', '.join(f'--{n}={preset[n]}' for n in named)})"
 
 
 def from_flags(given):
@@ -220,7 +230,8 @@ def no_effect_warnings(given, m, tc):
         unused["warmup_iters"] = "--lr_schedule=ramp"
     if not tc.seq_warmup_iters:
         unused["seq_warmup_start"] = "--seq_warmup_iters=0"
-    return [f"train.py: warning: --{name} has no effect with {why}" for name, why in unused.items() if name in given]
+    return [preset_named(f"train.py: warning: --{name} has no effect with {why}", given)
+            for name, why in unused.items() if name in given]
 
 
 def resume_configs(given, checkpoint, world_size, tc):

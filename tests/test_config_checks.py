@@ -95,6 +95,8 @@ BAD = [
     (["--lr=\u0661e-3"], "is not a valid float"),  # an Arabic-Indic 1: float() would take it
     (["--attn_softcap=1e-310"], "--attn_softcap=1e-310 must be 0 (off) or in [0.001, 10000]"),
     (["--init_std=1e300"], "--init_std=1e+300 must be in (0, 1]"),
+    (["--preset=olmo2", "--norm=batchnorm"], "--norm=batchnorm has no per-token statistic over head_dim (use one "
+     "of layernorm, rmsnorm, cogview, dyt) (the preset olmo2 sets --qk_norm=True)"),
     (["--norm=dyt", "--dyt_alpha=1e300"], "--dyt_alpha=1e+300 must be in (0, 10]"),
     (["--diverge_loss=-1"], "--diverge_loss=-1.0 must be > 0"),
     (["--norm_eps=1e300"], "--norm_eps=1e+300 must be in (0, 1]"),
@@ -205,6 +207,8 @@ NO_EFFECT = [
     (["--pn_alpha_fwd=0.5"], "--pn_alpha_fwd has no effect with --norm=layernorm"),
     (["--norm=batchnorm", "--pn_alpha_bwd=0.5"], "--pn_alpha_bwd has no effect with --norm=batchnorm"),
     (["--norm=none", "--norm_eps=1e-3"], "--norm_eps has no effect with --norm=none"),
+    # the flag that makes it so was set by the preset, not typed: the warning says which
+    (["--preset=dyt", "--norm_eps=1e-3"], "--norm_eps has no effect with --norm=dyt (the preset dyt sets --norm=dyt)"),
     (["--layer_scale_init=0.1"], "--layer_scale_init has no effect with --layer_scale=False"),
     (["--lr_schedule=constant", "--min_lr=0"], "--min_lr has no effect with --lr_schedule=constant"),
     (["--dyt_alpha=0.3"], "--dyt_alpha has no effect with --norm=layernorm"),
