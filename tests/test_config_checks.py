@@ -223,7 +223,8 @@ NO_EFFECT = [
     (["--subln=True", "--scale_fc=True"],
      "--scale_fc has no effect with --subln=True (SubLN puts the same norm before W_2)"),
     (["--preset=gemma2", "--attn_impl=sdpa"],
-     "--attn_impl has no effect with --attn_softcap=50.0 (a soft-cap forces the manual attention path)"),
+     "--attn_impl has no effect with --attn_softcap=50.0 (a soft-cap forces the manual attention path) (the preset "
+     "gemma2 sets --attn_softcap=50.0)"),
 ]
 
 
