@@ -2,6 +2,7 @@
 
 import dataclasses
 import errno
+import fcntl
 import json
 import math
 import os
@@ -10,6 +11,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import typing
 
@@ -604,6 +606,25 @@ def finished_as(run, argv, drop=()):
     _, tc = resolved_configs(run, argv)
     write_log(run.dir, [start, {"event": "done", "step": tc.max_iters, "val_loss": 2.0}])
     write_config(run, argv, drop)
+
+
+def test_two_sweeps_summarizing_one_folder_take_turns(tmp_path):
+    """A summary is made under the sweep folder's lock (lab/summary.sweep_lock): a second sweep's waits for the
+    first's, and then reads it back, so no summary, and no sweep's wall time, is lost."""
+    argv = ["--variants=baseline", "--lrs=1e-2", f"--out_dir={tmp_path / 's'}", *SWEEP_TINY]
+    plan = sweep.parse_args(argv)
+    [run] = sweep.grid(plan)
+    finished_as(run, argv)
+    lab.summary.write_summary(plan, [run], wall_s=10.0)
+    with open(tmp_path / "s" / "sweep.lock", "a") as held:  # another sweep, making its summary
+        fcntl.flock(held, fcntl.LOCK_EX)
+        other = threading.Thread(target=lab.summary.write_summary, args=(plan, [run]), kwargs={"wall_s": 5.0})
+        other.start()
+        other.join(timeout=1.0)
+        assert other.is_alive()  # waiting for the lock
+    other.join()
+    with open(tmp_path / "s" / "summary.json") as f:
+        assert json.load(f)["wall_s"] == 15.0
 
 
 def resolved_configs(run, argv):
