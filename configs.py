@@ -5,8 +5,9 @@ flags (from_flags); on --resume the checkpoint's configs with the flags a resume
 (resume_configs); the vocabulary and PowerNorm's warmup (fit_to_tokenizer); and the device, dtype and compile of
 this machine (runtime.resolve_device). It reads nothing but its arguments and the machine, so the configs of a run
 are known without running it, and a second copy of a rule has no reason to exist. GPTConfig checks its own
-combinations; here are the ranges of the training flags, the warnings for flags that change nothing, and
-`check_data`, which holds the prepared data to the configs.
+combinations; here are the checks of the training flags (their float ranges are engine/flags.FLOAT_RANGES, one
+table with the model's), RESUME (what a resume may change of a run, flag by flag), the warnings for flags that
+change nothing, and `check_data`, which holds the prepared data to the configs.
 """
 
 import dataclasses
