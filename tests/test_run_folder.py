@@ -28,6 +28,12 @@ def flags(corpus, out, *more):
     return train_argv(corpus, prepared(corpus), out, *TINY, *more)
 
 
+def resumed_line(step, max_iters, was):
+    """The line of a resume that raised --max_iters (configs.RESUME: it extends the run)."""
+    return (f"train.py: note: resumed at step {step} with --max_iters={max_iters} (was {was}); from this step on "
+            "(log.jsonl: a resumed event)")
+
+
 def losses(out):
     return [(e["step"], e["loss"]) for e in events(out, "train")]
 
@@ -89,6 +95,7 @@ def test_a_failed_checkpoint_write_keeps_the_previous_one_and_stops(corpus, tmp_
     monkeypatch.setattr(torch, "save", disk_full)
     assert train.main(flags(corpus, out, "--resume", "--max_iters=8")) == 1
     assert capsys.readouterr().err.splitlines() == [
+        resumed_line(2, 8, 2),
         f"train.py: cannot write {out / 'ckpt.pt'} (No space left on device); the previous checkpoint is kept"]
     assert (out / "ckpt.pt").read_bytes() == good
     assert not (out / "ckpt.pt.tmp").exists()
@@ -114,7 +121,8 @@ def test_resume_falls_back_to_the_newest_loadable_checkpoint(corpus, tmp_path, r
             f.truncate(100)
     capsys.readouterr()
     assert train.main(flags(corpus, out, "--resume", "--max_iters=12")) == 0
-    notes = capsys.readouterr().err.splitlines()
+    *notes, changed = capsys.readouterr().err.splitlines()
+    assert changed == resumed_line(6, 12, 9)
     assert len(notes) == 2 and all("resuming from" in n and n.endswith("ckpt-6.pt") for n in notes)
     steps = [s for s, _ in losses(out)]
     assert steps == list(range(1, 13))  # steps 7..9 of the first run were dropped from the log, not repeated
@@ -421,7 +429,8 @@ def test_resume_without_ckpt_pt_takes_the_newest_numbered_checkpoint(corpus, tmp
         os.symlink(out / "gone.pt", out / "ckpt.pt")
     capsys.readouterr()
     assert train.main(flags(corpus, out, "--resume", "--max_iters=12")) == 0
-    notes = capsys.readouterr().err.splitlines()
+    *notes, changed = capsys.readouterr().err.splitlines()
+    assert changed == resumed_line(9, 12, 9)
     assert len(notes) == (ckpt != "deleted") and all(n.endswith(f"resuming from {out / 'ckpt-9.pt'}") for n in notes)
     assert [s for s, _ in losses(out)] == list(range(1, 13)) and losses(out)[:9] == losses(reference)
 
@@ -434,7 +443,7 @@ def test_an_older_ckpt_pt_than_a_numbered_checkpoint_gives_way_with_a_note(corpu
     assert train.main(flags(corpus, out, "--resume", "--max_iters=8")) == 0
     assert capsys.readouterr().err.splitlines() == [
         f"train.py: note: {out / 'ckpt.pt'} is at step 3, older than {out / 'ckpt-6.pt'}; resuming from "
-        f"{out / 'ckpt-6.pt'}"]
+        f"{out / 'ckpt-6.pt'}", resumed_line(6, 8, 6)]
     assert [s for s, _ in losses(out)] == list(range(1, 9))
 
 
