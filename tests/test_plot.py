@@ -185,6 +185,8 @@ def test_a_run_in_a_hidden_folder_is_plotted_and_runs_named_alike_keep_their_own
     capsys.readouterr()
     gains = sorted(path.name for path in (tmp_path / "png").glob("gains_*.png"))
     assert gains == ["gains_.01_0.png", "gains_a_b+1.png", "gains_a_b+2.png", "gains_a_b+3.png"]
+    grads = sorted(path.name for path in (tmp_path / "png").glob("grad_norms_*.png"))
+    assert grads == [name.replace("gains_", "grad_norms_") for name in gains]
     for name in gains:
         check_png(tmp_path / "png" / name)
 

@@ -280,7 +280,10 @@ def test_resume_in_another_dtype_is_allowed_with_a_note(corpus, tmp_path, capsys
     capsys.readouterr()
     assert train.main(flags(corpus, out, "--resume", "--max_iters=4", f"--dtype={resumed}")) == 0
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and f"trained in {saved}, this run uses {resumed}" in err[0]
+    # the dtype is the machine's: its note is restore's; the resumed event records it, and the line says --max_iters
+    assert len(err) == 2 and f"trained in {saved}, this run uses {resumed}" in err[0]
+    assert err[1] == resumed_line(2, 4, 2)
+    assert events(out, "resumed")[0]["changed"] == {"max_iters": [2, 4], "dtype": [saved, resumed]}
     assert len(losses(out)) == 4
 
 
