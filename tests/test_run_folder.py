@@ -18,7 +18,7 @@ from engine import run_folder
 import configs
 import model
 import train
-from conftest import PAUSED_TRAIN, ROOT, events, prepared, tiny, torchrun, train_argv
+from conftest import PAUSED_TRAIN, ROOT, events, prepared, resumed_line, tiny, torchrun, train_argv
 
 TINY = tiny(dropout="0.1")
 
@@ -26,12 +26,6 @@ TINY = tiny(dropout="0.1")
 def flags(corpus, out, *more):
     """A tiny run in out on corpus, whose data is prepared once beside it."""
     return train_argv(corpus, prepared(corpus), out, *TINY, *more)
-
-
-def resumed_line(step, max_iters, was):
-    """The line of a resume that raised --max_iters (configs.RESUME: it extends the run)."""
-    return (f"train.py: note: resumed at step {step} with --max_iters={max_iters} (was {was}); from this step on "
-            "(log.jsonl: a resumed event)")
 
 
 def losses(out):
