@@ -5,8 +5,9 @@ flags (from_flags); on --resume the checkpoint's configs with the flags a resume
 (resume_configs); the vocabulary and PowerNorm's warmup (fit_to_tokenizer); and the device, dtype and compile of
 this machine (runtime.resolve_device). It reads nothing but its arguments and the machine, so the configs of a run
 are known without running it, and a second copy of a rule has no reason to exist. GPTConfig checks its own
-combinations; here are the ranges of the training flags, the warnings for flags that change nothing, and
-`check_data`, which holds the prepared data to the configs.
+combinations; here are the checks of the training flags (their float ranges are engine/flags.FLOAT_RANGES, one
+table with the model's), RESUME (what a resume may change of a run, flag by flag), the warnings for flags that
+change nothing, and `check_data`, which holds the prepared data to the configs.
 """
 
 import dataclasses
@@ -93,7 +94,17 @@ def build_configs(given):
     try:
         return GPTConfig(**model_flags(given)), flags.build(TrainConfig, given)
     except ValueError as e:
-        raise UsageError(str(e)) from None
+        raise UsageError(preset_named(str(e), given)) from None
+
+
+def preset_named(text, given):
+    """text (a refusal or a warning), saying which of the flags it names the preset set, not the command line:
+    --preset=olmo2 --norm=batchnorm is refused for --qk_norm, which only the preset set."""
+    preset = PRESETS.get(given.get("preset"), {})
+    named = [name for name in preset if name not in given and re.search(rf"--{name}\b", text)]
+    if not named:
+        return text
+    return f"{text} (the preset {given['preset']} sets {', '.join(f'--{n}={preset[n]}' for n in named)})"
 
 
 def from_flags(given):
@@ -132,10 +143,7 @@ def resolve(given, checkpoint=None, world_size=1, machine=True):
 SYSTEM_FLAGS = ("out_dir", "device", "dtype", "compile", "overwrite", "resume")
 # the settings resolve() makes concrete on the machine (runtime.resolve_device) where they are left at the default
 MACHINE_SETTINGS = ("dtype", "compile")
-
-
-# an AdamW LR this large moves every weight by ~1,000 a step: a typo, and past float32 it breaks the optimizer
-MAX_LR = 1e3
+MAX_LR = flags.FLOAT_RANGES["lr"].high  # the largest --lr (flags.FLOAT_RANGES), for the scripts with an LR of their own
 
 
 def check_train_config(tc, given):
@@ -146,11 +154,13 @@ def check_train_config(tc, given):
             raise UsageError(f"--{name}={getattr(tc, name)} must be a positive integer")
     # a flag the schedule does not read is held to its sign only (no_effect_warnings says it is unused): the
     # default --min_lr above a small --lr is no error in a ramp, which never decays
+    for name in (f.name for f in dataclasses.fields(tc) if f.name in flags.FLOAT_RANGES):
+        problem = flags.out_of_range(name, getattr(tc, name))
+        if problem:
+            raise UsageError(problem)
     decays, warms = tc.lr_schedule in ("cosine", "linear"), tc.lr_schedule != "ramp"
     ranges = (
-        ("lr", tc.lr > 0, "> 0"),
-        ("lr", tc.lr <= MAX_LR, f"at most {MAX_LR:g} (AdamW moves every weight by about the LR each step)"),
-        ("min_lr", 0 <= tc.min_lr and (tc.min_lr <= tc.lr or not decays), f"in [0, --lr={tc.lr}]"),
+        ("min_lr", tc.min_lr <= tc.lr or not decays, f"in [0, --lr={tc.lr}]"),
         # a short test run may leave the default warmup unfinished; an explicit one must fit in the run
         ("warmup_iters", 0 <= tc.warmup_iters and (
             tc.warmup_iters <= tc.max_iters or "warmup_iters" not in given or not warms),
@@ -158,18 +168,10 @@ def check_train_config(tc, given):
         ("lr_decay_iters", tc.lr_decay_iters is None or tc.lr_decay_iters >= 1 and (
             tc.lr_decay_iters >= tc.warmup_iters or "lr_decay_iters" not in given or not decays),
          f">= --warmup_iters={tc.warmup_iters} and >= 1, or None"),
-        ("weight_decay", tc.weight_decay >= 0, ">= 0"),
-        ("beta1", 0 <= tc.beta1 < 1, "in [0, 1)"),
-        ("beta2", 0 <= tc.beta2 < 1, "in [0, 1)"),
-        ("grad_clip", tc.grad_clip >= 0, ">= 0 (0 turns clipping off)"),
         ("seed", 0 <= tc.seed < 2 ** 63, "in [0, 2^63)"),
-        ("gpu_peak_tflops", tc.gpu_peak_tflops is None or tc.gpu_peak_tflops > 0, "> 0, or None"),
-        ("diverge_gap", tc.diverge_gap >= 0, ">= 0 (0 turns it off)"),
         ("spike_window", tc.spike_window >= 2, ">= 2 (a standard deviation needs two values)"),
-        ("spike_z", tc.spike_z > 0, "> 0"),
         ("telemetry_interval", tc.telemetry_interval >= 0, ">= 0 (0 turns it off)"),
         ("fp16_headroom_interval", tc.fp16_headroom_interval >= 0, ">= 0 (0 turns it off)"),
-        ("z_loss", tc.z_loss >= 0, ">= 0 (0 turns it off)"),
         ("seq_warmup_iters", tc.seq_warmup_iters >= 0, ">= 0 (0 turns it off)"),
         ("seq_warmup_start", tc.seq_warmup_start >= 1, ">= 1"),
     )
@@ -229,7 +231,8 @@ def no_effect_warnings(given, m, tc):
         unused["warmup_iters"] = "--lr_schedule=ramp"
     if not tc.seq_warmup_iters:
         unused["seq_warmup_start"] = "--seq_warmup_iters=0"
-    return [f"train.py: warning: --{name} has no effect with {why}" for name, why in unused.items() if name in given]
+    return [preset_named(f"train.py: warning: --{name} has no effect with {why}", given)
+            for name, why in unused.items() if name in given]
 
 
 def resume_configs(given, checkpoint, world_size, tc):
@@ -237,25 +240,24 @@ def resume_configs(given, checkpoint, world_size, tc):
     them (tc: the config of the command line alone); an inconsistent resume is one line."""
     saved_model, saved_train = checkpoint["model_config"], checkpoint["train_config"]
     step = checkpoint["step"]
+    types = flags.field_types(GPTConfig, TrainConfig)
+    for name, value in [*saved_model.items(), *saved_train.items()]:
+        problem = flags.wrong_type(name, value, types[name], CHOICES) if name in types else None
+        if problem:
+            raise UsageError(f"--resume: the checkpoint's config is not nanonorm's ({problem})")
     changed = [k for k, v in model_flags(given).items() if saved_model.get(k, v) != v]
     if given.get("preset") not in (None, saved_train.get("preset")):
         changed.insert(0, "preset")
     if changed:
         raise UsageError(f"--resume: {', '.join('--' + k for k in changed)} differ from the checkpoint's; a "
                          "resumed run keeps its model (use another --out_dir for a new one)")
-    if "dataset" in given and tc.dataset != dataset_path(saved_train.get("dataset", "")):
-        raise UsageError(f"--resume: --dataset={given['dataset']} differs from the checkpoint's "
-                         f"{saved_train.get('dataset')}; a resumed run keeps its data")
-    if "tokenizer" in given and given["tokenizer"] != saved_train.get("tokenizer"):
-        raise UsageError(f"--resume: --tokenizer={given['tokenizer']} differs from the checkpoint's "
-                         f"{saved_train.get('tokenizer')}; a resumed run keeps its data")
+    check_kept(given, saved_train)
     if len(checkpoint["rng"]) != world_size:
         raise UsageError(f"--resume: the checkpoint was written by {len(checkpoint['rng'])} processes, this run has "
                          f"{world_size}; exact resume needs the same number (torchrun --nproc_per_node)")
     try:
         model_cfg = GPTConfig(**saved_model)
-        known = {k: v for k, v in saved_train.items() if k in tc.__dataclass_fields__}
-        known.update(lr_decay_iters=known.get("lr_decay_iters") or known.get("max_iters"))
+        known = {k: saved_value(saved_train, k) for k in saved_train if k in tc.__dataclass_fields__}
         # the saved values, except the machine's flags and those given now: tc has those already
         tc = dataclasses.replace(tc, **{k: v for k, v in known.items() if k not in SYSTEM_FLAGS and k not in given})
     except (TypeError, ValueError) as e:
@@ -264,6 +266,69 @@ def resume_configs(given, checkpoint, world_size, tc):
         raise UsageError(f"--resume: the checkpoint is at step {step} and --max_iters={tc.max_iters}; to train on, "
                          f"raise --max_iters (the LR keeps its schedule to --lr_decay_iters={tc.lr_decay_iters})")
     return model_cfg, tc
+
+
+# What a resume does with each training flag (a test holds the table to TrainConfig's fields). The promise is the
+# same losses as an uninterrupted run, and a config.json that says what trained every step:
+#   KEPT     the steps so far trained with it, or it sets the data order: a resume may repeat it, not change it
+#   EXTENDS  it says how far the run goes, how it is logged, checkpointed or judged from the resumed step on:
+#            a resume may change it, and the change is logged (resume_changes)
+#   MACHINE  where and how this process runs (SYSTEM_FLAGS, the data's folder: its text is checked by its sha256):
+#            from the resume's own command line, and a change is logged too
+#   BOOKKEEPING  where the run is and how this command starts it: no setting of the run
+KEPT, EXTENDS, MACHINE, BOOKKEEPING = "kept", "extends", "machine", "bookkeeping"
+RESUME = {
+    "dataset": KEPT, "tokenizer": KEPT, "data_dir": MACHINE,
+    "batch_size": KEPT, "grad_accum": KEPT,  # the batches of every step, and so the data order
+    "lr": KEPT, "min_lr": KEPT, "warmup_iters": KEPT, "lr_schedule": KEPT,  # the LR of the steps so far
+    "max_iters": EXTENDS,
+    "lr_decay_iters": EXTENDS,  # None on resume means the checkpoint's (resume_configs)
+    "weight_decay": KEPT, "beta1": KEPT, "beta2": KEPT, "grad_clip": KEPT,  # the optimizer the steps so far used
+    "out_dir": BOOKKEEPING, "eval_interval": EXTENDS,
+    "eval_iters": KEPT,  # the windows every val loss so far, and the best one, were measured on
+    "log_interval": EXTENDS, "always_save_checkpoint": EXTENDS, "resume": BOOKKEEPING, "preset": KEPT,
+    "seed": KEPT,  # the initial weights and every batch
+    "overwrite": BOOKKEEPING, "keep_checkpoints": EXTENDS,
+    # the divergence and spike bounds judge the steps from the resumed one on (docs/guarantees.md)
+    "diverge_loss": EXTENDS, "diverge_gap": EXTENDS, "spike_window": EXTENDS, "spike_z": EXTENDS,
+    "skip_spikes": KEPT,  # which updates the steps so far skipped
+    # the instruments read the run on a separate pass and leave it as it was (diagnostics/instruments.py)
+    "telemetry_interval": EXTENDS, "fp16_headroom_interval": EXTENDS, "fp16_overflow_fails": EXTENDS,
+    "z_loss": KEPT, "seq_warmup_iters": KEPT, "seq_warmup_start": KEPT,  # the loss and the batches of each step
+    "device": MACHINE, "dtype": MACHINE, "compile": MACHINE, "gpu_peak_tflops": EXTENDS,
+}
+
+
+def saved_value(saved_train, name):
+    """A flag's value in the checkpoint's train_config as a resume compares it: --dataset as an absolute path,
+    lr_decay_iters None as the max_iters it meant, a key an older checkpoint lacks as its default."""
+    default = TrainConfig.__dataclass_fields__[name].default
+    value = saved_train.get(name, default)
+    if name == "dataset":
+        return dataset_path(value)
+    if name == "lr_decay_iters":
+        return value or saved_train.get("max_iters")
+    return value
+
+
+def check_kept(given, saved_train):
+    """A UsageError of one line where a flag given to --resume would change what the run's steps so far trained
+    with (RESUME's KEPT flags); the same value again (sweep.py resumes with the run's own flags) is no change."""
+    for name, value in given.items():
+        if RESUME.get(name) != KEPT:
+            continue
+        now, was = dataset_path(value) if name == "dataset" else value, saved_value(saved_train, name)
+        if now != was:
+            raise UsageError(f"--resume: --{name}={value} differs from the checkpoint's {was}: the run's steps so far "
+                             f"trained with --{name}={was}, and a resumed run keeps it (the same losses as an "
+                             "uninterrupted run); drop it, or start a new run in another --out_dir")
+
+
+def resume_changes(saved_train, tc):
+    """{flag: [the checkpoint's value, this run's]} of each setting a resume changed (RESUME's EXTENDS and MACHINE
+    flags; the KEPT ones it may not change), for the "resumed" event and its line."""
+    return {name: [saved_value(saved_train, name), getattr(tc, name)] for name, rule in RESUME.items()
+            if rule in (EXTENDS, MACHINE) and saved_value(saved_train, name) != getattr(tc, name)}
 
 
 def fit_to_tokenizer(model_cfg, tc, given, resumed):

@@ -72,6 +72,12 @@ def train_argv(corpus, data_dir, out_dir, *flags):
     return [f"--dataset={corpus}", f"--data_dir={data_dir}", f"--out_dir={out_dir}", *flags]
 
 
+def resumed_line(step, max_iters, was):
+    """train.py's line for a resume that raised --max_iters (configs.RESUME: a flag that extends the run)."""
+    return (f"train.py: note: resumed at step {step} with --max_iters={max_iters} (was {was}); from this step on "
+            "(log.jsonl: a resumed event)")
+
+
 def run_train(corpus, data_dir, out_dir, *flags):
     """train.main in this process (fast, and monkeypatch reaches into it); returns its exit code."""
     import train  # here, not at the top: conftest.py is read before every test file, even those without torch

@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from engine.flags import FLOAT_RANGES, out_of_range
 from norms import NORMS, PER_TOKEN_NORMS, make_norm, upcast
 
 
@@ -93,19 +94,12 @@ class GPTConfig:
                 raise ValueError(f"--{name}={getattr(self, name)} must be a positive integer")
         if self.n_embd % self.n_head:
             raise ValueError(f"--n_embd={self.n_embd} must be divisible by --n_head={self.n_head}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"--dropout={self.dropout} must be in [0, 1)")
-        if self.norm_eps <= 0:
-            raise ValueError(f"--norm_eps={self.norm_eps} must be > 0")
-        for name in ("pn_alpha_fwd", "pn_alpha_bwd"):
-            if not 0.0 < getattr(self, name) < 1.0:
-                raise ValueError(f"--{name}={getattr(self, name)} must be in (0, 1)")
+        for name in (f.name for f in fields(self) if f.name in FLOAT_RANGES):
+            problem = out_of_range(name, getattr(self, name))
+            if problem:
+                raise ValueError(problem)
         if self.pn_warmup is not None and self.pn_warmup < 0:
             raise ValueError(f"--pn_warmup={self.pn_warmup} must be >= 0")
-        if not 0.0 <= self.embed_grad_scale <= 1.0:
-            raise ValueError(f"--embed_grad_scale={self.embed_grad_scale} must be in [0, 1] (1 = off)")
-        if self.init_std is not None and self.init_std <= 0:
-            raise ValueError(f"--init_std={self.init_std} must be > 0")
         if self.init_std is not None and self.init == "xavier":
             raise ValueError("--init_std has no meaning with --init=xavier (its std comes from the fan-in and fan-out)")
         # only a norm that acts on each token alone means something over one head's q or k. DyT has no statistic,
@@ -113,17 +107,6 @@ class GPTConfig:
         if self.qk_norm and self.norm not in PER_TOKEN_NORMS:
             raise ValueError(f"--qk_norm normalizes each token's q and k per head; --norm={self.norm} has no per-token "
                              f"statistic over head_dim (use one of {', '.join(PER_TOKEN_NORMS)})")
-        if not 0.0 <= self.mix_ln_ratio <= 1.0:
-            raise ValueError(f"--mix_ln_ratio={self.mix_ln_ratio} must be in [0, 1] (the share of Post-LN layers)")
-        for name in ("dyt_alpha", "dyt_alpha_attn"):
-            if getattr(self, name) is not None and getattr(self, name) <= 0:
-                raise ValueError(f"--{name}={getattr(self, name)} must be > 0")
-        for name in ("attn_softcap", "logit_softcap"):
-            # c * tanh(s / c) bounds the logits to +-c: below MIN_SOFTCAP every softmax is uniform to within 0.1%,
-            # and a subnormal c makes s / c overflow to inf (a "divergence" at step 0)
-            if not (getattr(self, name) == 0 or getattr(self, name) >= MIN_SOFTCAP):
-                raise ValueError(f"--{name}={getattr(self, name)} must be 0 (off) or >= {MIN_SOFTCAP} (a cap bounds "
-                                 "the logits to +-cap; a smaller one flattens every softmax)")
         if self.layer_norm_scaling and self.layout not in ("pre", "mix"):
             raise ValueError(f"--layer_norm_scaling scales the output of each pre-LN norm; --layout={self.layout} has "
                              "none (use --layout=pre or mix)")
@@ -230,9 +213,6 @@ def subln_gain(cfg):
     """Magneto (Wang et al. 2022, "Foundation Transformers" §2.2): with SubLN, W_v, W_O, W_1 and W_2 are initialized
     with gain gamma = sqrt(log(2N)) for a decoder-only model of N layers (torchscale: decoder_layers * 2)."""
     return math.sqrt(math.log(2 * cfg.n_layer))
-
-
-MIN_SOFTCAP = 1e-3
 
 
 def softcap(x, cap):

@@ -6,7 +6,8 @@ Pictures of nanonorm runs, read from their log.jsonl (and a sweep's summary.json
 writes into --out:
     loss.png                  train and val loss of all runs overlaid, spikes marked; LR and grad norm below
     loss_vs_lr_<sweep>.png    final val loss vs LR per variant, log-x, diverged runs marked (--mode=lr sweeps)
-and for each run whose log has the events (train.py --telemetry_interval, --fp16_headroom_interval):
+and for each run whose log has the events (train.py --telemetry_interval, --fp16_headroom_interval), <run> its
+folder's path with _ for each separator (numbered +1, +2 where two runs' names would be one):
     grad_norms_<run>.png      mean |g| and L2 norm of one op's weight gradient per layer (--op, default fc2)
     gains_<run>.png           gamma/beta and other gains per layer and op at the last telemetry step
     attn_logits_<run>.png     the max attention logit per layer over steps
@@ -75,7 +76,9 @@ def find_runs(paths):
     for path in paths:
         if not os.path.isdir(path):
             raise UsageError(f"{path} is not a folder; pass run folders (train.py --out_dir) or sweep folders")
-        logs = sorted(glob.glob(run_reader.log_path(os.path.join(glob.escape(path), "**")), recursive=True))
+        # include_hidden: a run in a folder whose name starts with a dot (--lrs=.01 names one .01/) is a run too
+        logs = sorted(glob.glob(run_reader.log_path(os.path.join(glob.escape(path), "**")), recursive=True,
+                                include_hidden=True))
         if not logs:
             raise UsageError(f"{path} holds no log.jsonl; pass run folders (train.py --out_dir) or sweep folders")
         for log in logs:
@@ -95,6 +98,21 @@ def of_kind(events, kind):
 
 def slug(label):
     return "".join(c if c.isalnum() or c in "-.=" else "_" for c in label)
+
+
+def file_names(labels):
+    """A file name part per run, each once: slug(label), and where two runs' labels slug alike (a b and a_b, or the
+    same label in two sweep folders) each of them numbered in order with a +, which no slug holds, so that no
+    run's plots overwrite another's."""
+    slugs = [slug(label) for label in labels]
+    seen = {}
+    for name in slugs:
+        seen[name] = seen.get(name, 0) + 1
+    counts, names = {}, []
+    for name in slugs:
+        counts[name] = counts.get(name, 0) + 1
+        names.append(f"{name}+{counts[name]}" if seen[name] > 1 else name)
+    return names
 
 
 def save(fig, out, name):
@@ -152,7 +170,7 @@ def plot_loss_vs_lr(sweep, summary, out):
     save(fig, out, name)
 
 
-def plot_grad_norms(label, telemetry, op, out):
+def plot_grad_norms(label, file_name, telemetry, op, out):
     """Per-layer gradient norms of one op's weights over steps (NormFormer Fig. 3: mean |g| of fc2 per layer;
     Spike No More Fig. 2-3)."""
     lines = {}
@@ -161,7 +179,7 @@ def plot_grad_norms(label, telemetry, op, out):
             if row["op"] == op:
                 lines.setdefault((row["layer"], row["name"]), []).append((event["step"], row))
     if not lines:
-        print(f"grad_norms_{slug(label)}.png skipped: no telemetry weights rows for op {op}")
+        print(f"grad_norms_{file_name}.png skipped: no telemetry weights rows for op {op}")
         return
     fig, (ax_l1, ax_l2) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
     for (layer, name), points in sorted(lines.items(), key=lambda item: str(item[0])):
@@ -172,15 +190,15 @@ def plot_grad_norms(label, telemetry, op, out):
     ax_l1.set(ylabel="mean |g| (L1 / numel)", yscale="log", title=f"{op} weight gradient per layer: {label}")
     ax_l2.set(ylabel="L2 norm", yscale="log", xlabel="step")
     ax_l1.legend(fontsize=7)
-    save(fig, out, f"grad_norms_{slug(label)}.png")
+    save(fig, out, f"grad_norms_{file_name}.png")
 
 
-def plot_gains(label, telemetry, out):
+def plot_gains(label, file_name, telemetry, out):
     """Gains per layer and op at the last telemetry step: mean +- std as bars, min and max as ticks
     (NormFormer Fig. 4: the distribution of each norm's gamma per layer)."""
     rows = telemetry[-1]["gains"] if telemetry else []
     if not rows:
-        print(f"gains_{slug(label)}.png skipped: no telemetry gains rows")
+        print(f"gains_{file_name}.png skipped: no telemetry gains rows")
         return
     fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(rows)), 5))
     x = range(len(rows))
@@ -192,10 +210,10 @@ def plot_gains(label, telemetry, out):
     ax.set(ylabel="value", title=f"gains at step {telemetry[-1]['step']}: {label}")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    save(fig, out, f"gains_{slug(label)}.png")
+    save(fig, out, f"gains_{file_name}.png")
 
 
-def plot_attn_logits(label, telemetry, out):
+def plot_attn_logits(label, file_name, telemetry, out):
     """The max attention logit per layer over steps (attention-logit growth: Dehghani et al. 2023 §3.1;
     Wortsman et al. 2023 §3.1)."""
     lines = {}
@@ -203,17 +221,17 @@ def plot_attn_logits(label, telemetry, out):
         for row in event["attn_logit_max"]:
             lines.setdefault(row["layer"], []).append((event["step"], row["value"]))
     if not lines:
-        print(f"attn_logits_{slug(label)}.png skipped: no telemetry attn_logit_max rows")
+        print(f"attn_logits_{file_name}.png skipped: no telemetry attn_logit_max rows")
         return
     fig, ax = plt.subplots(figsize=(8, 5))
     for layer, points in sorted(lines.items()):
         ax.plot(*zip(*points), label=f"layer {layer}")
     ax.set(xlabel="step", ylabel="max attention logit", title=f"attention logits: {label}")
     ax.legend(fontsize=7)
-    save(fig, out, f"attn_logits_{slug(label)}.png")
+    save(fig, out, f"attn_logits_{file_name}.png")
 
 
-def plot_powernorm(label, telemetry, out):
+def plot_powernorm(label, file_name, telemetry, out):
     """PowerNorm's running quadratic mean psi^2 (eq. 10) and backward statistic nu (eq. 11) per layer and norm
     over steps: mean as a line, min..max shaded; nu drifting away from 0 comes before a NaN."""
     lines = {}
@@ -221,7 +239,7 @@ def plot_powernorm(label, telemetry, out):
         for row in event["norm_stats"]:
             lines.setdefault((row["layer"], row["op"]), []).append((event["step"], row))
     if not lines:
-        print(f"powernorm_{slug(label)}.png skipped: no telemetry norm_stats rows")
+        print(f"powernorm_{file_name}.png skipped: no telemetry norm_stats rows")
         return
     fig, axes = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
     for i, (key, points) in enumerate(sorted(lines.items(), key=lambda item: str(item[0]))):
@@ -233,15 +251,15 @@ def plot_powernorm(label, telemetry, out):
     axes[0].set(ylabel="psi^2 (running)", title=f"PowerNorm statistics: {label}")
     axes[1].set(ylabel="nu (running)", xlabel="step")
     axes[0].legend(fontsize=7)
-    save(fig, out, f"powernorm_{slug(label)}.png")
+    save(fig, out, f"powernorm_{file_name}.png")
 
 
-def plot_headroom(label, headroom, out):
+def plot_headroom(label, file_name, headroom, out):
     """Max |x| per op and layer at the last headroom step against float16's largest value 65504 (NormFormer §4,
     Table 3: the first op past it is the failed one). Non-finite values are drawn as red x at the top."""
     rows = headroom[-1]["ops"] if headroom else []
     if not rows:
-        print(f"headroom_{slug(label)}.png skipped: no headroom events")
+        print(f"headroom_{file_name}.png skipped: no headroom events")
         return
     top = 10 * max([FP16_MAX] + [r["max_abs"] for r in rows if math.isfinite(r["max_abs"])])
     fig, ax = plt.subplots(figsize=(max(6, 0.3 * len(rows)), 5))
@@ -256,7 +274,7 @@ def plot_headroom(label, headroom, out):
     ax.set(yscale="log", ylabel="max |x|", title=f"fp16 headroom at step {headroom[-1]['step']}: {label}")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    save(fig, out, f"headroom_{slug(label)}.png")
+    save(fig, out, f"headroom_{file_name}.png")
 
 
 @dataclass
@@ -304,17 +322,17 @@ def plot_runs(paths, opts):
     plot_loss(runs, opts["out"])
     for sweep, summary in sweeps:
         plot_loss_vs_lr(sweep, summary, opts["out"])
-    for label, events in runs:
+    for (label, events), file_name in zip(runs, file_names([label for label, _ in runs])):
         telemetry, headroom = of_kind(events, "telemetry"), of_kind(events, "headroom")
         if not telemetry and not headroom:
             print(f"{label}: per-layer plots skipped: no telemetry or headroom events "
                   "(train.py --telemetry_interval, --fp16_headroom_interval)")
             continue
-        plot_grad_norms(label, telemetry, opts["op"], opts["out"])
-        plot_gains(label, telemetry, opts["out"])
-        plot_attn_logits(label, telemetry, opts["out"])
-        plot_powernorm(label, telemetry, opts["out"])
-        plot_headroom(label, headroom, opts["out"])
+        plot_grad_norms(label, file_name, telemetry, opts["op"], opts["out"])
+        plot_gains(label, file_name, telemetry, opts["out"])
+        plot_attn_logits(label, file_name, telemetry, opts["out"])
+        plot_powernorm(label, file_name, telemetry, opts["out"])
+        plot_headroom(label, file_name, headroom, opts["out"])
 
 
 def main(argv):

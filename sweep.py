@@ -85,7 +85,7 @@ SET_BY_SWEEP = ("lr", "seed", "out_dir", "resume", "overwrite")  # per run; the 
 BOOKKEEPING = ("out_dir", "resume", "overwrite")  # where and how a run starts, not what it trains
 # a variant is a folder name inside --out_dir: no separator, no other character a shell or file system treats apart
 FOLDER_NAME = re.compile(r"[A-Za-z0-9_.=+-]+")
-MAX_COUNT = 10_000  # --seeds and --jobs: larger is a typo, and 1e11 threads would hang the machine
+MAX_COUNT = 10_000  # --seeds, --jobs and the runs of a sweep: larger is a typo, and 1e11 threads would hang the machine
 RUNS_FAILED = 4  # the exit code of a sweep some of whose runs failed (crashed or were refused)
 
 
@@ -133,6 +133,7 @@ def parse_args(argv):
                 recipe=opts.recipe or None, scale=opts.scale)
     if plan.recipe:
         plan = apply_recipe(plan, given)
+        check_scale(plan)
     elif "scale" in given:
         raise UsageError("--scale sizes a recipe; give --recipe=NAME too")
     variants, lrs = plan.variants, plan.lrs
@@ -141,6 +142,10 @@ def parse_args(argv):
     for name in ("seeds", "jobs"):
         if not 1 <= getattr(opts, name) <= MAX_COUNT:
             raise UsageError(f"--{name}={getattr(opts, name)} must be an integer from 1 to {MAX_COUNT}")
+    runs = len(variants) * len(lrs) * plan.seeds
+    if runs > MAX_COUNT:  # each run's flags are resolved before the first starts: a million would take hours
+        raise UsageError(f"{len(variants):,} variants x {len(lrs):,} LRs x {plan.seeds:,} seeds are {runs:,} runs; a "
+                         f"sweep has at most {MAX_COUNT:,} (split it into several --out_dir)")
     if not 0 <= opts.first_seed < 2 ** 63 - MAX_COUNT:
         raise UsageError(f"--first_seed={opts.first_seed} must be an integer from 0 to {2 ** 63 - MAX_COUNT - 1} "
                          "(train.py's --seed is below 2^63)")
@@ -207,19 +212,45 @@ def variant_flags(variant):
 def apply_recipe(plan, given):
     """The plan of --recipe=NAME: the recipe's variants, LRs, seeds, mode, reference, claims and every run's flags
     (recipes.settings, --scale=gpu for the GPU-sized ones); the command line's own train.py flags come after the
-    recipe's, so they win. --out_dir defaults to sweeps/NAME (sweeps/NAME_gpu). Its seeds are part of its design,
-    fixed before the runs: --seeds and --first_seed are refused. given: the names of the sweep options the command
-    line set."""
+    recipe's, so they win, and one its variants set is refused (theirs would win without a word). --out_dir defaults
+    to sweeps/NAME (sweeps/NAME_gpu). Its seeds are part of its design, fixed before the runs: --seeds and
+    --first_seed are refused. given: the names of the sweep options the command line set."""
     if "seeds" in given or "first_seed" in given:
         raise UsageError("a recipe's seeds are part of its design; edit lab/recipes.py and re-run the whole recipe")
     taken = [f"--{name}" for name in ("variants", "lrs", "mode", "reference") if name in given]
     if taken:
         raise UsageError(f"{', '.join(taken)} come from the recipe; run without them, or without --recipe")
     recipe = recipes.settings(plan.recipe, plan.scale)
+    overridden = variant_settings(recipe["variants"]).keys() & configs.parse_flags(plan.train_argv).keys()
+    if overridden:
+        name = sorted(overridden)[0]
+        raise UsageError(f"--{name} is set by the recipe's variants ({variant_settings(recipe['variants'])[name]}), "
+                         f"which come after the command line's flags: --{name} would change nothing; run the recipe "
+                         "without it, or run its variants yourself without --recipe")
     out_dir = plan.out_dir if "out_dir" in given else os.path.join(
         "sweeps", plan.recipe + ("_gpu" if plan.scale == "gpu" else ""))
     return dataclasses.replace(plan, **{**recipe, "out_dir": out_dir,
                                         "train_argv": [*recipe["train_argv"], *plan.train_argv]})
+
+
+def check_scale(plan):
+    """--scale=gpu runs where a GPU is, or where the command line asks for its device (--device=cpu): GPU-sized runs
+    that --device=auto would put on this machine's CPU are refused (--dry_run prints them for a GPU node)."""
+    if plan.scale == "gpu" and not plan.dry_run and "device" not in configs.parse_flags(plan.train_argv) and \
+            runtime.concrete_device("auto") == "cpu":
+        raise UsageError("--scale=gpu is the recipe at a GPU's size (GPT-3 Small's shape, 65K tokens a step), and this "
+                         "machine has no CUDA GPU: its runs would take days on the CPU; run it on a GPU node, add "
+                         "--dry_run for its commands, or give --device=cpu to run it here anyway")
+
+
+def variant_settings(variants):
+    """{flag: the first variant that sets it} of the flags the variants set ("preset" for a preset's name): they
+    come after the flags every run gets (train_flags), so they win over them."""
+    found = {}
+    for variant in variants:
+        for part in variant.split("+"):
+            found.setdefault(part.partition("=")[0] if "=" in part else "preset", variant)
+    return found
 
 
 def check_reference(plan):

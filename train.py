@@ -53,7 +53,7 @@ def get_lr(step, tc):
     return tc.min_lr + coeff * (tc.lr - tc.min_lr)
 
 
-def train(model_cfg, tc, machine, checkpoint, events, folder, meta, stop):
+def train(model_cfg, tc, machine, checkpoint, events, changes, folder, meta, stop):
     """Evaluate and checkpoint every eval_interval steps; between, one optimizer step of grad_accum micro-batches
     per process. Returns the exit code: 0 done, 3 diverged, 130 stopped by Ctrl-C, SIGTERM or SIGHUP (with a
     checkpoint)."""
@@ -63,8 +63,8 @@ def train(model_cfg, tc, machine, checkpoint, events, folder, meta, stop):
     if checkpoint:
         step, best_val, best_step = run_folder.restore(checkpoint, raw_model, optimizer, scaler, tc, machine)
         instruments.load_state_dict(checkpoint)  # a resumed run flags, skips and diverges where the whole one would
-    log_path = run_folder.start_run(model_cfg, tc, machine, raw_model, step if checkpoint else None, events, folder,
-                                     meta)
+    log_path = run_folder.start_run(model_cfg, tc, machine, raw_model, step if checkpoint else None, events, changes,
+                                     folder, meta)
     model = torch.compile(raw_model) if tc.compile else raw_model
     if machine.ddp:
         model = DDP(model, device_ids=[int(machine.device.split(":")[1])] if machine.device_type == "cuda" else None)
@@ -261,6 +261,8 @@ def setup(argv, machine):
     checkpoint = run_folder.newest_checkpoint(flag_tc.out_dir, machine.master) if flag_tc.resume else None
     model_cfg, tc, device = configs.resolve(given, checkpoint, machine.world_size)
     events = run_folder.past_events(tc.out_dir, machine.master) if checkpoint else []
+    # what this resume changed of the run's settings (those it may change: configs.RESUME), logged and said
+    changes = configs.resume_changes(checkpoint["train_config"], tc) if checkpoint else {}
     # every process asks: data.prepare's file lock lets one process per disk tokenize while the others wait
     folder = data.prepare(tc.dataset, tc.tokenizer, tc.data_dir)
     meta = data.load_meta(folder)
@@ -271,8 +273,8 @@ def setup(argv, machine):
             print(warning, file=sys.stderr)
     runtime.start(device, machine)
     lock = run_folder.claim(tc.out_dir, fresh, machine)
-    return dict(model_cfg=model_cfg, tc=tc, machine=machine, checkpoint=checkpoint, events=events, folder=folder,
-                meta=meta), lock
+    return dict(model_cfg=model_cfg, tc=tc, machine=machine, checkpoint=checkpoint, events=events, changes=changes,
+                folder=folder, meta=meta), lock
 
 
 def fail(code, error, machine):

@@ -17,7 +17,9 @@ files as they were before it. A run stopped by Ctrl-C ends with `interrupted`, w
 import contextlib
 import dataclasses
 import json
+import math
 import os
+import shlex
 import sys
 
 import torch
@@ -206,7 +208,28 @@ def read_checkpoint(path):
     missing = [k for k in CHECKPOINT_KEYS if not isinstance(checkpoint, dict) or k not in checkpoint]
     if missing:
         raise UsageError(f"{path} is not a nanonorm checkpoint (it lacks {', '.join(missing)})")
+    damage = damaged_value(checkpoint)
+    if damage:
+        raise UsageError(f"{path} is not a nanonorm checkpoint ({damage}); it is damaged or not train.py's")
     return checkpoint
+
+
+def damaged_value(checkpoint):
+    """What is wrong with a checkpoint's values ("step is -5, not an integer >= 0"), or None: a resume truncates
+    the log to its step and compares losses with its best_val, so each is checked before anything is written."""
+    for name in ("step", "best_step"):
+        value = checkpoint.get(name, 0)
+        if type(value) is not int or value < 0:
+            return f"{name} is {value!r:.40}, not an integer >= 0"
+    if type(checkpoint["best_val"]) not in (int, float) or math.isnan(checkpoint["best_val"]):
+        return f"best_val is {checkpoint['best_val']!r:.40}, not a number"
+    for name in ("model", "optimizer", "scaler", "model_config", "train_config"):
+        if not isinstance(checkpoint[name], dict):
+            return f"{name} is a {type(checkpoint[name]).__name__}, not a dict"
+    rng = checkpoint["rng"]
+    if not (isinstance(rng, list) and rng and all(isinstance(state, dict) and "cpu" in state for state in rng)):
+        return "rng is not a list of each process's RNG states"
+    return None
 
 
 def same_file(path, other):
@@ -291,10 +314,12 @@ def past_events(out_dir, master):
     return events
 
 
-def write_run_files(model_cfg, tc, machine, resumed_step, events, meta):
+def write_run_files(model_cfg, tc, machine, resumed_step, events, changes, meta):
     """A fresh run removes an old one's files (--overwrite) and starts an empty log; a resumed one keeps the
     events up to its checkpoint's step (the steps after it, logged before a crash or a kill, are trained and
-    logged again). config.json holds the resolved configs and the data's description (meta.json)."""
+    logged again), then a "resumed" event with the settings it changed, if any ({flag: [was, now]}: config.json
+    holds the new values, so the log says from which step they hold). config.json holds the resolved configs and
+    the data's description (meta.json)."""
     if tc.overwrite and resumed_step is None:
         for name in run_files(tc.out_dir):
             try:
@@ -304,6 +329,8 @@ def write_run_files(model_cfg, tc, machine, resumed_step, events, meta):
     # a run's end (diverged, done) at its checkpoint's step is not kept: the resumed run logs its own end
     kept = [e for e in events if resumed_step is not None and e["step"] <= resumed_step
             and not (e["step"] == resumed_step and e["event"] in run_reader.ENDS)]
+    if changes:
+        kept.append({"event": "resumed", "step": resumed_step, "changed": changes})
     files.write_atomic(run_reader.log_path(tc.out_dir), "".join(json.dumps(e) + "\n" for e in kept).encode())
     sequences = tc.batch_size * tc.grad_accum * machine.world_size
     config = {"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(tc), "world_size": machine.world_size,
@@ -312,13 +339,18 @@ def write_run_files(model_cfg, tc, machine, resumed_step, events, meta):
     files.write_atomic(run_reader.config_path(tc.out_dir), json.dumps(config, indent=2).encode())
 
 
-def start_run(model_cfg, tc, machine, model, resumed_step, events, folder, meta):
+def start_run(model_cfg, tc, machine, model, resumed_step, events, changes, folder, meta):
     """The run folder's files (write_run_files, by process 0; a failure stops every process) and the run's first
-    lines. Returns the log's path."""
+    lines, with a line for what a resume changed. Returns the log's path."""
     log_path = run_reader.log_path(tc.out_dir)
-    on_process_0(lambda: write_run_files(model_cfg, tc, machine, resumed_step, events, meta), machine)
+    on_process_0(lambda: write_run_files(model_cfg, tc, machine, resumed_step, events, changes, meta), machine)
     if not machine.master:
         return log_path
+    said = {name: values for name, values in changes.items() if name not in ("dtype", "compile", "device")}
+    if said:  # the machine's settings are in the line below, and restore says a dtype change
+        print(f"train.py: note: resumed at step {resumed_step} with " + ", ".join(
+            f"--{name}={now} (was {was})" for name, (was, now) in said.items()) + "; from this step on (log.jsonl: "
+            "a resumed event)", file=sys.stderr)
     sequences = tc.batch_size * tc.grad_accum * machine.world_size
     print(f"{model.num_params():,} parameters | data {folder} | unigram entropy of val {meta['unigram_entropy']:.4f} "
           f"nats/token | device {runtime.describe_device(machine.device)} {tc.dtype} x{machine.world_size} | global "
@@ -337,8 +369,9 @@ def interrupted(step, tc, machine, log_path):
         log_event(log_path, {"event": "interrupted", "step": step})
         launcher = f"torchrun --nproc_per_node={machine.world_size}" if machine.ddp else "python"
         with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone; the log has said it
+            # quoted for a shell: an out_dir may hold spaces, quotes or $
             print(f"interrupted at step {step}; the checkpoint is saved. To continue: "
-                  f"{launcher} train.py --out_dir={tc.out_dir} --resume")
+                  f"{launcher} {shlex.join(['train.py', f'--out_dir={tc.out_dir}', '--resume'])}")
     return 130
 
 

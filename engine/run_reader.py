@@ -18,6 +18,16 @@ CHECKPOINT = "ckpt.pt"  # the newest checkpoint; ckpt-<step>.pt names the kept o
 ENDS = ("diverged", "done")  # the events that end a run
 
 
+def parse_json(text):
+    """json.loads, with a file nested deeper than Python's recursion limit ('[' * 100000) a ValueError like any other
+    text that is not JSON nanonorm wrote (json.loads raises RecursionError on it). Every JSON reader of nanonorm's
+    files reads through it."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply to be JSON nanonorm wrote") from None
+
+
 def config_path(run_dir):
     return os.path.join(run_dir, CONFIG)
 
@@ -58,7 +68,7 @@ def read_config(run_dir):
     if not os.path.lexists(path):
         return None
     try:
-        config = json.loads(read_own(path))  # a regular file only: never through a link, never a FIFO
+        config = parse_json(read_own(path))  # a regular file only: never through a link, never a FIFO
     except (OSError, ValueError):
         config = None
     if not (isinstance(config, dict) and all(isinstance(config.get(k), dict) for k in ("model", "train"))):
@@ -173,7 +183,7 @@ def read_log(path):
     events = []
     for number, line in enumerate(lines, 1):
         try:
-            event = json.loads(line.decode("utf-8"))
+            event = parse_json(line.decode("utf-8"))
         except UnicodeDecodeError:
             raise UsageError(f"{path}:{number}: not UTF-8 text; it is not a log nanonorm wrote") from None
         except ValueError:

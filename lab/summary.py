@@ -4,7 +4,9 @@ comparisons of each variant with its reference (lab/stats.py's tests), a recipe'
 summary.json, summary.csv and the Markdown tables on stdout. sweep.py's docstring says what each mode summarizes.
 """
 
+import contextlib
 import csv
+import fcntl
 import io
 import json
 import math
@@ -32,6 +34,7 @@ from lab import schema
 from lab import stats
 from lab.tables import claims_table, side_text, value_text
 
+SWEEP_LOCK = "sweep.lock"  # held while a summary is made (sweep_lock)
 FINISHED_CODES = (0, 3)  # train.py: 0 finished, 3 diverged
 METRICS = {"ramp": ("steps_survived", "peak_lr"), "lr": ("final_loss", "spikes", "attn_logit_max", "log_z")}
 # a summary.json that sweep.py cannot read back is left as it is, not overwritten
@@ -529,35 +532,57 @@ def no_verdict(total, failed, elsewhere):
     return "; ".join(parts) or None
 
 
+@contextlib.contextmanager
+def sweep_lock(out_dir):
+    """The sweep folder's lock (flock on out_dir/sweep.lock), waited for and held while a summary is made: two
+    sweeps writing one folder at once take turns, so neither loses the other's summary or wall time. The kernel
+    drops it when its holder ends, however it ends. Opened without following a symlink: a link in its place is a
+    WriteError, not a write through it."""
+    path = os.path.join(out_dir, SWEEP_LOCK)
+    try:
+        lock = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as e:
+        raise files.cannot_write(path, e) from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(lock)
+
+
 def write_summary(sweep, runs, wall_s=0.0):
     """summary.json, summary.csv and Markdown tables on stdout. wall_s: this invocation's time running runs, added
     to the previous summary's, so the summary says how long the whole sweep took; where it ran nothing (0), the
     previous summary's machine, date and load stay, as they are the runs'. A recipe whose runs are not all finished
     publishes its claims' numbers without a verdict, and the summary says why (no_verdict). Returns the number of
     failed runs (missing_runs)."""
-    records = [run_record(run) for run in runs]
-    failed, elsewhere = missing_runs(runs, records)
-    os.makedirs(sweep.out_dir, exist_ok=True)
-    rows = ramp_rows(records) if sweep.mode == "ramp" else lr_rows(records, sweep.lrs)
-    compared = (comparisons(records, sweep.mode, sweep.lrs, sweep.variants, sweep.reference,
-                            sweep.claims) if sweep.reference else [])
-    previous = previous_summary(sweep.out_dir)
-    where = previous["machine"] if wall_s == 0 and "machine" in previous else machine()
-    judged = claims_lib.judge(records, sweep.claims, sweep.reference, sweep.lrs) if sweep.recipe else []
-    why = no_verdict(len(records), failed, elsewhere) if sweep.recipe else None
-    for claim in judged if why else []:
-        claim.update(verdict=f"no verdict ({why})", reading="no verdict")
-    summary = {"mode": sweep.mode, "reference": sweep.reference, "variants": rows, "comparisons": compared,
-               "recipe": recipe_record(sweep) if sweep.recipe else None, "claims": judged, "no_verdict": why,
-               "failed_runs": failed, "running_elsewhere": elsewhere, "machine": where,
-               "wall_s": wall_s + previous.get("wall_s", 0.0), "runs": records}
-    # inf (a diverged run's loss) is written as Infinity, which Python's json reads back
-    files.write_atomic(os.path.join(sweep.out_dir, "summary.json"), json.dumps(summary, indent=1).encode())
-    table = io.StringIO()
-    writer = csv.DictWriter(table, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
-    writer.writeheader()
-    writer.writerows({k: value_text(v, plain=True) for k, v in row.items()} for row in rows)
-    files.write_atomic(os.path.join(sweep.out_dir, "summary.csv"), table.getvalue().encode())
+    try:
+        os.makedirs(sweep.out_dir, exist_ok=True)
+    except OSError as e:
+        raise files.cannot_write(sweep.out_dir, e) from None
+    with sweep_lock(sweep.out_dir):  # the runs and the previous summary read, and the new one written, in one turn
+        records = [run_record(run) for run in runs]
+        failed, elsewhere = missing_runs(runs, records)
+        rows = ramp_rows(records) if sweep.mode == "ramp" else lr_rows(records, sweep.lrs)
+        compared = (comparisons(records, sweep.mode, sweep.lrs, sweep.variants, sweep.reference,
+                                sweep.claims) if sweep.reference else [])
+        previous = previous_summary(sweep.out_dir)
+        where = previous["machine"] if wall_s == 0 and "machine" in previous else machine()
+        judged = claims_lib.judge(records, sweep.claims, sweep.reference, sweep.lrs) if sweep.recipe else []
+        why = no_verdict(len(records), failed, elsewhere) if sweep.recipe else None
+        for claim in judged if why else []:
+            claim.update(verdict=f"no verdict ({why})", reading="no verdict")
+        summary = {"mode": sweep.mode, "reference": sweep.reference, "variants": rows, "comparisons": compared,
+                   "recipe": recipe_record(sweep) if sweep.recipe else None, "claims": judged, "no_verdict": why,
+                   "failed_runs": failed, "running_elsewhere": elsewhere, "machine": where,
+                   "wall_s": wall_s + previous.get("wall_s", 0.0), "runs": records}
+        # inf (a diverged run's loss) is written as Infinity, which Python's json reads back
+        files.write_atomic(os.path.join(sweep.out_dir, "summary.json"), json.dumps(summary, indent=1).encode())
+        table = io.StringIO()
+        writer = csv.DictWriter(table, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
+        writer.writeheader()
+        writer.writerows({k: value_text(v, plain=True) for k, v in row.items()} for row in rows)
+        files.write_atomic(os.path.join(sweep.out_dir, "summary.csv"), table.getvalue().encode())
     if failed + elsewhere:
         print(f"{failed + elsewhere} of {len(records)} runs did not finish ({elsewhere} of them still running in "
               "another process; see the others' .out files); the summary leaves them out")

@@ -103,7 +103,7 @@ def test_a_pair_whose_arms_both_diverge_from_different_initial_losses_has_d_zero
 
 
 def test_a_nan_loss_at_initialization_is_a_failed_run_not_a_crash(tmp_path):
-    # init=plain+init_std=1e300: the loss is NaN from the first evaluation on
+    # a loss that is NaN from the first evaluation on, as an init that overflows gives
     events = [{"event": "eval", "lr": 1e-2, "step": 0, "val_loss": math.nan},
               {"event": "train", "step": 1, "lr": 1e-2, "loss": math.nan},
               {"event": "eval", "lr": 1e-2, "step": 10, "val_loss": math.nan}]

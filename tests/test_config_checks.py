@@ -19,19 +19,19 @@ TINY = tiny(log_interval=None, max_iters=4)
 # (flags, a piece of the message); "FILE" stands for a path that is a plain file, "DANGLING" for a symlink to
 # nothing, "LOOP" for a symlink to itself
 BAD = [
-    (["--lr=0"], "--lr=0.0 must be > 0"),
-    (["--lr=-1"], "--lr=-1.0 must be > 0"),
-    (["--lr=1e300"], "--lr=1e+300 must be at most 1000"),
+    (["--lr=0"], "--lr=0.0 must be in (0, 1000]"),
+    (["--lr=-1"], "--lr=-1.0 must be in (0, 1000]"),
+    (["--lr=1e300"], "--lr=1e+300 must be in (0, 1000]"),
     (["--lr=inf"], "--lr=inf is not a finite number"),
     (["--lr=nan"], "--lr=nan is not a finite number"),
     (["--lr=abc"], "--lr=abc is not a valid float"),
     (["--lr"], "--lr needs a value"),
-    (["--min_lr=-0.1"], "--min_lr=-0.1 must be in [0, --lr="),
+    (["--min_lr=-0.1"], "--min_lr=-0.1 must be in [0, 1000]"),
     (["--min_lr=0.01"], "--min_lr=0.01 must be in [0, --lr=0.003]"),
     (["--min_lr=nan"], "not a finite number"),
     (["--grad_clip=-0.5"], "--grad_clip=-0.5 must be >= 0"),
     (["--grad_clip=inf"], "not a finite number"),
-    (["--weight_decay=-0.1"], "--weight_decay=-0.1 must be >= 0"),
+    (["--weight_decay=-0.1"], "--weight_decay=-0.1 must be in [0, 10]"),
     (["--weight_decay=nan"], "not a finite number"),
     (["--beta1=1.0"], "--beta1=1.0 must be in [0, 1)"),
     (["--beta1=-0.1"], "--beta1=-0.1 must be in [0, 1)"),
@@ -51,7 +51,7 @@ BAD = [
     (["--keep_checkpoints=0"], "--keep_checkpoints=0 must be a positive integer"),
     (["--seed=-1"], "--seed=-1 must be in [0, 2^63)"),
     (["--norm_eps=nan"], "--norm_eps=nan is not a finite number"),
-    (["--norm_eps=0"], "--norm_eps=0.0 must be > 0"),
+    (["--norm_eps=0"], "--norm_eps=0.0 must be in (0, 1]"),
     (["--dropout=1.0"], "--dropout=1.0 must be in [0, 1)"),
     (["--dropout=nan"], "not a finite number"),
     (["--init_std=inf"], "--init_std=inf is not a finite number"),
@@ -93,8 +93,16 @@ BAD = [
     (["--device=cpu:100000000000000000000"], "is not a device; choose auto, cpu, cuda, cuda:N or mps (N < 10000)"),
     (["--lr=1_0e-3"], "--lr=1_0e-3 is not a valid float; give a number (ASCII digits"),
     (["--lr=\u0661e-3"], "is not a valid float"),  # an Arabic-Indic 1: float() would take it
-    (["--attn_softcap=1e-310"], "--attn_softcap=1e-310 must be 0 (off) or >= 0.001"),
-    (["--logit_softcap=1e-300"], "--logit_softcap=1e-300 must be 0 (off) or >= 0.001"),
+    (["--attn_softcap=1e-310"], "--attn_softcap=1e-310 must be 0 (off) or in [0.001, 10000]"),
+    (["--init_std=1e300"], "--init_std=1e+300 must be in (0, 1]"),
+    (["--preset=olmo2", "--norm=batchnorm"], "--norm=batchnorm has no per-token statistic over head_dim (use one "
+     "of layernorm, rmsnorm, cogview, dyt) (the preset olmo2 sets --qk_norm=True)"),
+    (["--norm=dyt", "--dyt_alpha=1e300"], "--dyt_alpha=1e+300 must be in (0, 10]"),
+    (["--diverge_loss=-1"], "--diverge_loss=-1.0 must be > 0"),
+    (["--norm_eps=1e300"], "--norm_eps=1e+300 must be in (0, 1]"),
+    (["--layer_scale", "--layer_scale_init=1e300"], "--layer_scale_init=1e+300 must be in (0, 1]"),
+    (["--logit_softcap=1e300"], "--logit_softcap=1e+300 must be 0 (off) or in [0.001, 10000]"),
+    (["--logit_softcap=1e-300"], "--logit_softcap=1e-300 must be 0 (off) or in [0.001, 10000]"),
     (["--data_dir="], "--data_dir is empty (it would prepare into the current folder)"),
     (["--out_dir=" + "x" * 300], "a name in it is 300 bytes long"),
 ]
@@ -199,6 +207,8 @@ NO_EFFECT = [
     (["--pn_alpha_fwd=0.5"], "--pn_alpha_fwd has no effect with --norm=layernorm"),
     (["--norm=batchnorm", "--pn_alpha_bwd=0.5"], "--pn_alpha_bwd has no effect with --norm=batchnorm"),
     (["--norm=none", "--norm_eps=1e-3"], "--norm_eps has no effect with --norm=none"),
+    # the flag that makes it so was set by the preset, not typed: the warning says which
+    (["--preset=dyt", "--norm_eps=1e-3"], "--norm_eps has no effect with --norm=dyt (the preset dyt sets --norm=dyt)"),
     (["--layer_scale_init=0.1"], "--layer_scale_init has no effect with --layer_scale=False"),
     (["--lr_schedule=constant", "--min_lr=0"], "--min_lr has no effect with --lr_schedule=constant"),
     (["--dyt_alpha=0.3"], "--dyt_alpha has no effect with --norm=layernorm"),
@@ -213,7 +223,8 @@ NO_EFFECT = [
     (["--subln=True", "--scale_fc=True"],
      "--scale_fc has no effect with --subln=True (SubLN puts the same norm before W_2)"),
     (["--preset=gemma2", "--attn_impl=sdpa"],
-     "--attn_impl has no effect with --attn_softcap=50.0 (a soft-cap forces the manual attention path)"),
+     "--attn_impl has no effect with --attn_softcap=50.0 (a soft-cap forces the manual attention path) (the preset "
+     "gemma2 sets --attn_softcap=50.0)"),
 ]
 
 

@@ -1,6 +1,7 @@
 """configurable.txt agrees with the code, and train.py's flags parse (or fail with one line) as documented."""
 
 import dataclasses
+import math
 import os
 import re
 import typing
@@ -62,8 +63,35 @@ def test_catalog_allowed_values_match_the_code():
             assert values == choices, f"{name}: catalog allows {allowed}, code allows {choices}"
         elif kind is bool:
             assert allowed == ("bool, or None" if optional else "bool") or allowed.startswith("bool, or None ("), name
-        elif kind in (int, float):
-            assert allowed.startswith(kind.__name__), f"{name}: allowed values should start with {kind.__name__}"
+        elif kind is float:
+            # the range the checks read (flags.FLOAT_RANGES), as the catalog says it
+            assert name in flags.FLOAT_RANGES, f"{name} is a float flag without a range in flags.FLOAT_RANGES"
+            said = f"float {flags.FLOAT_RANGES[name].text()}"
+            assert allowed.startswith(said), f"{name}: catalog allows {allowed}, FLOAT_RANGES allows {said}"
+        elif kind is int:
+            assert allowed.startswith("int"), f"{name}: allowed values should start with int"
+
+
+@pytest.mark.parametrize("name", sorted(flags.FLOAT_RANGES))
+def test_every_float_flag_is_refused_outside_its_range_and_taken_at_its_ends(name):
+    """Each end of each range, and a value just past it, through the one resolution of the flags (configs.resolve):
+    inside it builds, outside it is one line naming the flag and the range the catalog says."""
+    bounds = flags.FLOAT_RANGES[name]
+    ends = [bounds.low, *([bounds.high] if bounds.high != math.inf else [1e300])]
+    inside = [v for v, included in zip(ends, (bounds.low_in, bounds.high_in or bounds.high == math.inf)) if included]
+    outside = [v for v, included in zip(ends, (bounds.low_in, bounds.high_in)) if not included]
+    outside += [bounds.low - max(abs(bounds.low), 1) / 2] + ([bounds.high * 2] if bounds.high != math.inf else [])
+    if bounds.off:
+        inside.append(0.0)
+        outside = [v for v in outside if v != 0] + [bounds.low / 2]
+    base = {"init": "plain"} if name == "init_std" else {}
+    for value in inside:
+        configs.resolve({**base, "min_lr": 0.0, "lr": max(value, 1e-3) if name == "min_lr" else 4e-3, name: value},
+                        machine=False)
+    for value in outside:
+        with pytest.raises(flags.UsageError) as error:
+            configs.resolve({**base, name: value}, machine=False)
+        assert str(error.value).startswith(f"--{name}={value} must be {bounds.text()}"), str(error.value)
 
 
 def read_catalog_presets():

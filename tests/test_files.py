@@ -28,8 +28,8 @@ import configs
 import sweep
 import train
 from engine import files, flags, run_folder, run_reader, runtime
-from conftest import (PAUSED_TRAIN, ROOT, SWEEP_TINY, TINY, FailingWrites, events, prepared, torchrun, train_argv,
-                      train_process)
+from conftest import (PAUSED_TRAIN, ROOT, SWEEP_TINY, TINY, FailingWrites, events, prepared, resumed_line, torchrun,
+                      train_argv, train_process)
 
 
 def flags_of(corpus, out, *more):
@@ -211,7 +211,9 @@ def test_a_disk_that_fills_or_turns_read_only_mid_run_loses_nothing(corpus, chec
             FailingWrites(patch, errno.EROFS, under=checkpointed, once=checkpointed / "ckpt-6.pt")
             failed, saved = "log.jsonl", 6
         assert train.main([*common, "--resume"]) == 1
-    one_line(capsys.readouterr().err, f"cannot write {checkpointed / failed}")
+    resumed, failure = capsys.readouterr().err.split("\n", 1)
+    assert resumed == resumed_line(4, 8, 4)
+    one_line(failure, f"cannot write {checkpointed / failed}")
     lines = (checkpointed / "log.jsonl").read_bytes()
     assert lines.endswith(b"\n") and run_reader.read_log(str(checkpointed / "log.jsonl"))[1] == ""
     assert torch.load(checkpointed / "ckpt.pt", weights_only=True)["step"] == saved
@@ -251,7 +253,15 @@ FOREIGN_LOGS = [
     (b'{"event": 7, "step": 3}\n', ':1: not an event'),
     (b'{"event": "train", "step": 1}\n{"event": "caf\xe9"}\n', ":2: not UTF-8 text"),
     (b'\n', ":1: not JSON"),
+    (b'{"event": "train", "step": 1}\n' + b"[" * 100_000 + b"\n", ":2: not JSON"),  # past json's recursion limit
 ]
+
+
+def test_read_config_refuses_a_config_json_nested_past_the_recursion_limit(tmp_path):
+    (tmp_path / "config.json").write_bytes(b'{"model": ' + b"[" * 100_000)
+    with pytest.raises(flags.UsageError) as e:
+        run_reader.read_config(str(tmp_path))
+    assert f"{tmp_path / 'config.json'} is not a config.json train.py wrote" in str(e.value)
 
 
 @pytest.mark.parametrize("content, says", FOREIGN_LOGS)
@@ -310,7 +320,8 @@ def test_resume_drops_a_torn_last_line_with_a_note(corpus, checkpointed, capsys)
     capsys.readouterr()
     assert train.main(flags_of(corpus, checkpointed, "--resume", "--max_iters=6")) == 0
     assert capsys.readouterr().err.splitlines() == [
-        f"train.py: note: {log}:{torn_line}: the last line was cut short (a killed run); left out"]
+        f"train.py: note: {log}:{torn_line}: the last line was cut short (a killed run); left out",
+        resumed_line(4, 6, 4)]
     assert steps(checkpointed) == [1, 2, 3, 4, 5, 6]
 
 
@@ -320,7 +331,8 @@ def test_resume_with_a_deleted_log_says_so_and_logs_from_the_checkpoint(corpus, 
     capsys.readouterr()
     assert train.main(flags_of(corpus, checkpointed, "--resume", "--max_iters=6")) == 0
     assert capsys.readouterr().err.splitlines() == [
-        f"train.py: note: {log} is missing; the resumed run's log starts at its checkpoint's step"]
+        f"train.py: note: {log} is missing; the resumed run's log starts at its checkpoint's step",
+        resumed_line(4, 6, 4)]
     assert steps(checkpointed) == [5, 6]
 
 
@@ -508,13 +520,13 @@ def test_a_fifo_in_place_of_ckpt_pt_is_refused_and_an_older_checkpoint_resumes(c
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines() == [f"train.py: note: cannot read {checkpointed / 'ckpt.pt'}: it is not a regular "
                                         "file (a FIFO, socket or device, which could block a read forever); resuming "
-                                        f"from {checkpointed / 'ckpt-2.pt'}"]
+                                        f"from {checkpointed / 'ckpt-2.pt'}", resumed_line(2, 6, 4)]
     assert steps(checkpointed) == [1, 2, 3, 4, 5, 6]
 
 
 # Bad input under a real 2-process torchrun
 
-@pytest.mark.parametrize("bad, says", [("--lr=0", "--lr=0.0 must be > 0"),
+@pytest.mark.parametrize("bad, says", [("--lr=0", "--lr=0.0 must be in (0, 1000]"),
                                        ("--block_size=100000", "too few for --block_size=100000")])
 @pytest.mark.slow
 def test_bad_input_under_torchrun_is_one_line_from_process_0_and_exit_code_2_on_every_process(corpus, tmp_path, bad,

@@ -1449,7 +1449,7 @@ def test_learned_embed_scale_starts_at_sqrt_d_and_its_gradient_is_the_chain_rule
     expected = (upstream * model.wte.weight[idx].detach()).sum()
     torch.testing.assert_close(model.embed_gain.grad, expected, rtol=1e-12, atol=0)
     assert build(embed_scale_learned=True).embed_gain is None  # no --embed_scale, no multiplier to learn
-    warnings = configs.no_effect_warnings({"embed_scale_learned"}, GPTConfig(embed_scale_learned=True),
+    warnings = configs.no_effect_warnings({"embed_scale_learned": True}, GPTConfig(embed_scale_learned=True),
                                           configs.TrainConfig())
     assert warnings == ["train.py: warning: --embed_scale_learned has no effect with --embed_scale=False"]
 

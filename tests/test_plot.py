@@ -178,6 +178,20 @@ def test_a_torn_last_line_is_left_out_with_a_note(tmp_path, capsys):
     check_png(tmp_path / "png" / "loss.png")
 
 
+def test_a_run_in_a_hidden_folder_is_plotted_and_runs_named_alike_keep_their_own_plots(tmp_path, capsys):
+    """--lrs=.01 names a run's folder .01/; "a b" and "a_b" slug alike, as do the same run names in two sweeps."""
+    for run in ("sweep/.01/0", "sweep/a b", "sweep/a_b", "other/a_b"):
+        hand_run(tmp_path / run, json.dumps(telemetry(4, random.Random(0))).encode() + b"\n")
+    assert plot.main([str(tmp_path / "sweep"), str(tmp_path / "other"), f"--out={tmp_path / 'png'}"]) == 0
+    capsys.readouterr()
+    gains = sorted(path.name for path in (tmp_path / "png").glob("gains_*.png"))
+    assert gains == ["gains_.01_0.png", "gains_a_b+1.png", "gains_a_b+2.png", "gains_a_b+3.png"]
+    grads = sorted(path.name for path in (tmp_path / "png").glob("grad_norms_*.png"))
+    assert grads == [name.replace("gains_", "grad_norms_") for name in gains]
+    for name in gains:
+        check_png(tmp_path / "png" / name)
+
+
 @pytest.mark.parametrize("make, expected", [
     (lambda run: hand_run(run, b"not json\n", b'{"event": "train"}\n'), "log.jsonl:5: not JSON"),
     (lambda run: hand_run(run, b'{"event": "train", "step": 4, "loss": 4.0}\n'),
@@ -199,6 +213,7 @@ def test_a_foreign_log_is_one_line_naming_the_file_and_line(tmp_path, capsys, ma
 DAMAGES = {
     "not JSON": (lambda path, _: path.write_bytes(b'{"mode": "lr", "varia'), ": not JSON"),
     "not an object": (lambda path, _: path.write_text("[1, 2]"), ": a list, not an object"),
+    "nested too deeply": (lambda path, _: path.write_text("[" * 100_000), ": not JSON"),
     "a key missing": (lambda path, summary: path.write_text(json.dumps(summary)), ": runs[1].status is missing"),
     "a folder": (lambda path, _: path.mkdir(), " is a folder"),
     "a FIFO": (lambda path, _: os.mkfifo(path), " is not a regular file"),

@@ -1,8 +1,10 @@
 """Nothing lost: Ctrl-C, kill -9 at several points, failed checkpoint writes, kept checkpoints, inconsistent
 resumes, and exact resume under torchrun with gradient accumulation and dropout."""
 
+import dataclasses
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -13,9 +15,10 @@ import pytest
 import torch
 
 from engine import run_folder
+import configs
 import model
 import train
-from conftest import PAUSED_TRAIN, ROOT, events, prepared, tiny, torchrun, train_argv
+from conftest import PAUSED_TRAIN, ROOT, events, prepared, resumed_line, tiny, torchrun, train_argv
 
 TINY = tiny(dropout="0.1")
 
@@ -86,6 +89,7 @@ def test_a_failed_checkpoint_write_keeps_the_previous_one_and_stops(corpus, tmp_
     monkeypatch.setattr(torch, "save", disk_full)
     assert train.main(flags(corpus, out, "--resume", "--max_iters=8")) == 1
     assert capsys.readouterr().err.splitlines() == [
+        resumed_line(2, 8, 2),
         f"train.py: cannot write {out / 'ckpt.pt'} (No space left on device); the previous checkpoint is kept"]
     assert (out / "ckpt.pt").read_bytes() == good
     assert not (out / "ckpt.pt.tmp").exists()
@@ -111,11 +115,20 @@ def test_resume_falls_back_to_the_newest_loadable_checkpoint(corpus, tmp_path, r
             f.truncate(100)
     capsys.readouterr()
     assert train.main(flags(corpus, out, "--resume", "--max_iters=12")) == 0
-    notes = capsys.readouterr().err.splitlines()
+    *notes, changed = capsys.readouterr().err.splitlines()
+    assert changed == resumed_line(6, 12, 9)
     assert len(notes) == 2 and all("resuming from" in n and n.endswith("ckpt-6.pt") for n in notes)
     steps = [s for s, _ in losses(out)]
     assert steps == list(range(1, 13))  # steps 7..9 of the first run were dropped from the log, not repeated
     assert losses(out)[:9] == losses(reference)
+
+
+def test_the_printed_resume_command_is_quoted_for_a_shell(corpus, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "my run's $HOME"
+    signal_at(monkeypatch, 1, times=1)
+    assert train.main(flags(corpus, out, "--max_iters=3", "--eval_interval=3")) == 130
+    command = capsys.readouterr().out.split("To continue: ")[1]
+    assert shlex.split(command) == ["python", "train.py", f"--out_dir={out}", "--resume"]
 
 
 def test_extending_a_finished_run_keeps_its_schedule(corpus, tmp_path, capsys):
@@ -162,6 +175,16 @@ FOREIGN = [
      "the checkpoint's config is not nanonorm's"),
     ("a list", lambda c: [1, 2, 3], "is not a nanonorm checkpoint"),
     ("two processes", lambda c: {**c, "rng": c["rng"] * 2}, "written by 2 processes, this run has 1"),
+    # values, not only keys: each is read before log.jsonl is cut back to the checkpoint's step
+    ("a negative step", lambda c: {**c, "step": -5}, "(step is -5, not an integer >= 0)"),
+    ("a step as text", lambda c: {**c, "step": "2"}, "(step is '2', not an integer >= 0)"),
+    ("best_val as text", lambda c: {**c, "best_val": "x"}, "(best_val is 'x', not a number)"),
+    ("train_config as text", lambda c: {**c, "train_config": "oops"}, "(train_config is a str, not a dict)"),
+    ("no RNG states", lambda c: {**c, "rng": []}, "(rng is not a list of each process's RNG states)"),
+    ("a config value of another type", lambda c: {**c, "train_config": {**c["train_config"], "batch_size": "4"}},
+     "the checkpoint's config is not nanonorm's (batch_size is '4', not an integer)"),
+    ("a model config value of another type", lambda c: {**c, "model_config": {**c["model_config"], "norm": 3}},
+     "the checkpoint's config is not nanonorm's (norm is 3, not one of layernorm"),
 ]
 
 
@@ -184,6 +207,15 @@ INCONSISTENT = [
     (["--max_iters=2"], "the checkpoint is at step 2 and --max_iters=2"),
     (["--lr=nan"], "--lr=nan is not a finite number"),
     (["--min_lr=1"], "--min_lr=1.0 must be in [0, --lr=0.003]"),
+    # what the steps so far trained with, or the data order: config.json would claim it for the whole run
+    (["--seed=5"], "--seed=5 differs from the checkpoint's 1337"),
+    (["--batch_size=3"], "--batch_size=3 differs from the checkpoint's"),
+    (["--grad_accum=2"], "--grad_accum=2 differs from the checkpoint's 1"),
+    (["--lr_schedule=linear"], "--lr_schedule=linear differs from the checkpoint's cosine"),
+    (["--warmup_iters=1"], "--warmup_iters=1 differs from the checkpoint's"),
+    (["--lr=1e-3"], "--lr=0.001 differs from the checkpoint's 0.003"),
+    (["--eval_iters=1"], "--eval_iters=1 differs from the checkpoint's"),
+    (["--z_loss=1e-4"], "--z_loss=0.0001 differs from the checkpoint's 0.0"),
 ]
 
 
@@ -195,6 +227,30 @@ def test_an_inconsistent_resume_is_one_line(corpus, checkpointed, capsys, more, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and expected in err, err
     assert {p.name: p.read_bytes() for p in checkpointed.iterdir()} == before
+
+
+def test_every_training_flag_has_a_resume_rule():
+    """configs.RESUME decides, flag by flag, what a resume may change: a new TrainConfig field needs its rule."""
+    assert set(configs.RESUME) == {f.name for f in dataclasses.fields(configs.TrainConfig)}
+    assert set(configs.RESUME.values()) == {configs.KEPT, configs.EXTENDS, configs.MACHINE, configs.BOOKKEEPING}
+
+
+def test_a_resume_logs_and_says_what_it_changes_and_repeating_a_flag_changes_nothing(corpus, checkpointed, capsys):
+    """The flags a resume may change (configs.RESUME's EXTENDS) take effect from the resumed step, with a
+    "resumed" event and a line; the run's own flags again (what sweep.py passes) are no change and no event."""
+    capsys.readouterr()
+    same = ("--seed=1337", "--lr_schedule=cosine", "--grad_accum=1")  # and TINY's --lr, --batch_size
+    assert train.main(flags(corpus, checkpointed, "--resume", "--max_iters=3", *same)) == 0
+    assert "resumed at step 2 with --max_iters=3 (was 2);" in capsys.readouterr().err
+    assert [e["changed"] for e in events(checkpointed, "resumed")] == [{"max_iters": [2, 3]}]
+    assert train.main(flags(corpus, checkpointed, "--resume", "--max_iters=5", "--log_interval=2",
+                            "--spike_z=4")) == 0
+    err = capsys.readouterr().err
+    assert "resumed at step 3 with --max_iters=5 (was 3), --log_interval=2 (was 1), --spike_z=4.0 (was 5.0)" in err
+    resumed = events(checkpointed, "resumed")[-1]
+    assert resumed["step"] == 3
+    assert resumed["changed"] == {"max_iters": [3, 5], "log_interval": [1, 2], "spike_z": [5.0, 4.0]}
+    assert json.loads((checkpointed / "config.json").read_text())["train"]["seed"] == 1337
 
 
 @pytest.mark.slow
@@ -218,7 +274,10 @@ def test_resume_in_another_dtype_is_allowed_with_a_note(corpus, tmp_path, capsys
     capsys.readouterr()
     assert train.main(flags(corpus, out, "--resume", "--max_iters=4", f"--dtype={resumed}")) == 0
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and f"trained in {saved}, this run uses {resumed}" in err[0]
+    # the dtype is the machine's: its note is restore's; the resumed event records it, and the line says --max_iters
+    assert len(err) == 2 and f"trained in {saved}, this run uses {resumed}" in err[0]
+    assert err[1] == resumed_line(2, 4, 2)
+    assert events(out, "resumed")[0]["changed"] == {"max_iters": [2, 4], "dtype": [saved, resumed]}
     assert len(losses(out)) == 4
 
 
@@ -367,7 +426,8 @@ def test_resume_without_ckpt_pt_takes_the_newest_numbered_checkpoint(corpus, tmp
         os.symlink(out / "gone.pt", out / "ckpt.pt")
     capsys.readouterr()
     assert train.main(flags(corpus, out, "--resume", "--max_iters=12")) == 0
-    notes = capsys.readouterr().err.splitlines()
+    *notes, changed = capsys.readouterr().err.splitlines()
+    assert changed == resumed_line(9, 12, 9)
     assert len(notes) == (ckpt != "deleted") and all(n.endswith(f"resuming from {out / 'ckpt-9.pt'}") for n in notes)
     assert [s for s, _ in losses(out)] == list(range(1, 13)) and losses(out)[:9] == losses(reference)
 
@@ -380,7 +440,7 @@ def test_an_older_ckpt_pt_than_a_numbered_checkpoint_gives_way_with_a_note(corpu
     assert train.main(flags(corpus, out, "--resume", "--max_iters=8")) == 0
     assert capsys.readouterr().err.splitlines() == [
         f"train.py: note: {out / 'ckpt.pt'} is at step 3, older than {out / 'ckpt-6.pt'}; resuming from "
-        f"{out / 'ckpt-6.pt'}"]
+        f"{out / 'ckpt-6.pt'}", resumed_line(6, 8, 6)]
     assert [s for s, _ in losses(out)] == list(range(1, 9))
 
 

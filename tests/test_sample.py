@@ -181,10 +181,12 @@ def edited(**changes):
     (edited(model_config=lambda c: {**c, "n_layers": 1}), "can build (GPTConfig.__init__() got an unexpected"),
     (edited(model_config=lambda c: {**c, "n_layer": 0}), "can build (--n_layer=0 must be a positive integer)"),
     (edited(train_config={}), "can build ('tokenizer')"),
+    (edited(step=-5), "is not a nanonorm checkpoint (step is -5, not an integer >= 0)"),
+    (edited(best_val="x"), "is not a nanonorm checkpoint (best_val is 'x', not a number)"),
     (edited(model=lambda m: {**m, "lm_head.weight": m["lm_head.weight"] * float("nan")}),
      "holds non-finite weights ("),
 ], ids=["missing", "damaged", "no config", "a tensor", "no weights", "unknown field", "bad field", "no tokenizer",
-        "NaN weights"])
+        "a negative step", "best_val as text", "NaN weights"])
 def test_bad_checkpoints_are_one_line_and_exit_code_2(out_dir, capsys, tmp_path, content, expected):
     if content is None:
         (tmp_path / "out").mkdir()

@@ -2,6 +2,7 @@
 
 import dataclasses
 import errno
+import fcntl
 import json
 import math
 import os
@@ -10,6 +11,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import typing
 
@@ -193,6 +195,11 @@ def test_a_device_this_machine_lacks_is_refused_unless_the_commands_are_for_anot
     (["--variants=baseline", "--lrs=1e-2", "--seeds=\u0663"], "--seeds"),
     (["--variants=baseline", "--lrs=1e-2", "--jobs=1e11"], "--jobs"),
     (["--variants=baseline", "--lrs=1e-2", "--dry_run=on"], "--dry_run"),
+    # --lrs and --variants are capped as --seeds is: a million runs' flags would take hours to resolve
+    (["--variants=baseline", "--lrs=" + ",".join(f"{i + 1}e-3" for i in range(1000)), "--seeds=1000", "--dry_run"],
+     "1 variants x 1,000 LRs x 1,000 seeds are 1,000,000 runs; a sweep has at most 10,000"),
+    (["--variants=" + ",".join(f"norm=rmsnorm+n_layer={i + 1}" for i in range(10_001)), "--lrs=1e-2", "--dry_run"],
+     "10,001 variants x 1 LRs x 1 seeds are 10,001 runs"),
     (["--variants=baseline", "--lrs=inf"], "--lrs=inf is not a finite number"),
     (["--variants=baseline", "--lrs=0"], "--lrs: 0 is not a positive number"),
     (["--variants=norm=rmsnorm+data_dir=../../x", "--lrs=1e-2", "--dry_run"],
@@ -400,6 +407,10 @@ def test_paired_not_detected_names_the_minimum_detectable_mean_difference():
     (["--recipe=powernorm", "--seeds=9"], "a recipe's seeds are part of its design; edit lab/recipes.py and re-run "
                                           "the whole recipe"),
     (["--recipe=powernorm", "--first_seed=2"], "a recipe's seeds are part of its design"),
+    # a variant's flag comes after the command line's: the user's would change nothing
+    (["--recipe=deepnorm_depth", "--n_layer=2"], "--n_layer is set by the recipe's variants (dn_postln+n_layer=6)"),
+    (["--recipe=z_loss_lr", "--weight_decay=0.1"], "--weight_decay is set by the recipe's variants"),
+    (["--recipe=powernorm", "--preset=baseline"], "--preset is set by the recipe's variants"),
     (["--variants=baseline", "--lrs=1e-2", "--first_seed=-1"], "--first_seed=-1 must be an integer from 0"),
     (["--variants=baseline", "--lrs=1e-2", "--scale=gpu"], "--scale sizes a recipe"),
     (["--variants=baseline,postln", "--lrs=1e-2", "--reference=normformer"], "--reference=normformer is not one of"),
@@ -412,12 +423,24 @@ def test_recipe_and_reference_bad_input_is_one_line(tmp_path, capsys, flags, exp
     assert not os.path.exists(tmp_path / "sweep")
 
 
+@pytest.mark.skipif(sweep.runtime.torch.cuda.is_available(), reason="a machine with a GPU runs --scale=gpu")
+def test_a_gpu_sized_recipe_is_refused_on_a_cpu_unless_asked_for(tmp_path, capsys):
+    argv = ["--recipe=powernorm", "--scale=gpu", f"--out_dir={tmp_path / 's'}"]
+    assert sweep.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sweep.py: --scale=gpu is the recipe at a GPU's size") and err.count("\n") == 1
+    assert not os.path.exists(tmp_path / "s")
+    assert sweep.parse_args([*argv, "--dry_run"]).scale == "gpu"  # the commands, for a GPU node
+    assert sweep.parse_args([*argv, "--device=cpu"]).scale == "gpu"  # here, as the command line says
+
+
 def test_a_recipe_takes_extra_flags_after_its_own_and_runs_its_own_seeds():
     args = sweep.parse_args(["--recipe=powernorm", "--device=cpu", "--max_iters=50"])
     assert args.seeds == 8 and args.out_dir == os.path.join("sweeps", "powernorm")
     assert args.train_argv[-2:] == ["--device=cpu", "--max_iters=50"]  # after the recipe's --max_iters: they win
     assert configs.parse_flags(args.train_argv)["max_iters"] == 50
-    assert sweep.parse_args(["--recipe=powernorm", "--scale=gpu"]).out_dir == os.path.join("sweeps", "powernorm_gpu")
+    gpu = sweep.parse_args(["--recipe=powernorm", "--scale=gpu", "--dry_run"])
+    assert gpu.out_dir == os.path.join("sweeps", "powernorm_gpu")
     # normformer_loss runs seeds 10-19, which did not pick its LR
     assert {run.seed for run in sweep.grid(sweep.parse_args(["--recipe=normformer_loss"]))} == set(range(10, 20))
 
@@ -630,6 +653,25 @@ def finished_as(run, argv, drop=()):
     _, tc = resolved_configs(run, argv)
     write_log(run.dir, [start, {"event": "done", "step": tc.max_iters, "val_loss": 2.0}])
     write_config(run, argv, drop)
+
+
+def test_two_sweeps_summarizing_one_folder_take_turns(tmp_path):
+    """A summary is made under the sweep folder's lock (lab/summary.sweep_lock): a second sweep's waits for the
+    first's, and then reads it back, so no summary, and no sweep's wall time, is lost."""
+    argv = ["--variants=baseline", "--lrs=1e-2", f"--out_dir={tmp_path / 's'}", *SWEEP_TINY]
+    plan = sweep.parse_args(argv)
+    [run] = sweep.grid(plan)
+    finished_as(run, argv)
+    lab.summary.write_summary(plan, [run], wall_s=10.0)
+    with open(tmp_path / "s" / "sweep.lock", "a") as held:  # another sweep, making its summary
+        fcntl.flock(held, fcntl.LOCK_EX)
+        other = threading.Thread(target=lab.summary.write_summary, args=(plan, [run]), kwargs={"wall_s": 5.0})
+        other.start()
+        other.join(timeout=1.0)
+        assert other.is_alive()  # waiting for the lock
+    other.join()
+    with open(tmp_path / "s" / "summary.json") as f:
+        assert json.load(f)["wall_s"] == 15.0
 
 
 def resolved_configs(run, argv):
@@ -930,7 +972,7 @@ def test_unpaired_binary_rows_use_fishers_exact_test():
 
 
 def nan_at_init(run_dir):
-    """A run whose loss at initialization is NaN (init=plain+init_std=1e300): train.py logs it and the divergence."""
+    """A run whose loss at initialization is NaN, as an init that overflows gives: its eval and its divergence."""
     write_log(run_dir, [{"event": "eval", "step": 0, "train_loss": math.nan, "val_loss": math.nan, "lr": 0.01,
                          "rank_spread": 0.0},
                         {**diverged(0, 0.01, "fc2", 0), "reason": "non-finite validation loss (nan)",
@@ -938,9 +980,10 @@ def nan_at_init(run_dir):
 
 
 def test_a_nan_loss_at_initialization_yields_a_summary_on_every_rerun(corpus, tmp_path, capsys):
-    """A variant whose every run has a NaN loss at initialization: failed runs at ln(V) in its row, as in its
-    comparison with the reference, and a summary on every invocation, never a crash."""
-    argv = ["--variants=baseline,init=plain+init_std=1e300", "--lrs=1e-2,1e-3", "--seeds=2", "--reference=baseline",
+    """A variant whose every run has a NaN loss at initialization (its logs written here, as an init that overflows
+    would leave them; --init_std itself is bounded): failed runs at ln(V) in its row, as in its comparison with the
+    reference, and a summary on every invocation, never a crash."""
+    argv = ["--variants=baseline,init=plain+init_std=1", "--lrs=1e-2,1e-3", "--seeds=2", "--reference=baseline",
             f"--out_dir={tmp_path / 'sweep'}", f"--dataset={corpus}", f"--data_dir={prepared(corpus)}", *SWEEP_TINY]
     for run in sweep.grid(sweep.parse_args(argv)):
         if run.variant == "baseline":
