@@ -262,7 +262,9 @@ def resume_configs(given, checkpoint, world_size, tc):
         tc = dataclasses.replace(tc, **{k: v for k, v in known.items() if k not in SYSTEM_FLAGS and k not in given})
     except (TypeError, ValueError) as e:
         raise UsageError(f"--resume: the checkpoint's config is not nanonorm's ({e})") from None
-    if tc.max_iters <= step:
+    # a checkpoint a stop wrote during the last evaluation still owes that evaluation and the run's "done" line
+    owed = tc.max_iters == step and not checkpoint.get("evaluated", True)
+    if tc.max_iters <= step and not owed:
         raise UsageError(f"--resume: the checkpoint is at step {step} and --max_iters={tc.max_iters}; to train on, "
                          f"raise --max_iters (the LR keeps its schedule to --lr_decay_iters={tc.lr_decay_iters})")
     return model_cfg, tc

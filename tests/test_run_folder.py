@@ -145,6 +145,26 @@ def test_extending_a_finished_run_keeps_its_schedule(corpus, tmp_path, capsys):
     assert json.loads((out / "config.json").read_text())["train"]["lr_decay_iters"] == 4
 
 
+def test_a_run_stopped_in_its_last_evaluation_resumes_to_finish_it(corpus, tmp_path, monkeypatch):
+    """Ctrl-C during the evaluation at --max_iters: the checkpoint of that step owes the evaluation, and --resume
+    (no other flag) does it and writes the run's "done" line, rather than refusing a run with nothing left to do."""
+    out, evaluate, calls = tmp_path / "out", train.evaluate, []
+
+    def stopped_in_the_last(*args, **kwargs):
+        calls.append(len(calls))
+        if len(calls) == 3:  # the evaluations of steps 0, 2 and then 4, the last
+            os.kill(os.getpid(), signal.SIGINT)
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(train, "evaluate", stopped_in_the_last)
+    assert train.main(flags(corpus, out, "--max_iters=4", "--eval_interval=2")) == 130
+    monkeypatch.undo()
+    checkpoint = torch.load(out / "ckpt.pt", weights_only=True)
+    assert checkpoint["step"] == 4 and checkpoint["evaluated"] is False
+    assert train.main(flags(corpus, out, "--max_iters=4", "--eval_interval=2", "--resume")) == 0
+    assert [(e["event"], e["step"]) for e in events(out)][-2:] == [("eval", 4), ("done", 4)]
+
+
 @pytest.fixture
 def checkpointed(corpus, tmp_path):
     out = tmp_path / "out"
