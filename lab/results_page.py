@@ -510,6 +510,13 @@ re-run with another thread count, or on another CPU, rounds differently, and a c
 normformer_stability's section); read a verdict together with its interval."""
 
 
+def not_run_text(summaries):
+    """The line that names lab/recipes.py's recipes with no summary here: a claim the page cannot speak to."""
+    missing = [name for name in recipes.RECIPES if name not in {summary["recipe"]["name"] for summary in summaries}]
+    return (f"Not run here yet, so without a verdict: {', '.join(missing)} (`python sweep.py --recipe=NAME`)."
+            if missing else "Every recipe of lab/recipes.py has a summary here.")
+
+
 def experiments_page(root, out):
     """docs/experiments.md and a figure per recipe, from the recipes' summary.json files alone; the headline table
     also goes to stdout, for the README."""
@@ -520,7 +527,7 @@ def experiments_page(root, out):
         name = anchor(summary["recipe"])
         recipe_figure(summary, os.path.join(out, "experiments", f"{name}.png"))
         sections.append(recipe_section(summary, f"experiments/{name}.png"))
-    table = headline(summaries)
+    table = "\n\n".join([headline(summaries), not_run_text(summaries)])
     page = "\n".join(["# What nanonorm's runs say about the papers' claims", "", INTRO, "", "## Headline", "",
                       table, "", *sections])
     path = os.path.join(out, "experiments.md")

@@ -364,6 +364,13 @@ def test_the_page_shows_a_withheld_verdict_only_with_its_reason(tmp_path, capsys
     assert_one_line(capsys, f"claims[0] says {claims_verdict!r}", "its numbers give 'no verdict (1 of 4 runs")
 
 
+def test_the_page_names_the_recipes_it_has_no_summary_of(tmp_path):
+    summary = recipe_summary()
+    page = page_of(tmp_path, summary)
+    missing = [name for name in recipes.RECIPES if name != summary["recipe"]["name"]]
+    assert f"Not run here yet, so without a verdict: {', '.join(missing)} (" in page
+
+
 def test_the_page_never_prints_nan_or_inf_as_a_number(tmp_path):
     summary = recipe_summary()
     summary["wall_s"] = math.nan
