@@ -155,20 +155,27 @@ def binary_value(record, name):
     return None if record["left_plateau"] is None else int(record["left_plateau"])
 
 
+def lr_sensitivity(losses, failure):
+    """Wortsman et al. 2023 §3, E_lr[min(L(lr), F) - L*] over the LR grid, L* = min_lr min(L(lr), F), with the
+    failure loss F = ln(V) (FAILURE_RULE) in the place of their L_0: a failed run's loss (inf, NaN capped at F)
+    counts as F. Where no LR got below F there is no L* to measure from, and the sensitivity is F, the largest any
+    grid can have (every min(L, F) <= F, and L* >= 0); None without F."""
+    if failure is None:
+        return None
+    capped = [min(loss, failure) for loss in losses]
+    best = min(capped)
+    if best >= failure:
+        return failure
+    return statistics.fmean(loss - best for loss in capped)
+
+
 def seed_lr_sensitivity(runs, lrs):
-    """One variant's and seed's LR sensitivity (Wortsman et al. 2023 §3, with the failure loss F = ln(V) for their
-    L_0): the mean over the LR grid of min(L(lr), F) - L*, L* = min_lr min(L(lr), F); None unless every LR of the
-    grid finished. A seed on which no LR got below F has no L* to measure from: it counts at F, the largest value
-    any seed can have (every min(L, F) <= F, and L* >= 0)."""
+    """One variant's and seed's LR sensitivity (lr_sensitivity over its capped final losses); None unless every LR
+    of the grid finished."""
     by_lr = {r["lr"]: r for r in runs}
     if any(by_lr.get(lr) is None or by_lr[lr]["final_loss_capped"] is None for lr in lrs):
         return None
-    losses = [by_lr[lr]["final_loss_capped"] for lr in lrs]
-    ceiling = by_lr[lrs[0]]["failure_loss"]
-    best = min(losses)
-    if best >= ceiling:
-        return ceiling
-    return statistics.fmean(loss - best for loss in losses)
+    return lr_sensitivity([by_lr[lr]["final_loss_capped"] for lr in lrs], by_lr[lrs[0]]["failure_loss"])
 
 
 def expected_sign(metric, expect):

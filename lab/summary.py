@@ -100,20 +100,6 @@ def most_frequent(items):
     return counts.most_common(1)[0] if counts else (None, 0)
 
 
-def lr_sensitivity(losses, failure):
-    """Wortsman et al. 2023 §3, E_lr[min(L(lr), F) - L*] over the LR grid, L* = min_lr min(L(lr), F), with the
-    failure loss F = ln(V) in the place of their L_0 (lab/claims.FAILURE_RULE, the rule of the claims'
-    seed_lr_sensitivity): a diverged run's loss (inf) counts as F. Where no LR got below F there is no L* to measure
-    from, and the sensitivity is F, the largest any grid can have; None without F."""
-    if failure is None:
-        return None
-    capped = [min(loss, failure) for loss in losses]
-    best = min(capped)
-    if best >= failure:
-        return failure
-    return statistics.fmean(loss - best for loss in capped)
-
-
 def run_record(run):
     """What the summaries need from one run's log.jsonl and exit code."""
     events = read_events(run.dir)
@@ -281,7 +267,7 @@ def lr_rows(records, lrs):
         rows.append({"variant": variant, "runs": len(ran), "diverged": sum(r["status"] == "diverged" for r in ran),
                      "best_lr": best_lr, "best_loss": by_lr[best_lr] if by_lr else None,
                      "init_loss": statistics.median(init) if init else math.inf, "failure_loss": failure,
-                     "lr_sensitivity": lr_sensitivity(list(by_lr.values()), failure) if by_lr else None,
+                     "lr_sensitivity": claims_lib.lr_sensitivity(list(by_lr.values()), failure) if by_lr else None,
                      "spikes": sum(r["spikes"] for r in ran), **{f"L({lr})": loss for lr, loss in by_lr.items()}})
     return rows
 

@@ -20,6 +20,7 @@ import pytest
 from engine import run_folder
 from engine import files
 import data
+import lab.claims
 import lab.recipes
 import lab.stats
 import lab.summary
@@ -35,11 +36,11 @@ LN_V = math.log(256)  # the failure loss of the byte tokenizer (lab/claims.FAILU
 def test_lr_sensitivity_by_hand():
     # F = ln 256 = 5.545 in the place of L_0; L* = 2.5; min(L, F): 3.0, 2.5, F (7.0 capped), F (diverged, inf)
     expected = ((3.0 - 2.5) + 0.0 + (LN_V - 2.5) + (LN_V - 2.5)) / 4
-    assert lab.summary.lr_sensitivity([3.0, 2.5, 7.0, math.inf], LN_V) == pytest.approx(expected, abs=1e-15)
+    assert lab.claims.lr_sensitivity([3.0, 2.5, 7.0, math.inf], LN_V) == pytest.approx(expected, abs=1e-15)
     # no LR below F, so no L* to measure from: F, the largest any grid can have (as the claims' seeds count it)
-    assert lab.summary.lr_sensitivity([math.inf, math.inf], LN_V) == LN_V
-    assert lab.summary.lr_sensitivity([6.0, math.inf], LN_V) == LN_V
-    assert lab.summary.lr_sensitivity([2.0, 3.0], None) is None
+    assert lab.claims.lr_sensitivity([math.inf, math.inf], LN_V) == LN_V
+    assert lab.claims.lr_sensitivity([6.0, math.inf], LN_V) == LN_V
+    assert lab.claims.lr_sensitivity([2.0, 3.0], None) is None
 
 
 def test_median_summary_and_most_frequent():
