@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from engine import files
+from engine import run_reader
 from engine.flags import UsageError, build, fail, help_of, parse, print_help, wants_help
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -130,11 +131,15 @@ def tests_figures(output):
 
 
 def quickstart_figures(output, out):
-    path = os.path.join(out, "quickstart", "log.jsonl")
+    """The quickstart's val loss and median step time from its log (run_reader's, which checks every event), and
+    the last MFU its progress lines printed."""
     figures = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            events = [json.loads(line) for line in f]
+    try:
+        events, _ = run_reader.read_log(run_reader.log_path(os.path.join(out, "quickstart")))
+    except UsageError as e:
+        figures["log"] = str(e)
+        events = []
+    if events:
         done = [e for e in events if e["event"] == "done"]
         steps = [e["ms_per_step"] for e in events if e["event"] == "train"][1:]  # the first holds the compile
         if done:

@@ -46,9 +46,9 @@ def test_the_test_summary_is_read_from_pytests_last_line():
 def test_the_quickstart_figures_come_from_its_log_and_progress_lines(tmp_path):
     run = tmp_path / "quickstart"
     run.mkdir()
-    events = [{"event": "train", "step": 25, "ms_per_step": 900.0}, {"event": "train", "step": 50, "ms_per_step": 12.0},
-              {"event": "train", "step": 75, "ms_per_step": 14.0}, {"event": "train", "step": 100, "ms_per_step": 13.0},
-              {"event": "done", "step": 100, "val_loss": 1.84261}]
+    events = [{"event": "train", "step": step, "loss": 2.0, "lr": 1e-3, "ms_per_step": ms}
+              for step, ms in [(25, 900.0), (50, 12.0), (75, 14.0), (100, 13.0)]]
+    events.append({"event": "done", "step": 100, "val_loss": 1.84261})
     (run / "log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     output = "step 25 | loss 3.1 | MFU 0.1% | ETA 0:10\nstep 100 | loss 2.0 | MFU 0.2% | ETA 0:00\n"
     assert device_check.quickstart_figures(output, str(tmp_path)) == {
