@@ -653,6 +653,7 @@ def set_token(path, index, value):
     (truncate("train.bin", 0), "train.bin has 0 bytes"),
     (lambda folder: (folder / "val.bin").unlink(), "val.bin is missing"),
     (lambda folder: (folder / "meta.json").write_bytes(b"\x00{garbage"), "meta.json is not JSON"),
+    (lambda folder: (folder / "meta.json").write_text("[" * 100_000), "meta.json is not JSON"),  # RecursionError
     (lambda folder: (folder / "meta.json").write_text("[]"), "meta.json's tokenizer"),
     (damage_meta(lambda meta: meta.pop("dtype")), "meta.json's dtype is None"),
     (damage_meta(lambda meta: meta.update(train_tokens=str(meta["train_tokens"]))), "meta.json's train_tokens"),
