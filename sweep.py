@@ -301,8 +301,9 @@ def check_runs(runs, plan, texts):
             raise UsageError(f"--variants: {same.variant} and {run.variant} are the same runs (one config); give each "
                              "variant once")
         if is_finished(run) or run_reader.has_checkpoint(run.dir):
-            check_trained_as(run, settings, tc)
-            check_trained_on(run, tc, texts)
+            saved = run_reader.read_config(run.dir)
+            check_trained_as(run, saved, settings, tc)
+            check_trained_on(run, saved, tc, texts)
 
 
 def run_configs(run, plan):
@@ -326,12 +327,11 @@ def config_dicts(model_cfg, tc):
     return settings
 
 
-def check_trained_as(run, settings, tc):
-    """The finished or resumable run's config.json holds the settings this command would run it with (train.py
-    writes it before the first step, so a run without one cannot be told apart from another command's). A key its
-    config.json lacks (written before nanonorm had it) counts as its default; a setting train.py resolves when the
-    run starts counts as given where it was left unset."""
-    saved = run_reader.read_config(run.dir)
+def check_trained_as(run, saved, settings, tc):
+    """The finished or resumable run's config.json (saved) holds the settings this command would run it with
+    (train.py writes it before the first step, so a run without one cannot be told apart from another command's). A
+    key its config.json lacks (written before nanonorm had it) counts as its default; a setting train.py resolves when
+    the run starts counts as given where it was left unset."""
     if saved is None:
         raise UsageError(f"{run.dir} has a result or a checkpoint but no config.json, so nothing says which flags "
                          "trained it; remove the run (its folder, .exit and .out) to run it again")
@@ -345,7 +345,7 @@ def check_trained_as(run, settings, tc):
                                  ".exit and .out) to run it again")
 
 
-def check_trained_on(run, tc, texts):
+def check_trained_on(run, saved, tc, texts):
     """The finished or resumable run trained on the text this command's runs read now: the sha256 its config.json
     records (data.py's meta.json, which train.py copies there) is that of the data prepared now (data.prepare, as
     train.py prepares it; a corpus prepared already is found, not read again). A corpus edited since the run trained
@@ -356,7 +356,7 @@ def check_trained_on(run, tc, texts):
             texts[key] = data.load_meta(data.prepare(*key))["source"]["sha256"]
         except data.DataError as e:
             raise UsageError(f"variant {run.variant}: {e}") from None
-    source = run_reader.read_config(run.dir).get("data")
+    source = saved.get("data")
     source = source.get("source") if isinstance(source, dict) else None
     trained_on = source.get("sha256") if isinstance(source, dict) else None
     if not isinstance(trained_on, str):
