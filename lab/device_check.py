@@ -23,9 +23,12 @@ from dataclasses import dataclass
 
 import torch
 
+from configs import TrainConfig
 from engine import files
 from engine import run_reader
 from engine.flags import UsageError, build, fail, help_of, parse, print_help, wants_help
+from lab.bench import NormVariant
+from model import GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # GPT-2 small (124M parameters with the padded vocabulary), nanoGPT's shape, at batch 16
@@ -194,9 +197,6 @@ def markdown(env, results):
 def profile_norms():
     """The CUDA kernels of one compiled forward and backward of layernorm and of powernorm (norm modules as the
     model builds them, GPT-2 small's activations, bf16 autocast), with their total time over 10 calls."""
-    from lab.bench import NormVariant
-    from model import GPTConfig
-    from train import TrainConfig
     tc = TrainConfig(batch_size=16, device="cuda", dtype="bfloat16", compile=True)
     for kind in ("layernorm", "powernorm"):
         variant = NormVariant(GPTConfig(n_embd=768, block_size=1024, norm=kind), tc, "cuda", torch.bfloat16)
