@@ -135,9 +135,9 @@ CURVE_SEEDS = 6
 QUARTER = ("no number in the paper: the design is powered for a quarter of the reference's median "
            "(nanonorm's choice, fixed before the runs)")
 
-# Measured: this recipe run twice on one 2-core AMD EPYC (torch 2.13.0+cpu), with 1 thread a run (--jobs=2) and
+# Measured: this recipe run twice on one 2-core Intel Xeon (torch 2.13.0+cpu), with 1 thread a run (--jobs=2) and
 # with 2 (--jobs=1); sweep.py's pool gives each run cores // jobs threads, so --jobs sets the thread count
-STABILITY_SPREAD = ("the recipe run with 1 thread a run (--jobs=2) and with 2 (--jobs=1) on one 2-core AMD EPYC, "
+STABILITY_SPREAD = ("the recipe run with 1 thread a run (--jobs=2) and with 2 (--jobs=1) on one 2-core Intel Xeon, "
                     "torch 2.13.0+cpu, gave different steps survived in all 16 runs, by up to 59 steps (median "
                     "|change| 22.5), and an effect of +0 [-12.7, +12] (p 1) against -21.1 [-42.3, +1] (p 0.055), "
                     "both read as smaller than the paper's 37.5%: expect numbers this far apart from a re-run with "
