@@ -17,6 +17,26 @@ os.environ.setdefault("TIKTOKEN_CACHE_DIR", os.path.join(os.path.dirname(ROOT), 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
+def pin_xdist_worker(environ, cores, set_affinity):
+    """Under pytest-xdist (lab/device_check.py's suite: 16 workers on a 16-core GPU machine), each worker on its
+    share of the cores; returns that share (None outside xdist). A training test gives torch as many threads as
+    the cores its process may run on (engine/runtime.cpu_cores), so 16 workers on every core each oversubscribed
+    the machine 16 times: the suite reached 75% in 300 s there."""
+    worker, count = environ.get("PYTEST_XDIST_WORKER"), environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not worker or not count:
+        return None
+    cores = sorted(cores)
+    share = max(1, len(cores) // int(count))
+    first = int(worker.removeprefix("gw")) * share % len(cores)
+    mine = cores[first:first + share]
+    set_affinity(0, mine)
+    return mine
+
+
+if hasattr(os, "sched_setaffinity"):  # Linux; before torch is imported, which sizes its thread pool then
+    pin_xdist_worker(os.environ, os.sched_getaffinity(0), os.sched_setaffinity)
+
+
 
 def cuda_available():
     """Whether PyTorch sees a CUDA GPU (imported here, not at the top: conftest.py is read before test files that

@@ -6,6 +6,7 @@ import sys
 import pytest
 import torch
 
+from conftest import pin_xdist_worker
 from lab import device_check
 
 
@@ -66,3 +67,32 @@ def test_an_unknown_part_is_refused_naming_the_parts(capsys):
     assert device_check.main(["--parts=tests,bench"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--parts: bench is not a part; choose from tests, quickstart, headline" in err
+
+
+def test_the_suites_box_is_the_flags_and_a_box_of_no_seconds_is_refused(capsys):
+    assert [p.box_s for p in device_check.parts("out", 300) if p.name == "suite"] == [300]
+    assert device_check.main(["--parts=suite", "--suite_s=0"]) == 2
+    assert capsys.readouterr().err == "device_check.py: --suite_s=0: the suite's box is a positive number of seconds\n"
+
+
+def pinned(environ, cores):
+    calls = []
+    share = pin_xdist_worker(environ, cores, lambda pid, mine: calls.append((pid, list(mine))))
+    return share, calls
+
+
+def test_outside_xdist_no_test_process_is_pinned():
+    assert pinned({}, range(16)) == (None, [])
+
+
+@pytest.mark.parametrize("workers,cores,share", [(16, 16, 1), (4, 16, 4), (3, 16, 5), (16, 2, 1)])
+def test_each_xdist_worker_gets_its_own_share_of_the_cores(workers, cores, share):
+    shares = []
+    for i in range(workers):
+        mine, calls = pinned({"PYTEST_XDIST_WORKER": f"gw{i}", "PYTEST_XDIST_WORKER_COUNT": str(workers)},
+                             set(range(100, 100 + cores)))
+        assert calls == [(0, mine)] and len(mine) == share and set(mine) <= set(range(100, 100 + cores))
+        shares.append(mine)
+    used = [core for mine in shares for core in mine]
+    # no core is shared while there are cores enough; with more workers than cores they share round the cores
+    assert len(set(used)) == min(len(used), cores)
