@@ -23,11 +23,12 @@ from dataclasses import dataclass
 
 import torch
 
+import configs
 from configs import TrainConfig
 from engine import files
 from engine import run_reader
 from engine.flags import UsageError, build, fail, help_of, parse, print_help, wants_help
-from lab.bench import NormVariant
+from lab.bench import VARIANTS, NormVariant, Variant, synchronize
 from model import GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,12 +42,14 @@ class Options:
     out: str = help_of("folder for device_check.json, .md and .log (and the quickstart's run)",
                        default="out/device_check")
     parts: str = help_of("comma-separated parts to run, in this order: tests, quickstart, headline, baseline, "
-                         "norms, batch, profile, suite; all: every part but suite (the whole test suite, up to "
-                         "8 minutes more)", default="all")
+                         "norms, batch, profile, steps, suite; all: every part but steps (where a GPT-2 small step "
+                         "goes, 150 s more) and suite (the whole test suite, up to 8 minutes more)", default="all")
     suite_s: int = help_of("the whole suite's time box in seconds (16 workers, each on its share of the cores)",
                            default=480)
     profile: bool = help_of("(internal) print where the compiled layernorm and powernorm spend their time",
                             default=False)
+    profile_steps: bool = help_of("(internal) print where a compiled GPT-2 small step of the headline variants "
+                                  "spends its time", default=False)
 
 
 @dataclass
@@ -88,6 +91,9 @@ def parts(out, suite_s=480):
                             for b in BATCHES], "the default model at GPT-2 small: MFU by batch (16: baseline)"),
         Part("profile", 15, [python("-m", "lab.device_check", "--profile")],
              "the compiled layernorm and powernorm modules' kernels"),
+        # not in the default 8 minutes: three more compiles of GPT-2 small, to see where the variants' time goes
+        Part("steps", 150, [python("-m", "lab.device_check", "--profile_steps")],
+             "where a GPT-2 small step of the headline variants spends its time"),
         # not in the default 8 minutes: README command 1 whole, every test one by one in the log; 16 processes
         # that each took all 16 cores got through 75% of it in 300 s on one H100 machine (conftest now pins them)
         Part("suite", suite_s, [[*pytest, "-v"]], "README command 1 on this machine: every test"),
@@ -169,8 +175,8 @@ def figures_of(part, output, out):
         return tests_figures(output)
     if part.name == "quickstart":
         return quickstart_figures(output, out)
-    if part.name == "profile":
-        return {"rows": [line for line in output.splitlines() if line.startswith(("  ", "norm="))]}
+    if part.name in ("profile", "steps"):
+        return {"rows": [line for line in output.splitlines() if line.startswith(("  ", "norm=", "step "))]}
     return {"rows": bench_rows(output)}
 
 
@@ -202,20 +208,62 @@ def profile_norms():
     tc = TrainConfig(batch_size=16, device="cuda", dtype="bfloat16", compile=True)
     for kind in ("layernorm", "powernorm"):
         variant = NormVariant(GPTConfig(n_embd=768, block_size=1024, norm=kind), tc, "cuda", torch.bfloat16)
-        for _ in range(3):
-            variant.step()
-        torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(10):
-                variant.step()
-            torch.cuda.synchronize()
-        kernels = [e for e in prof.key_averages() if e.device_time_total > 0]
-        kernels.sort(key=lambda e: -e.device_time_total)
-        total = sum(e.device_time_total for e in kernels)
-        print(f"norm={kind}: {total / 10:.0f} us a forward and backward, {len(kernels)} kernels")
+        kernels, total = profiled(variant, 10)
+        print(f"norm={kind}: {total * 1e3:.0f} us a forward and backward, {len(kernels)} kernels")
         for e in kernels[:8]:
             print(f"  {e.device_time_total / 10:8.1f} us x{e.count // 10:<3} {e.key[:90]}")
     return 0
+
+
+def profile_steps(device="cuda", shape=GPT2_SMALL, compile=True):
+    """Where one compiled training step of GPT-2 small (batch 16, bf16) goes, for the headline variants: its wall
+    time beside the time its CUDA kernels take (the rest is the GPU waiting on the host), those kernels by kind, and
+    the ones that take the most time."""
+    tc = TrainConfig(batch_size=16, device=device, dtype="bfloat16", compile=compile)
+    for name, flags in VARIANTS["headline"].items():
+        model_cfg = configs.build_configs({**flags, **configs.parse_flags(shape)})[0]
+        variant = Variant(model_cfg, tc, device, torch.bfloat16, name)
+        kernels, total = profiled(variant, 5, device)
+        start = time.perf_counter()
+        for _ in range(5):
+            variant.step()
+        synchronize(device)
+        wall = (time.perf_counter() - start) / 5 * 1e3
+        kinds = {}
+        for e in kernels:
+            kinds[kernel_kind(e.key)] = kinds.get(kernel_kind(e.key), 0) + e.device_time_total / 5 / 1e3
+        launches = sum(e.count for e in kernels) // 5
+        print(f"step {name}: {wall:.1f} ms a step, {total:.1f} ms of it in {launches} CUDA kernels ("
+              + ", ".join(f"{kind} {ms:.1f}" for kind, ms in sorted(kinds.items(), key=lambda k: -k[1])) + ")")
+        for e in kernels[:10]:
+            print(f"  {e.device_time_total / 5 / 1e3:7.2f} ms x{e.count // 5:<4} {e.key[:90]}")
+    return 0
+
+
+def profiled(variant, calls, device="cuda"):
+    """The CUDA kernels of `calls` steps of a warmed-up variant, the slowest first, and their time a step (ms)."""
+    for _ in range(3):
+        variant.step()
+    synchronize(device)
+    # on a CPU (the tests) the profiler records CPU ops, which have no device time: no kernels
+    activity = "CUDA" if device.startswith("cuda") else "CPU"
+    with torch.profiler.profile(activities=[getattr(torch.profiler.ProfilerActivity, activity)]) as prof:
+        for _ in range(calls):
+            variant.step()
+        synchronize(device)
+    kernels = sorted((e for e in prof.key_averages() if e.device_time_total > 0), key=lambda e: -e.device_time_total)
+    return kernels, sum(e.device_time_total for e in kernels) / calls / 1e3
+
+
+def kernel_kind(name):
+    """A CUDA kernel's kind, from its name: matrix products (cuBLAS, CUTLASS), attention (flash), the compiler's
+    fused Triton kernels, and the rest (copies, the optimizer's, the loss's)."""
+    name = name.lower()
+    if any(word in name for word in ("gemm", "cutlass", "nvjet", "sm90_xmma", "cublas")):
+        return "matmul"
+    if any(word in name for word in ("flash", "fmha", "attention")):
+        return "attention"
+    return "triton" if name.startswith("triton") else "other"
 
 
 def main(argv):
@@ -227,7 +275,7 @@ def main(argv):
         out = os.path.abspath(opts.out)
         if opts.suite_s < 1:
             raise UsageError(f"--suite_s={opts.suite_s}: the suite's box is a positive number of seconds")
-        chosen = [p for p in parts(out, opts.suite_s) if p.name != "suite"] if opts.parts == "all" else \
+        chosen = [p for p in parts(out, opts.suite_s) if p.name not in ("steps", "suite")] if opts.parts == "all" else \
             [p for p in parts(out, opts.suite_s) if p.name in opts.parts.split(",")]
         unknown = set(opts.parts.split(",")) - {p.name for p in parts(out)} if opts.parts != "all" else set()
         if unknown:
@@ -239,6 +287,8 @@ def main(argv):
         return fail("device_check.py", e)
     if opts.profile:
         return profile_norms()
+    if opts.profile_steps:
+        return profile_steps()
     os.makedirs(out, exist_ok=True)
     env, results = environment(), []
     with open(os.path.join(out, "device_check.log"), "w") as log:

@@ -11,7 +11,27 @@ from lab import device_check
 
 
 def test_the_default_parts_add_up_to_eight_minutes():
-    assert sum(part.box_s for part in device_check.parts("out") if part.name != "suite") <= 8 * 60
+    assert sum(part.box_s for part in device_check.parts("out") if part.name not in ("steps", "suite")) <= 8 * 60
+
+
+@pytest.mark.parametrize("name,kind", [
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "matmul"), ("nvjet_tst_128x256_64x4", "matmul"),
+    ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", "attention"),
+    ("triton_red_fused__to_copy_add_native_layer_norm_0", "triton"),
+    ("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "other")])
+def test_a_kernel_is_sorted_by_its_name(name, kind):
+    assert device_check.kernel_kind(name) == kind
+
+
+@pytest.mark.slow
+def test_the_step_profile_times_each_headline_variant(capsys):
+    # on the CPU, eager and tiny: what runs is the code the GPU runs, with no CUDA kernels to count
+    tiny = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--vocab_size=64"]
+    assert device_check.profile_steps("cpu", tiny, compile=False) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert [line.split(":")[0] for line in lines] == ["step preset=baseline", "step preset=normformer",
+                                                     "step norm=powernorm"]
+    assert all(" ms a step, 0.0 ms of it in 0 CUDA kernels" in line for line in lines)
 
 
 @pytest.mark.slow
