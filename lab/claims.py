@@ -244,6 +244,9 @@ def judge_one(records, claim, reference, lrs, family):
               "missing": {arm: len(sweep_seeds - set(values[arm])) for arm in arms(claim, reference)},
               "arm_medians": {arm: statistics.median(values[arm][s] for s in seeds) if seeds else None
                               for arm in arms(claim, reference)},
+              # best_loss: the LR each arm is read at, chosen by its pilot seeds (all seeds without a pilot)
+              "chosen_lr": {arm: best_lr(finished(records, arm), lrs, pilot_seeds(records, claim.pilot))
+                            for arm in arms(claim, reference)} if name == "best_loss" else None,
               "p": None, "effect": None, "effect_ci": None, "difference": None, "difference_ci": None,
               "ci_coverage": None, "discordant": None, "mean": None, "sd": None, "power": None, "mde": None}
     if n == 0:

@@ -104,6 +104,14 @@ def metric_label(metric):
             "fc2_grad_ratio": f"abs ln(layer 0 / last layer mean abs grad of fc2), LR {lr}"}[name]
 
 
+def chosen_lr_text(claim):
+    """For a claim read at each arm's best LR: the LR each arm was read at ("" for other claims)."""
+    chosen = claim.get("chosen_lr")
+    if not chosen:
+        return ""
+    return " (read at: " + ", ".join(f"{arm} {lr}" for arm, lr in chosen.items()) + ")"
+
+
 def comparison_text(claim):
     """"nf_normformer vs nf_baseline" or, for an interaction, "(a vs b) - (c vs d)"."""
     text = f"{claim['variant']} vs {claim['reference']}"
@@ -118,7 +126,7 @@ def claims_table(claims):
              "[interval] (+: the paper's direction) | variant - reference [interval] | interval's coverage | n pairs "
              "| p | p (Holm) | power for the target | MDE (80% power) | verdict |", "|" + "---|" * 13]
     for c in claims:
-        lines.append(f"| {comparison_text(c)} | {metric_label(c['metric'])} | {c['paper_number']} | "
+        lines.append(f"| {comparison_text(c)} | {metric_label(c['metric'])}{chosen_lr_text(c)} | {c['paper_number']} | "
                      f"{target_text(c)} | {interval_text(c['effect'], c['effect_ci'])} | "
                      f"{interval_text(c['difference'], c['difference_ci'])} | {coverage_text(c.get('ci_coverage'))} | "
                      f"{c['n']} | {p_value_text(c['p'])} | {p_value_text(c['p_holm'])} | {power_text(c['power'])} | "

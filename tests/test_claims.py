@@ -12,6 +12,7 @@ import pytest
 import lab.summary
 from lab import claims
 from lab import stats
+from lab import tables
 from lab.recipes import Claim
 
 
@@ -368,12 +369,16 @@ def test_best_loss_with_a_pilot_chooses_each_arms_lr_on_the_pilot_seeds_and_test
     # the arm's LR 1e-2 is best on the pilot seeds 0-1 and worst on the others: the pilot's choice holds
     records = [{**record("v", s, final=2.0 if s < 2 else 3.0), "lr": "1e-2"} for s in range(6)]
     records += [{**record("v", s, final=2.5), "lr": "3e-3"} for s in range(6)]
-    records += [{**record("ref", s, final=2.5), "lr": lr} for s in range(6) for lr in ("1e-2", "3e-3")]
+    records += [{**record("ref", s, final=2.5 if lr == "3e-3" else 2.6), "lr": lr} for s in range(6)
+                for lr in ("1e-2", "3e-3")]
     values = claims.seed_values(records, "v", "best_loss", ["3e-3", "1e-2"], pilot=2)
     assert values == {s: 3.0 for s in range(2, 6)}
     [result] = claims.judge(records, [Claim("v", "best_loss", "better", "", 0.1, "", "paper", pilot=2)], "ref",
                             ["3e-3", "1e-2"])
     assert result["seeds"] == [2, 3, 4, 5] and result["effect"] == -0.5
+    # the page says which LR each arm was read at
+    assert result["chosen_lr"] == {"v": "1e-2", "ref": "3e-3"}
+    assert "| final val loss, each at its best LR (read at: v 1e-2, ref 3e-3) |" in tables.claims_table([result])
 
 
 def test_a_binary_endpoint_is_the_exact_mcnemar_test_on_the_pairs():
