@@ -3,6 +3,7 @@ The one check a maintainer with a GPU runs: every test on the GPU machine, the q
 each norm's compiled cost beside layernorm's, the batch that gives the best MFU, and where powernorm's time goes.
     python -m lab.device_check                      # every part but the whole suite: 8 minutes on one H100
     python -m lab.device_check --parts=suite        # README command 1, every test, on the GPU machine
+    python -m lab.device_check --parts=steps        # where a GPT-2 small step of baseline, NormFormer, PowerNorm goes
     python -m lab.device_check --parts=tests,quickstart
 Each part is a subprocess with its own time box, so one slow part cannot eat the rest: a part past its box is
 stopped and reported as such, and the next one starts. The figures go to OUT/device_check.json and

@@ -246,7 +246,7 @@ def figure_grad_ratio(summary, axes):
         shown[1] += [ratio for values_at in at for ratio in values_at]
         if steps:
             axes[1].plot(steps, [statistics.median(v) for v in at], style, color=color, label=variant)
-    axes[0].set_xticks(range(len(styles)), list(styles), rotation=20, ha="right")
+    axes[0].set_xticks(range(len(styles)), list(styles), rotation=40, ha="right", fontsize=8)
     axes[0].set(ylabel=f"{name.replace('_', ' ')} at LR {lr}, each seed\n(the claims score abs ln of it)")
     axes[1].axvspan(*RATIO_STEPS, color="gray", alpha=0.1, lw=0)
     axes[1].set(xlabel="step (shaded: the steps averaged; dotted: even)", ylabel="the ratio, median over seeds")
@@ -281,7 +281,7 @@ def figure_metric(summary, ax):
         if diverged:
             ax.annotate(f"{diverged} diverged", (x, 1.0), xycoords=("data", "axes fraction"), ha="center",
                         va="bottom", fontsize=8, color=color)
-    ax.set_xticks(range(len(styles)), list(styles), rotation=20, ha="right")
+    ax.set_xticks(range(len(styles)), list(styles), rotation=40, ha="right", fontsize=8)
     ax.set(ylabel=metric_label(metric))
 
 
