@@ -22,19 +22,17 @@ from engine.run_reader import JSON_NAMES, mismatch  # the one shape checker, sha
 NUMBER = (int, float)
 MAYBE_NUMBER = (int, float, type(None))
 
-# the events plot.py draws
+# what plot.py draws from the events beyond what engine/run_reader.EVENT_FIELDS holds every log line to (read_log,
+# which plot.py reads logs with, refuses an event without a step, a train event without its loss and LR, and so on)
 EVENTS = {
-    "train": {"step": int, "loss": NUMBER, "lr": NUMBER, "grad_norm": MAYBE_NUMBER},  # None: an fp16 overflow step
-    "eval": {"step": int, "val_loss": NUMBER},
-    "spike": {"step": int, "loss": NUMBER},
-    "telemetry": {"step": int,
-                  "weights": [{"layer": None, "op": None, "name": str, "grad_mean_abs": NUMBER, "grad_l2": NUMBER}],
-                  "gains": [{"layer": None, "op": None, "name": str, "mean": NUMBER, "std": NUMBER, "min": NUMBER,
+    "train": {"grad_norm": MAYBE_NUMBER},  # None: an fp16 overflow step
+    "spike": {"loss": NUMBER},
+    "telemetry": {"gains": [{"layer": None, "op": None, "name": str, "mean": NUMBER, "std": NUMBER, "min": NUMBER,
                              "max": NUMBER}],
-                  "attn_logit_max": [{"layer": int, "value": NUMBER}],
+                  "attn_logit_max": [{"layer": int}],
                   "norm_stats": [{"layer": None, "op": None, **{f"{stat}_{k}": NUMBER for stat in ("psi2", "nu")
                                                                 for k in ("mean", "min", "max")}}]},
-    "headroom": {"step": int, "ops": [{"layer": None, "op": None, "pass": None, "max_abs": NUMBER}]},
+    "headroom": {"ops": [{"layer": None, "op": None, "pass": None, "max_abs": NUMBER}]},
 }
 STATUSES = {"done", "diverged", "unfinished"}  # lab/summary.run_record's
 PLAIN_NAME = re.compile(r"[A-Za-z0-9_-]+")  # lab/recipes.py's names: a file name inside --out, no path
