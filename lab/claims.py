@@ -93,7 +93,7 @@ def seed_values(records, variant, metric, lrs, pilot=0):
                 if (value := seed_lr_sensitivity([r for r in ran if r["seed"] == seed], lrs)) is not None}
     if metric == "best_loss":
         chosen = pilot_seeds(records, pilot)
-        lr = best_lr(ran, lrs, chosen)
+        lr = read_at(records, variant, lrs, pilot)
         return {r["seed"]: r["final_loss_capped"] for r in ran
                 if r["lr"] == lr and r["seed"] not in chosen and r["final_loss_capped"] is not None}
     name, _, lr = metric.partition("@")
@@ -105,6 +105,11 @@ def seed_values(records, variant, metric, lrs, pilot=0):
     worst = worst_value(records, name, lr)
     values = {r["seed"]: worst if not measured(r, name) else scored(r, name) for r in at_lr}
     return {seed: value for seed, value in values.items() if value is not None}
+
+
+def read_at(records, variant, lrs, pilot):
+    """The LR a best_loss claim reads the variant at: its best LR over the pilot seeds (every seed without one)."""
+    return best_lr(finished(records, variant), lrs, pilot_seeds(records, pilot))
 
 
 def pilot_seeds(records, pilot):
@@ -245,8 +250,8 @@ def judge_one(records, claim, reference, lrs, family):
               "arm_medians": {arm: statistics.median(values[arm][s] for s in seeds) if seeds else None
                               for arm in arms(claim, reference)},
               # best_loss: the LR each arm is read at, chosen by its pilot seeds (all seeds without a pilot)
-              "chosen_lr": {arm: best_lr(finished(records, arm), lrs, pilot_seeds(records, claim.pilot))
-                            for arm in arms(claim, reference)} if name == "best_loss" else None,
+              "chosen_lr": {arm: read_at(records, arm, lrs, claim.pilot) for arm in arms(claim, reference)}
+              if name == "best_loss" else None,
               "p": None, "effect": None, "effect_ci": None, "difference": None, "difference_ci": None,
               "ci_coverage": None, "discordant": None, "mean": None, "sd": None, "power": None, "mde": None}
     if n == 0:

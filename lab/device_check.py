@@ -38,6 +38,8 @@ GPT2_SMALL = ["--n_layer=12", "--n_head=12", "--n_embd=768", "--block_size=1024"
 # the batches the MFU part tries at GPT-2 small beyond 16, in turn, while its box lasts (a compile and 5 rounds each,
 # about 45 s): on one H100, MFU rose from 38.0% at 16 to 41.3% at 32, 41.9% at 48 and 42.1% at 64 (40 GiB)
 BATCHES = (64, 48)
+# the parts --parts=all leaves out: where a GPT-2 small step goes (150 s more) and the whole suite (8 minutes more)
+NOT_IN_ALL = ("steps", "suite")
 
 
 @dataclass
@@ -71,7 +73,7 @@ def bench(*args):
     return python("-m", "lab.bench", *args)
 
 
-def parts(out, suite_s=480):
+def parts(out, suite_s=Options.suite_s):
     """The parts in their order. The default ones (every part but suite) have boxes that add up to 8 minutes."""
     # pytest-xdist where it is installed: the tests spread over 16 processes, test by test (the compiles too)
     xdist = ["-n", "16", "--dist=load"] if importlib.util.find_spec("xdist") else []
@@ -223,23 +225,25 @@ def profile_steps(device="cuda", shape=GPT2_SMALL, compile=True):
     time beside the time its CUDA kernels take (the rest is the GPU waiting on the host), those kernels by kind, and
     the ones that take the most time."""
     tc = TrainConfig(batch_size=16, device=device, dtype="bfloat16", compile=compile)
+    calls = 5  # steps profiled, then as many timed
     for name, flags in VARIANTS["headline"].items():
         model_cfg = configs.build_configs({**flags, **configs.parse_flags(shape)})[0]
         variant = Variant(model_cfg, tc, device, torch.bfloat16, name)
-        kernels, total = profiled(variant, 5, device)
+        kernels, total = profiled(variant, calls, device)
         start = time.perf_counter()
-        for _ in range(5):
+        for _ in range(calls):
             variant.step()
         synchronize(device)
-        wall = (time.perf_counter() - start) / 5 * 1e3
+        wall = (time.perf_counter() - start) / calls * 1e3
         kinds = {}
         for e in kernels:
-            kinds[kernel_kind(e.key)] = kinds.get(kernel_kind(e.key), 0) + e.device_time_total / 5 / 1e3
-        launches = sum(e.count for e in kernels) // 5
+            kind = kernel_kind(e.key)
+            kinds[kind] = kinds.get(kind, 0) + e.device_time_total / calls / 1e3
+        launches = sum(e.count for e in kernels) // calls
         print(f"step {name}: {wall:.1f} ms a step, {total:.1f} ms of it in {launches} CUDA kernels ("
               + ", ".join(f"{kind} {ms:.1f}" for kind, ms in sorted(kinds.items(), key=lambda k: -k[1])) + ")")
         for e in kernels[:10]:
-            print(f"  {e.device_time_total / 5 / 1e3:7.2f} ms x{e.count // 5:<4} {e.key[:90]}")
+            print(f"  {e.device_time_total / calls / 1e3:7.2f} ms x{e.count // calls:<4} {e.key[:90]}")
     return 0
 
 
@@ -278,12 +282,13 @@ def main(argv):
         out = os.path.abspath(opts.out)
         if opts.suite_s < 1:
             raise UsageError(f"--suite_s={opts.suite_s}: the suite's box is a positive number of seconds")
-        chosen = [p for p in parts(out, opts.suite_s) if p.name not in ("steps", "suite")] if opts.parts == "all" else \
-            [p for p in parts(out, opts.suite_s) if p.name in opts.parts.split(",")]
-        unknown = set(opts.parts.split(",")) - {p.name for p in parts(out)} if opts.parts != "all" else set()
+        every = parts(out, opts.suite_s)
+        chosen = [p for p in every if p.name not in NOT_IN_ALL] if opts.parts == "all" else \
+            [p for p in every if p.name in opts.parts.split(",")]
+        unknown = set(opts.parts.split(",")) - {p.name for p in every} if opts.parts != "all" else set()
         if unknown:
             raise UsageError(f"--parts: {', '.join(sorted(unknown))} is not a part; choose from "
-                             f"{', '.join(p.name for p in parts(out))}")
+                             f"{', '.join(p.name for p in every)}")
         if not torch.cuda.is_available():
             raise UsageError("PyTorch sees no CUDA GPU here; the device check is for a machine with one")
     except UsageError as e:

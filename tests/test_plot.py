@@ -16,7 +16,7 @@ from lab import recipes
 import sweep
 import configs
 import train
-from conftest import SWEEP_TINY, check_png
+from conftest import ROOT, SWEEP_TINY, check_png
 
 INSTRUMENTED = {"telemetry_interval", "fp16_headroom_interval"} <= set(configs.TrainConfig.__dataclass_fields__)
 TELEMETRY_PLOTS = ("grad_norms", "gains", "attn_logits", "powernorm", "headroom")
@@ -434,9 +434,8 @@ def headline_table(path, after):
 
 def test_the_readmes_headline_table_is_the_results_pages():
     # as plot.py --experiments wrote it; the recipes the page has no summary of are named in the README too
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    page, page_after = headline_table(os.path.join(root, "docs", "experiments.md"), "## Headline")
-    readme, readme_after = headline_table(os.path.join(root, "README.md"), "## What the papers' claims look like here")
+    page, page_after = headline_table(os.path.join(ROOT, "docs", "experiments.md"), "## Headline")
+    readme, readme_after = headline_table(os.path.join(ROOT, "README.md"), "## What the papers' claims look like here")
     assert readme == page
     assert readme_after == page_after if page_after.startswith("Not run here yet") else not readme_after.startswith(
         ("Not run", "Every recipe"))
