@@ -154,10 +154,9 @@ def check_train_config(tc, given):
             raise UsageError(f"--{name}={getattr(tc, name)} must be a positive integer")
     # a flag the schedule does not read is held to its sign only (no_effect_warnings says it is unused): the
     # default --min_lr above a small --lr is no error in a ramp, which never decays
-    for name in (f.name for f in dataclasses.fields(tc) if f.name in flags.FLOAT_RANGES):
-        problem = flags.out_of_range(name, getattr(tc, name))
-        if problem:
-            raise UsageError(problem)
+    problem = flags.first_out_of_range(tc)
+    if problem:
+        raise UsageError(problem)
     decays, warms = tc.lr_schedule in ("cosine", "linear"), tc.lr_schedule != "ramp"
     ranges = (
         ("min_lr", tc.min_lr <= tc.lr or not decays, f"in [0, --lr={tc.lr}]"),
@@ -329,8 +328,9 @@ def check_kept(given, saved_train):
 def resume_changes(saved_train, tc):
     """{flag: [the checkpoint's value, this run's]} of each setting a resume changed (RESUME's EXTENDS and MACHINE
     flags; the KEPT ones it may not change), for the "resumed" event and its line."""
-    return {name: [saved_value(saved_train, name), getattr(tc, name)] for name, rule in RESUME.items()
-            if rule in (EXTENDS, MACHINE) and saved_value(saved_train, name) != getattr(tc, name)}
+    changed = {name: [saved_value(saved_train, name), getattr(tc, name)] for name, rule in RESUME.items()
+               if rule in (EXTENDS, MACHINE)}
+    return {name: values for name, values in changed.items() if values[0] != values[1]}
 
 
 def fit_to_tokenizer(model_cfg, tc, given, resumed):

@@ -30,9 +30,8 @@ import tiktoken
 from tiktoken_ext.openai_public import r50k_pat_str
 
 from engine import signals
-from engine.run_reader import parse_json
-from engine.files import (NotAFile, WriteError, cannot_write, not_own_file, open_own, read_own, write_and_sync,
-                          write_atomic)
+from engine.files import (NotAFile, WriteError, cannot_write, not_own_file, open_own, read_json, read_own,
+                          write_and_sync, write_atomic)
 from engine.flags import UsageError, build, fail, help_of, parse, print_help, wants_help
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -305,7 +304,7 @@ def prepared_with(data_dir, prefix, files_stamp):
     """The prepared folder <data_dir>/<prefix><content> whose meta.json records this stamp, or None."""
     for meta_path in sorted(Path(data_dir).glob(glob.escape(prefix) + "*/meta.json")):
         try:
-            if parse_json(read_own(meta_path))["source"]["stamp"] == files_stamp:
+            if read_json(meta_path)["source"]["stamp"] == files_stamp:
                 return meta_path.parent
         except (OSError, ValueError, KeyError, TypeError, NotAFile):
             continue  # a damaged folder: load_meta names it if it is the one asked for
@@ -366,7 +365,7 @@ def load_meta(folder):
         raise DataError(f"{folder} is not a prepared dataset (no meta.json); run python data.py --dataset=...")
     damaged = f"{folder} is a damaged prepared dataset; delete the folder and run again to prepare it anew:"
     try:
-        meta = parse_json(read_own(path))
+        meta = read_json(path)
     except ValueError:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
         raise DataError(f"{damaged} meta.json is not JSON") from None
     except OSError as e:

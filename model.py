@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from engine.flags import FLOAT_RANGES, out_of_range
+from engine.flags import first_out_of_range
 from norms import NORMS, PER_TOKEN_NORMS, make_norm, upcast
 
 
@@ -94,10 +94,9 @@ class GPTConfig:
                 raise ValueError(f"--{name}={getattr(self, name)} must be a positive integer")
         if self.n_embd % self.n_head:
             raise ValueError(f"--n_embd={self.n_embd} must be divisible by --n_head={self.n_head}")
-        for name in (f.name for f in fields(self) if f.name in FLOAT_RANGES):
-            problem = out_of_range(name, getattr(self, name))
-            if problem:
-                raise ValueError(problem)
+        problem = first_out_of_range(self)
+        if problem:
+            raise ValueError(problem)
         if self.pn_warmup is not None and self.pn_warmup < 0:
             raise ValueError(f"--pn_warmup={self.pn_warmup} must be >= 0")
         if self.init_std is not None and self.init == "xavier":

@@ -17,7 +17,6 @@ import contextlib
 import dataclasses
 import hashlib
 import math
-import os
 import signal
 import sys
 
@@ -28,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import configs
 import data
 from engine import run_folder
+from engine import run_reader
 from engine import files
 from engine import flags
 from engine import runtime
@@ -243,7 +243,7 @@ def build(model_cfg, tc, machine, autocast):
     model = GPT(model_cfg).to(machine.device)
     optimizer = configure_optimizer(model, tc, machine.device_type)
     scaler = torch.amp.GradScaler(machine.device_type, enabled=tc.dtype == "float16")
-    instruments = Instruments(model, tc, os.path.join(tc.out_dir, "log.jsonl"), machine.master, autocast,
+    instruments = Instruments(model, tc, run_reader.log_path(tc.out_dir), machine.master, autocast,
                               machine.device)
     torch.manual_seed(tc.seed + machine.rank)  # dropout differs between processes; a checkpoint's RNG replaces it
     return model, optimizer, scaler, instruments

@@ -16,7 +16,6 @@ for the overflow, telemetry and headroom events.
 import contextlib
 import functools
 import math
-import os
 from collections import deque
 from dataclasses import dataclass
 from typing import Optional
@@ -26,6 +25,7 @@ import torch.distributed as dist
 
 from diagnostics import probes
 from diagnostics.probe_points import op_label, probe_points, weight_splits
+from engine import run_reader
 from engine.run_folder import log_event
 from engine.flags import UsageError
 
@@ -281,7 +281,7 @@ class Instruments:
             grown = (f"; grew the most over the last {grew['steps']} steps: {grew['op']}{at_layer(grew['layer'])} "
                      f"(max |x| {grew['from']:.3g} -> {grew['to']:.3g}, x{grew['ratio']:.3g})")
         # a run that diverges before its first checkpoint has none to keep (--overwrite removed any older one)
-        kept = "the last good checkpoint is kept" if os.path.exists(os.path.join(self.tc.out_dir, "ckpt.pt")) else \
+        kept = "the last good checkpoint is kept" if run_reader.has_checkpoint(self.tc.out_dir) else \
             "there is no checkpoint: it diverged before the first"
         print(f"diverged at step {step} (survived {step} steps, lr {lr:.3e}) by {criterion}: {reason}; first op "
               f"over the float16 range: {where}{' (' + '; '.join(notes) + ')' if notes else ''}{grown}; {kept}.")

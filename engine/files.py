@@ -5,7 +5,8 @@ use it without loading torch.
 
 `claim(out_dir)` takes a run folder's lock before the run's first write and holds it until the process ends;
 `held_by(out_dir)` says which process holds a folder. `append_line` adds a line to a log,
-`write_atomic` writes config.json and the checkpoints, and `write_and_sync` the prepared data. A write that fails
+`write_atomic` writes config.json and the checkpoints, and `write_and_sync` the prepared data; `read_own` and
+`read_json` read them back. A write that fails
 (disk full, a read-only filesystem) is a WriteError naming the file and the cause, with the file as it was before:
 one line, exit code 1. Every file nanonorm opens in its own folders goes through `open_own`, which takes only a
 regular file: never one through a symlink (a link at run.lock would have the lock truncate whatever it points to),
@@ -15,6 +16,7 @@ never a FIFO (its open or read waits forever); anything else is a UsageError nam
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import socket
 import stat
@@ -75,6 +77,21 @@ def read_own(path):
     """The bytes of one of nanonorm's own files (open_own): a missing one is FileNotFoundError."""
     with open(path, "rb", opener=open_own) as f:
         return f.read()
+
+
+def parse_json(text):
+    """json.loads, with a file nested deeper than Python's recursion limit ('[' * 100000) a ValueError like any other
+    text that is not JSON nanonorm wrote (json.loads raises RecursionError on it). Every JSON reader of nanonorm's
+    files reads through it."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply to be JSON nanonorm wrote") from None
+
+
+def read_json(path):
+    """One of nanonorm's own JSON files (read_own, then parse_json)."""
+    return parse_json(read_own(path))
 
 
 def write_and_sync(path, content):

@@ -259,6 +259,16 @@ def out_of_range(name, value):
     return f"--{name}={value} must be {bounds.text()}{bounds.why}"
 
 
+def first_out_of_range(config):
+    """out_of_range's line for the first field of a config dataclass (in field order) that FLOAT_RANGES bounds and
+    its value breaks, or None."""
+    for name in (f.name for f in dataclasses.fields(config) if f.name in FLOAT_RANGES):
+        problem = out_of_range(name, getattr(config, name))
+        if problem:
+            return problem
+    return None
+
+
 def build(cls, given):
     """cls with the given flags that are its fields; the others keep their defaults."""
     return cls(**{k: v for k, v in given.items() if k in cls.__dataclass_fields__})

@@ -9,23 +9,13 @@ runs without loading torch.
 import json
 import os
 
-from engine.files import not_own_file, read_own
+from engine.files import not_own_file, parse_json, read_json, read_own
 from engine.flags import UsageError
 
 CONFIG = "config.json"  # the resolved configs and the data's description, written before the first step
 LOG = "log.jsonl"  # one event a line
 CHECKPOINT = "ckpt.pt"  # the newest checkpoint; ckpt-<step>.pt names the kept ones
 ENDS = ("diverged", "done")  # the events that end a run
-
-
-def parse_json(text):
-    """json.loads, with a file nested deeper than Python's recursion limit ('[' * 100000) a ValueError like any other
-    text that is not JSON nanonorm wrote (json.loads raises RecursionError on it). Every JSON reader of nanonorm's
-    files reads through it."""
-    try:
-        return json.loads(text)
-    except RecursionError:
-        raise ValueError("nested too deeply to be JSON nanonorm wrote") from None
 
 
 def config_path(run_dir):
@@ -68,7 +58,7 @@ def read_config(run_dir):
     if not os.path.lexists(path):
         return None
     try:
-        config = parse_json(read_own(path))  # a regular file only: never through a link, never a FIFO
+        config = read_json(path)  # a regular file only: never through a link, never a FIFO
     except (OSError, ValueError):
         config = None
     if not (isinstance(config, dict) and all(isinstance(config.get(k), dict) for k in ("model", "train"))):

@@ -15,7 +15,6 @@ import re
 
 from engine import files
 from engine import flags
-from engine import run_reader
 from engine.flags import UsageError
 from engine.run_reader import JSON_NAMES, mismatch  # the one shape checker, shared with the log's reader
 
@@ -79,7 +78,7 @@ def read_summary(path, advice=SUMMARY_ALLOWED):
         raise UsageError(f"{path} is {problem}; {advice}")
     try:
         with open(path, "rb") as f:
-            summary = run_reader.parse_json(f.read().decode("utf-8"))
+            summary = files.parse_json(f.read().decode("utf-8"))
     except OSError as e:
         raise UsageError(f"{path}: cannot read it ({e.strerror}); {advice}") from None
     except UnicodeDecodeError:
