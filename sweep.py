@@ -187,7 +187,7 @@ def check_variants(variants, mode):
             raise UsageError(f"variant {variant}: a variant names a folder and may hold letters, digits and _ . = + -"
                              "; give a path as a flag to every run (--data_dir=...), not in a variant")
         for part in variant.split("+"):
-            name = part.partition("=")[0] if "=" in part else "preset"
+            name = part_flag(part)
             if set_per_run(name, mode):
                 raise UsageError(f"variant {variant}: {name} is set per run by sweep.py; use --lrs, --seeds, "
                                  "--out_dir and --mode instead")
@@ -198,10 +198,15 @@ def check_out_dir(out_dir):
     if not out_dir:
         raise UsageError("--out_dir is empty; give the sweep's folder")
     path = files.nearest_existing(os.path.abspath(out_dir))
-    if not os.path.isdir(path):
+    what = files.not_a_folder(path)
+    if what:
         where = "is" if path == os.path.abspath(out_dir) else f"is inside {path}, which is"
-        what = files.not_a_file(path) or "a file, not a folder"
         raise UsageError(f"--out_dir={out_dir} {where} {what}; give the sweep's folder")
+
+
+def part_flag(part):
+    """The flag a part of a variant sets: 'qk_norm=True' -> qk_norm; a bare name is a preset's."""
+    return part.partition("=")[0] if "=" in part else "preset"
 
 
 def variant_flags(variant):
@@ -221,10 +226,11 @@ def apply_recipe(plan, given):
     if taken:
         raise UsageError(f"{', '.join(taken)} come from the recipe; run without them, or without --recipe")
     recipe = recipes.settings(plan.recipe, plan.scale)
-    overridden = variant_settings(recipe["variants"]).keys() & configs.parse_flags(plan.train_argv).keys()
+    settings = variant_settings(recipe["variants"])
+    overridden = settings.keys() & configs.parse_flags(plan.train_argv).keys()
     if overridden:
         name = sorted(overridden)[0]
-        raise UsageError(f"--{name} is set by the recipe's variants ({variant_settings(recipe['variants'])[name]}), "
+        raise UsageError(f"--{name} is set by the recipe's variants ({settings[name]}), "
                          f"which come after the command line's flags: --{name} would change nothing; run the recipe "
                          "without it, or run its variants yourself without --recipe")
     out_dir = plan.out_dir if "out_dir" in given else os.path.join(
@@ -249,7 +255,7 @@ def variant_settings(variants):
     found = {}
     for variant in variants:
         for part in variant.split("+"):
-            found.setdefault(part.partition("=")[0] if "=" in part else "preset", variant)
+            found.setdefault(part_flag(part), variant)
     return found
 
 

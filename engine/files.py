@@ -153,6 +153,11 @@ def append_line(path, line):
         os.close(fd)
 
 
+def not_a_folder(path):
+    """Why an existing path is no folder to write in (one phrase), or None where it is one."""
+    return None if os.path.isdir(path) else not_a_file(path) or "a file, not a folder"
+
+
 def not_a_file(path):
     """Why path cannot be read as a plain file (one phrase), or None where it can; a missing path is None."""
     try:

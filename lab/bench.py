@@ -246,23 +246,23 @@ def main(argv):
               "defaults: python train.py --help lists them, as does configurable.txt.")
         return 0
     try:
-        configs, rounds, steps, part, device, tc = parse(argv)
-        for model_cfg in configs.values():  # train.py's memory check, on this machine, before anything is allocated
+        models, rounds, steps, part, device, tc = parse(argv)
+        for model_cfg in models.values():  # train.py's memory check, on this machine, before anything is allocated
             runtime.check_memory(model_cfg, tc, device, runtime.Machine.from_env())
     except UsageError as e:
         return flags.fail("bench.py", e)
     if tc.compile:
         # every variant recompiles the same Block.forward; past the default limit dynamo would fall back to eager
-        torch._dynamo.config.recompile_limit = 8 * len(configs)
+        torch._dynamo.config.recompile_limit = 8 * len(models)
     dtype = getattr(torch, tc.dtype)
     cuda = device.startswith("cuda")
     if device == "cpu":
         runtime.keep_freed_memory()  # as train.py does: without it every step's new tensors page-fault
     runs = {}
-    for name, cfg in configs.items():
+    for name, cfg in models.items():
         runs[name] = NormVariant(cfg, tc, device, dtype) if part == "norm" else Variant(cfg, tc, device, dtype, name)
         runs[name].step()  # warm up: allocator, kernels, torch.compile
-    block_size = next(iter(configs.values())).block_size
+    block_size = next(iter(models.values())).block_size
     tokens = tc.batch_size * block_size * steps
     order = list(runs.values())
     for i in range(rounds):

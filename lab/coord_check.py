@@ -23,9 +23,9 @@ from types import SimpleNamespace
 import torch
 
 import data
-from engine.files import WriteError, cannot_write, nearest_existing, not_a_file, write_atomic
+from engine.files import WriteError, cannot_write, nearest_existing, not_a_folder, write_atomic
 from engine import runtime
-from configs import MAX_LR
+from configs import MAX_LR, model_flags
 from engine.flags import UsageError, build, fail, help_of, number, parse, print_help
 from engine.flags import wants_help
 from model import GPT, GPTConfig, PRESETS
@@ -120,9 +120,7 @@ def model_configs(opts, given, vocab_size):
         raise UsageError(f"--head_dim={opts.head_dim} must be >= 1 and divide every width in --widths={opts.widths}")
     if "n_embd" in given or "n_head" in given:
         raise UsageError("--n_embd and --n_head are set by --widths and --head_dim; give those instead")
-    flags = dict(PRESETS[opts.preset]) if opts.preset else {}
-    flags.update({k: v for k, v in given.items() if k in GPTConfig.__dataclass_fields__})
-    flags = {"n_layer": 2, "block_size": 64, **flags, "vocab_size": vocab_size}
+    flags = {"n_layer": 2, "block_size": 64, **model_flags(given), "vocab_size": vocab_size}
     try:
         return {w: GPTConfig(**{**flags, "n_embd": w, "n_head": w // opts.head_dim}) for w in widths}
     except ValueError as e:
@@ -140,9 +138,9 @@ def check_options(opts):
         raise UsageError(f"--out={opts.out} must be a .png path")
     # checked now, not after the runs: the folder of --out is one, or can be made, and can be written
     above = nearest_existing(os.path.dirname(os.path.abspath(opts.out)))
-    if not os.path.isdir(above):
-        raise UsageError(f"--out={opts.out}: {above} is {not_a_file(above) or 'a file, not a folder'}; give a .png "
-                         "path in a folder")
+    problem = not_a_folder(above)
+    if problem:
+        raise UsageError(f"--out={opts.out}: {above} is {problem}; give a .png path in a folder")
     if not os.access(above, os.W_OK | os.X_OK):
         raise UsageError(f"--out={opts.out}: {above} is not writable; give a .png path in a folder you can write to")
 
@@ -151,11 +149,11 @@ def run(opts, given):
     """Every width's rows {width, step, layer, op, mean_abs}, on the same batches for all widths."""
     machine = runtime.Machine.from_env()  # the environment is input too: checked before the data is prepared
     folder = data.prepare(opts.dataset, "byte", opts.data_dir)
-    vocab_size = data.load_meta(folder)["vocab_size"]
-    configs = model_configs(opts, given, vocab_size)
+    meta = data.load_meta(folder)
+    configs = model_configs(opts, given, meta["vocab_size"])
     block_size = next(iter(configs.values())).block_size
     # train.py's checks of the data and the memory, before anything is allocated
-    data.check_length(data.load_meta(folder), block_size)
+    data.check_length(meta, block_size)
     runtime.check_memory(configs[max(configs)], SimpleNamespace(batch_size=opts.batch_size, dtype="float32"), "cpu",
                          machine)
     generator = torch.Generator().manual_seed(opts.seed)

@@ -226,8 +226,9 @@ def profile_steps(device="cuda", shape=GPT2_SMALL, compile=True):
     the ones that take the most time."""
     tc = TrainConfig(batch_size=16, device=device, dtype="bfloat16", compile=compile)
     calls = 5  # steps profiled, then as many timed
+    given = configs.parse_flags(shape)
     for name, flags in VARIANTS["headline"].items():
-        model_cfg = configs.build_configs({**flags, **configs.parse_flags(shape)})[0]
+        model_cfg = configs.build_configs({**flags, **given})[0]
         variant = Variant(model_cfg, tc, device, torch.bfloat16, name)
         kernels, total = profiled(variant, calls, device)
         start = time.perf_counter()
@@ -283,12 +284,12 @@ def main(argv):
         if opts.suite_s < 1:
             raise UsageError(f"--suite_s={opts.suite_s}: the suite's box is a positive number of seconds")
         every = parts(out, opts.suite_s)
-        chosen = [p for p in every if p.name not in NOT_IN_ALL] if opts.parts == "all" else \
-            [p for p in every if p.name in opts.parts.split(",")]
-        unknown = set(opts.parts.split(",")) - {p.name for p in every} if opts.parts != "all" else set()
+        names = [p.name for p in every]
+        wanted = [n for n in names if n not in NOT_IN_ALL] if opts.parts == "all" else opts.parts.split(",")
+        unknown = set(wanted) - set(names)
         if unknown:
-            raise UsageError(f"--parts: {', '.join(sorted(unknown))} is not a part; choose from "
-                             f"{', '.join(p.name for p in every)}")
+            raise UsageError(f"--parts: {', '.join(sorted(unknown))} is not a part; choose from {', '.join(names)}")
+        chosen = [p for p in every if p.name in wanted]
         if not torch.cuda.is_available():
             raise UsageError("PyTorch sees no CUDA GPU here; the device check is for a machine with one")
     except UsageError as e:
