@@ -26,6 +26,7 @@ exit code 2, before anything is drawn. A log's last line cut short by a killed r
 file is written whole or not at all; a write that fails (disk full, read-only) is one line naming it, exit code 1.
 """
 
+import collections
 import dataclasses
 import glob
 import math
@@ -105,9 +106,7 @@ def file_names(labels):
     same label in two sweep folders) each of them numbered in order with a +, which no slug holds, so that no
     run's plots overwrite another's."""
     slugs = [slug(label) for label in labels]
-    seen = {}
-    for name in slugs:
-        seen[name] = seen.get(name, 0) + 1
+    seen = collections.Counter(slugs)
     counts, names = {}, []
     for name in slugs:
         counts[name] = counts.get(name, 0) + 1

@@ -99,7 +99,7 @@ def seed_values(records, variant, metric, lrs, pilot=0):
     name, _, lr = metric.partition("@")
     at_lr = [r for r in ran if r["lr"] == lr]
     if name in BINARY:
-        return {r["seed"]: binary_value(r, name) for r in at_lr if binary_value(r, name) is not None}
+        return {r["seed"]: value for r in at_lr if (value := binary_value(r, name)) is not None}
     if name == "final_loss" or name in AT_FAILURE:
         return {r["seed"]: r[FIELDS[name]] for r in at_lr if r[FIELDS[name]] is not None}
     worst = worst_value(records, name, lr)
@@ -117,13 +117,18 @@ def pilot_seeds(records, pilot):
     return set(sorted({r["seed"] for r in records})[:pilot])
 
 
-def best_lr(runs, lrs, seeds):
-    """The LR of lrs with the lowest median loss (min(L, ln V)) over the runs of seeds (every seed where seeds is
-    empty); None where no run has a loss."""
+def median_losses(runs, lrs, seeds=()):
+    """{lr: the median loss, min(L, ln V), over the runs of seeds (every seed where seeds is empty)}, in the order
+    of lrs, for each LR where a run has a loss."""
     by_lr = {lr: [r["final_loss_capped"] for r in runs if r["lr"] == lr and (not seeds or r["seed"] in seeds)
                   and r["final_loss_capped"] is not None] for lr in lrs}
-    by_lr = {lr: losses for lr, losses in by_lr.items() if losses}
-    return min(by_lr, key=lambda lr: statistics.median(by_lr[lr])) if by_lr else None
+    return {lr: statistics.median(losses) for lr, losses in by_lr.items() if losses}
+
+
+def best_lr(runs, lrs, seeds):
+    """The LR of lrs with the lowest median loss (median_losses; the first of a tie); None where no run has one."""
+    by_lr = median_losses(runs, lrs, seeds)
+    return min(by_lr, key=by_lr.get) if by_lr else None
 
 
 def scored(record, name):

@@ -21,8 +21,8 @@ from lab import claims as claims_lib
 from lab import recipes
 from lab.claims import RATIO_STEPS
 from lab.figures import FP16_MAX, legend_outside, log_lr_axis, make_folder, plt, save_png
-from lab.tables import (claims_table, comparison_text, coverage_text, interval_text, metric_label, p_value_text,
-                        power_text, target_value_text, value_text)
+from lab.tables import (claims_table, comparison_text, coverage_text, finite_number, interval_text, metric_label,
+                        p_value_text, power_text, target_value_text, value_text)
 
 LINE_STYLES = ("-", "--", ":", "-.")
 FIGURE_SIZE = (8, 4.5)  # inches, at FIGURE_DPI: readable at the page's width
@@ -72,10 +72,6 @@ def check_verdicts(path, summary):
         if claim["verdict"] != recomputed:
             raise UsageError(f"{path}: claims[{i}] says {claim['verdict']!r} where its numbers give "
                              f"{recomputed!r}; {schema.SUMMARY_ALLOWED}")
-
-
-def finite_number(value):
-    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def design_changes(summary):

@@ -124,8 +124,9 @@ def run_record(run):
     final_loss = math.inf if status == "diverged" else final
     telemetry = [e for e in events if e["event"] == "telemetry"]
     batch_stats = evals[-1].get("val_loss_batch_stats") if evals else None
-    entropy = unigram_entropy(run)
-    failure = failure_loss(run)
+    data = config_data(run)  # config.json read once for both
+    entropy = unigram_entropy(data)
+    failure = failure_loss(data)
     return {"variant": run.variant, "lr": run.lr, "seed": run.seed, "status": status,
             "diverged": status == "diverged", "init_loss": init_loss, "final_loss": final_loss,
             "failure_loss": failure, "final_loss_capped": capped_loss(final_loss, failure),
@@ -159,10 +160,10 @@ def capped_loss(loss, failure):
     return min(loss, failure)
 
 
-def failure_loss(run):
-    """ln(V) of the run's tokenizer, V from its config.json's data (the loss of a uniform guess; lab/claims.py's
-    FAILURE_RULE); None without it."""
-    vocab = config_data(run).get("vocab_size")
+def failure_loss(data):
+    """ln(V) of the run's tokenizer, V from its config.json's data (config_data; the loss of a uniform guess,
+    lab/claims.py's FAILURE_RULE); None without it."""
+    vocab = data.get("vocab_size")
     return math.log(vocab) if isinstance(vocab, int) and vocab > 0 else None
 
 
@@ -199,10 +200,10 @@ def geometric_mean(ratios):
     return math.exp(statistics.fmean(math.log(ratio) for _, ratio in ratios)) if ratios else None
 
 
-def unigram_entropy(run):
-    """The val split's unigram entropy (nats a token) from the run's config.json, None without it (or with one
-    train.py did not write)."""
-    entropy = config_data(run).get("unigram_entropy")
+def unigram_entropy(data):
+    """The val split's unigram entropy (nats a token) from the run's config.json's data (config_data), None without
+    it (or with one train.py did not write)."""
+    entropy = data.get("unigram_entropy")
     return entropy if isinstance(entropy, (int, float)) else None
 
 
@@ -259,8 +260,7 @@ def lr_rows(records, lrs):
     for variant, group in group_by(records, ("variant",)).items():
         ran = [r for r in group if r["status"] != "unfinished"]
         counted = [r for r in ran if r["final_loss_capped"] is not None]
-        by_lr = {lr: statistics.median(r["final_loss_capped"] for r in counted if r["lr"] == lr)
-                 for lr in lrs if any(r["lr"] == lr for r in counted)}
+        by_lr = claims_lib.median_losses(ran, lrs)
         init = [r["init_loss"] for r in ran if r["init_loss"] is not None and math.isfinite(r["init_loss"])]
         failure = next((r["failure_loss"] for r in counted), None)
         best_lr = min(by_lr, key=by_lr.get) if by_lr else None
@@ -345,17 +345,15 @@ def comparisons(records, mode, lrs, variants, reference, claims=()):
             expect = expected.get((variant, metric), by_variant.get(variant, "better"))
             better = recipes.BETTER[metric.split("@")[0]]
             ours, theirs = (claims_lib.seed_values(records, v, metric, lrs) for v in (variant, ref))
+            ours_all, our_lr = metric_values(records, variant, metric)
+            theirs_all, their_lr = metric_values(records, ref, metric)
             if ours and set(ours) == set(theirs):
                 result = paired(ours, theirs, better, expect)
             else:
-                ours_all, _ = metric_values(records, variant, metric)
-                theirs_all, _ = metric_values(records, ref, metric)
                 if not (ours_all and theirs_all):
                     continue
                 binary = metric.partition("@")[0] in claims_lib.BINARY
                 result = (unpaired_binary if binary else unpaired)(ours_all, theirs_all, better, expect)
-            _, our_lr = metric_values(records, variant, metric)
-            _, their_lr = metric_values(records, ref, metric)
             rows.append({"variant": variant, "reference": ref, "metric": metric, "lr": our_lr,
                          "reference_lr": their_lr, "claim": (variant, metric) in expected, **result})
     return rows

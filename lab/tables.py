@@ -20,9 +20,13 @@ def value_text(value, plain=False):
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def finite_number(value):
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def known(value):
     """value where it is a finite number, else None."""
-    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+    return value if finite_number(value) else None
 
 
 def side_text(side):
