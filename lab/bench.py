@@ -14,7 +14,9 @@ interval for that median (a ratio whose interval holds 1.00 is no difference thi
         --vocab_size=50304 --batch_size=16             # baseline, normformer, powernorm at GPT-2 small on a GPU
     python -m lab.bench --part=norm                        # each norm module alone, forward and backward
     python -m lab.bench --variants=function                # LayerNorm's kernels through a Python autograd.Function
-Model and system flags are train.py's (configurable.txt); bench.py adds --variants, --rounds, --steps and --part.
+    python -m lab.bench --variants=headline --compile_mode=reduce-overhead ...  # the same with CUDA graphs
+Model and system flags are train.py's (configurable.txt); bench.py adds --variants, --rounds, --steps, --part and
+--compile_mode (torch.compile's mode, for trying the compiler's settings before train.py takes one).
 On CUDA it also reports the memory a step allocates on top of the resident weights and optimizer states
 (activations and workspaces), the achieved TFLOP/s (model.flops_per_token, nanoGPT's estimate) and MFU
 (over train.py's dense bf16 peak of the GPU, or --gpu_peak_tflops), with the GPU's name and the peak used.
@@ -80,10 +82,14 @@ class BenchOptions:
     part: Literal["step", "norm"] = help_of("what is timed: step (a training step of the model) or norm (forward "
                                             "and backward of one norm module on a batch of activations, with "
                                             "--variants=norms)", default="step")
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"] = help_of(
+        "torch.compile's mode, with --compile=True: reduce-overhead replays each step as CUDA graphs (fewer kernel "
+        "launches from the host), the max-autotune modes time several kernels for each matrix product and keep "
+        "the fastest", default="default")
 
 
 def parse(argv):
-    """bench.py's own four flags, then train.py's for the rest (one parser, same syntax, same errors).
+    """bench.py's own five flags, then train.py's for the rest (one parser, same syntax, same errors).
     Each variant's flags go in before the explicit ones, so the command line overrides them, as with --preset."""
     own, rest = flags.split(argv, BenchOptions)
     opts = flags.build(BenchOptions, flags.parse(own, BenchOptions, choices={"variants": list(VARIANTS)}))
@@ -96,8 +102,16 @@ def parse(argv):
     # the variants set model flags only: one TrainConfig, that of the flags (configs.from_flags), on this machine
     _, tc = configs.from_flags(given)
     device, tc = runtime.resolve_device(tc)
+    if opts.compile_mode != "default" and not tc.compile:
+        raise UsageError(f"--compile_mode={opts.compile_mode} is a mode of torch.compile; it needs --compile=True "
+                         f"(compile is {tc.compile} here)")
     models = {name: configs.build_configs({**variant, **given})[0] for name, variant in VARIANTS[opts.variants].items()}
-    return models, opts.rounds, opts.steps, opts.part, device, tc
+    return models, opts, device, tc
+
+
+def compiled(model, tc, mode):
+    """The model as a step runs it: compiled in torch.compile's `mode` with --compile, else as it is."""
+    return torch.compile(model, mode=None if mode == "default" else mode) if tc.compile else model
 
 
 class PlainGPT(nn.Module):
@@ -161,7 +175,7 @@ class FunctionLayerNorm(LayerNorm):
 class Variant:
     """One model, its optimizer and a fixed batch, ready to time training steps."""
 
-    def __init__(self, model_cfg, tc, device, dtype, name):
+    def __init__(self, model_cfg, tc, device, dtype, name, mode="default"):
         torch.manual_seed(tc.seed)
         self.model = (PlainGPT if name == PLAIN else GPT)(model_cfg).to(device)
         if name == THROUGH_FUNCTION:
@@ -169,7 +183,9 @@ class Variant:
                 if isinstance(module, LayerNorm):
                     module.__class__ = FunctionLayerNorm  # its parameters stay; only forward changes
         self.flops_per_token = flops_per_token(self.model, model_cfg)
-        self.step_model = torch.compile(self.model) if tc.compile else self.model
+        self.step_model = compiled(self.model, tc, mode)
+        # CUDA graphs reuse their memory from one replay to the next: each step tells them a new one begins
+        self.new_graph_step = tc.compile and mode in ("reduce-overhead", "max-autotune")
         device_type = device.split(":")[0]
         self.optimizer = train.configure_optimizer(self.model, tc, device_type)
         shape = (tc.batch_size, model_cfg.block_size)
@@ -181,6 +197,8 @@ class Variant:
         self.times, self.step_bytes = [], 0
 
     def step(self):
+        if self.new_graph_step:
+            torch.compiler.cudagraph_mark_step_begin()
         with self.autocast:
             loss = self.step_model(self.x, self.y)[1]
         self.scaler.scale(loss).backward()
@@ -207,11 +225,11 @@ class NormVariant:
     """One norm module as the model builds it, a batch of activations and an output gradient, ready to time the
     module's forward and backward alone (--part=norm): the norms' share of a step, one by one."""
 
-    def __init__(self, model_cfg, tc, device, dtype):
+    def __init__(self, model_cfg, tc, device, dtype, mode="default"):
         torch.manual_seed(tc.seed)
         self.model = norm(model_cfg, model_cfg.n_embd).to(device)
         self.flops_per_token = 0
-        self.step_model = torch.compile(self.model) if tc.compile else self.model
+        self.step_model = compiled(self.model, tc, mode)
         shape = (tc.batch_size, model_cfg.block_size, model_cfg.n_embd)
         self.x = torch.randn(shape, device=device, requires_grad=True)
         self.residual, self.dy = torch.randn(shape, device=device), torch.randn(shape, device=device)
@@ -246,7 +264,7 @@ def main(argv):
               "defaults: python train.py --help lists them, as does configurable.txt.")
         return 0
     try:
-        models, rounds, steps, part, device, tc = parse(argv)
+        models, opts, device, tc = parse(argv)
         for model_cfg in models.values():  # train.py's memory check, on this machine, before anything is allocated
             runtime.check_memory(model_cfg, tc, device, runtime.Machine.from_env())
     except UsageError as e:
@@ -258,9 +276,11 @@ def main(argv):
     cuda = device.startswith("cuda")
     if device == "cpu":
         runtime.keep_freed_memory()  # as train.py does: without it every step's new tensors page-fault
+    rounds, steps, part, mode = opts.rounds, opts.steps, opts.part, opts.compile_mode
     runs = {}
     for name, cfg in models.items():
-        runs[name] = NormVariant(cfg, tc, device, dtype) if part == "norm" else Variant(cfg, tc, device, dtype, name)
+        runs[name] = (NormVariant(cfg, tc, device, dtype, mode) if part == "norm" else
+                      Variant(cfg, tc, device, dtype, name, mode))
         runs[name].step()  # warm up: allocator, kernels, torch.compile
     block_size = next(iter(models.values())).block_size
     tokens = tc.batch_size * block_size * steps
@@ -279,7 +299,8 @@ def main(argv):
             if cuda:
                 run.step_bytes = max(run.step_bytes, torch.cuda.max_memory_allocated() - resident)
     peak = runtime.gpu_peak_flops(tc, device) if cuda else None  # per GPU, as train.py's MFU
-    print(f"device {runtime.describe_device(device)} {tc.dtype}, compile {tc.compile}, batch {tc.batch_size} x "
+    compile = f"{tc.compile}{f' ({mode})' if mode != 'default' else ''}"
+    print(f"device {runtime.describe_device(device)} {tc.dtype}, compile {compile}, batch {tc.batch_size} x "
           f"{block_size}, {rounds} rounds x {steps} steps{'' if rounds >= MIN_ROUNDS else NO_INTERVAL}, "
           f"{'the norm modules alone' if part == 'norm' else 'training steps'}, torch {torch.__version__}")
     if cuda:

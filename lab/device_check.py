@@ -5,6 +5,7 @@ each norm's compiled cost beside layernorm's, the batch that gives the best MFU,
     python -m lab.device_check --parts=suite        # README command 1, every test, on the GPU machine
     python -m lab.device_check --parts=steps        # where a GPT-2 small step of baseline, NormFormer, PowerNorm goes
     python -m lab.device_check --parts=tests,quickstart
+    python -m lab.device_check --parts=headline,multi_kernel,cudagraphs   # the compiler's settings to try (7 min)
 Each part is a subprocess with its own time box, so one slow part cannot eat the rest: a part past its box is
 stopped and reported as such, and the next one starts. The figures go to OUT/device_check.json and
 OUT/device_check.md (with the GPU, torch and the commands), every part's output to OUT/device_check.log, and one
@@ -38,8 +39,28 @@ GPT2_SMALL = ["--n_layer=12", "--n_head=12", "--n_embd=768", "--block_size=1024"
 # the batches the MFU part tries at GPT-2 small beyond 16, in turn, while its box lasts (a compile and 5 rounds each,
 # about 45 s): on one H100, MFU rose from 38.0% at 16 to 41.3% at 32, 41.9% at 48 and 42.1% at 64 (40 GiB)
 BATCHES = (64, 48)
-# the parts --parts=all leaves out: where a GPT-2 small step goes (150 s more) and the whole suite (8 minutes more)
-NOT_IN_ALL = ("steps", "suite")
+# The compiler's settings to try against the headline's costs (docs/benchmarks.md, "GPUs: one H100"), each a part to
+# run beside the plain headline part, none changing the code: (part, box in seconds, the environment it sets, its bench
+# flags, what it times)
+TRIES = (
+    # NormFormer: inductor reduces a row in one pass only up to 1,024 values; the FFN LN's rows have 3,072
+    ("multi_kernel", 150, ["env", "TORCHINDUCTOR_MULTI_KERNEL=1"],
+     ["--variants=headline", "--batch_size=16", "--rounds=10"], "the headline with inductor's multi-kernel reductions"),
+    # PowerNorm: the GPU waited on the host for 3.6 ms of its step, the baseline for 1.3 ms
+    ("cudagraphs", 150, [], ["--variants=headline", "--batch_size=16", "--rounds=10",
+                             "--compile_mode=reduce-overhead"],
+     "the headline replayed as CUDA graphs"),
+    # both: inductor tries neighbouring block sizes for each of its kernels and keeps the fastest
+    ("coordinate_descent", 200, ["env", "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1"],
+     ["--variants=headline", "--batch_size=16", "--rounds=10"], "the headline, each Triton kernel tuned in turn"),
+    # MFU: the matrix products autotuned, at the batch that gave the best MFU (42.1% at 64)
+    ("autotune", 300, [], ["--variants=defaults", "--batch_size=64", "--rounds=5",
+                           "--compile_mode=max-autotune-no-cudagraphs"],
+     "the default model at batch 64, its matrix products autotuned (MFU)"),
+)
+# the parts --parts=all leaves out: where a GPT-2 small step goes (150 s more), the whole suite (8 minutes more) and
+# the compiler's settings to try (13 minutes more, all four)
+NOT_IN_ALL = ("steps", "suite", *(name for name, *_ in TRIES))
 
 
 @dataclass
@@ -47,8 +68,11 @@ class Options:
     out: str = help_of("folder for device_check.json, .md and .log (and the quickstart's run)",
                        default="out/device_check")
     parts: str = help_of("comma-separated parts to run, in this order: tests, quickstart, headline, baseline, "
-                         "norms, batch, profile, steps, suite; all: every part but steps (where a GPT-2 small step "
-                         "goes, 150 s more) and suite (the whole test suite, up to 8 minutes more)", default="all")
+                         "norms, batch, profile, steps, suite, multi_kernel, cudagraphs, coordinate_descent, "
+                         "autotune; all: every part but steps (where a GPT-2 small step goes, 150 s more), suite (the "
+                         "whole test suite, up to 8 minutes more) and the four compiler settings to try (from "
+                         "multi_kernel on: the headline, or the best batch, under one setting each)",
+                           default="all")
     suite_s: int = help_of("the whole suite's time box in seconds (16 workers, each on its share of the cores)",
                            default=480)
     profile: bool = help_of("(internal) print where the compiled layernorm and powernorm spend their time",
@@ -102,6 +126,9 @@ def parts(out, suite_s=Options.suite_s):
         # not in the default 8 minutes: README command 1 whole, every test one by one in the log; 16 processes
         # that each took all 16 cores got through 75% of it in 300 s on one H100 machine (conftest now pins them)
         Part("suite", suite_s, [[*pytest, "-v"]], "README command 1 on this machine: every test"),
+        # not in the default 8 minutes: the compiler's settings to try, one a part
+        *(Part(name, box_s, [[*setting, *bench(*GPT2_SMALL, *flags)]], what)
+          for name, box_s, setting, flags, what in TRIES),
     ]
 
 

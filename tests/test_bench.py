@@ -138,8 +138,9 @@ def test_every_bench_command_in_the_docs_is_accepted():
 def test_bench_help_lists_its_flags_with_the_defaults_it_uses(capsys):
     assert bench.main(["--steps=2", "--help"]) == 0
     out = capsys.readouterr().out
-    _, rounds, steps, part, _, _ = bench.parse(["--variants", "norms"])
-    defaults = {"variants": "norms", "rounds": str(rounds), "steps": str(steps), "part": part}
+    opts = bench.parse(["--variants", "norms"])[1]
+    defaults = {"variants": "norms", "rounds": str(opts.rounds), "steps": str(opts.steps), "part": opts.part,
+                "compile_mode": opts.compile_mode}
     for name, default in defaults.items():
         assert any(line.split()[:2] == [f"--{name}", default] for line in out.splitlines()), (name, out)
     assert "python train.py --help" in out and "configurable.txt" in out
@@ -264,7 +265,7 @@ def test_guard_flags_every_norm_above_1_05x_of_layernorm():
 def test_bench_gives_the_guards_verdict_for_compiled_norms_only(monkeypatch, capsys):
     """--variants=norms --compile=True ends with the guard's line; eager runs and other groups have none. Compiling
     eight models takes minutes, so torch.compile is the identity here: this checks the mode, not the compiler."""
-    monkeypatch.setattr(torch, "compile", lambda model: model)
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None: model)
     assert bench.main(["--compile=True", "--rounds=1", "--steps=1", *TINY]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "compile True" in lines[0] and len(lines) == 2 + len(bench.VARIANTS["norms"]) + 1
@@ -272,6 +273,22 @@ def test_bench_gives_the_guards_verdict_for_compiled_norms_only(monkeypatch, cap
     for argv in (["--compile=False"], ["--compile=True", "--variants=attention"]):
         assert bench.main([*argv, "--rounds=1", "--steps=1", *TINY]) == 0
         assert "guard" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mode, graph_steps", [("default", 0), ("max-autotune-no-cudagraphs", 0),
+                                               ("reduce-overhead", 4), ("max-autotune", 4)])
+def test_the_compile_mode_reaches_torch_compile_and_cuda_graphs_hear_of_each_step(monkeypatch, capsys, mode,
+                                                                                 graph_steps):
+    """torch.compile is the identity here (a CPU compiles no CUDA graphs): this checks what bench.py asks of it."""
+    modes, marks = [], []
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None: modes.append(mode) or model)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    argv = ["--variants=attention", "--compile=True", f"--compile_mode={mode}", "--rounds=1", *TINY]
+    assert bench.main(argv) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert modes == [None if mode == "default" else mode] * 2
+    assert ("compile True," if mode == "default" else f"compile True ({mode}),") in header
+    assert len(marks) == graph_steps  # two variants, a warm-up step and a timed one each
 
 
 @pytest.mark.parametrize("flags, says", [(["--block_size=100000000"], "need about"),
@@ -296,6 +313,8 @@ HUGE = ["--vocab_size=2000000000", "--n_embd=1000000"]
     (["--steps=0"], "--steps=0 must be"),
     (["--part=layer"], "--part=layer is not allowed; choose one of step, norm"),
     (["--part=norm", "--variants=presets"], "--part=norm times the norms of --variants=norms"),
+    (["--compile_mode=fast"], "--compile_mode=fast is not allowed; choose one of default, reduce-overhead"),
+    (["--compile_mode=reduce-overhead", "--compile=False"], "it needs --compile=True (compile is False here)"),
     (["--norm=groupnorm"], "--norm=groupnorm is not allowed"),
     (["--bogus=1"], "unknown flag --bogus"),
     (["--batch_size=0"], "--batch_size=0 must be"),

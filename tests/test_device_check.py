@@ -1,17 +1,40 @@
 """lab/device_check.py as far as a machine without a GPU can check it: its time boxes, its refusals, and how it
 reads the figures out of its parts' output."""
+import glob
 import json
+import os
+import re
 import sys
 
 import pytest
 import torch
 
 from conftest import pin_xdist_worker
+from lab import bench
 from lab import device_check
 
 
 def test_the_default_parts_add_up_to_eight_minutes():
     assert sum(part.box_s for part in device_check.parts("out") if part.name not in device_check.NOT_IN_ALL) <= 8 * 60
+
+
+def test_each_compiler_setting_to_try_is_a_part_of_its_own_that_bench_accepts_beside_the_plain_headline():
+    every = {part.name: part for part in device_check.parts("out")}
+    tries = [name for name, *_ in device_check.TRIES]
+    assert set(tries) <= set(device_check.NOT_IN_ALL) and len(set(tries)) == 4
+    headline = every["headline"].commands[0]
+    for name in tries:
+        (command,) = every[name].commands
+        module = command.index("lab.bench")
+        setting, argv = command[:module - 2], command[module + 1:]
+        # a setting is the environment of the one command, or none; the rest is a command bench.py takes
+        assert setting == [] or (setting[0] == "env" and all(s.startswith("TORCHINDUCTOR_") for s in setting[1:]))
+        assert setting or any(arg.startswith("--compile_mode=") for arg in argv)
+        # on a GPU compile is on by default; a CPU has to be told, or it refuses --compile_mode
+        models, opts, _, _ = bench.parse([*argv, "--compile=True"])
+        assert all(cfg.n_embd == 768 and cfg.n_layer == 12 for cfg in models.values())
+        if opts.variants == "headline":
+            assert set(argv) - set(headline) <= {"--compile_mode=reduce-overhead"}
 
 
 @pytest.mark.parametrize("name,kind", [
@@ -116,3 +139,15 @@ def test_each_xdist_worker_gets_its_own_share_of_the_cores(workers, cores, share
     used = [core for mine in shares for core in mine]
     # no core is shared while there are cores enough; with more workers than cores they share round the cores
     assert len(set(used)) == min(len(used), cores)
+
+
+def test_every_device_check_command_in_the_docs_names_its_parts():
+    names = {part.name for part in device_check.parts("out")}
+    pages = ["README.md", *sorted(glob.glob(os.path.join("docs", "*.md")))]
+    named = []
+    for page in pages:
+        with open(os.path.join(device_check.ROOT, page), encoding="utf-8") as f:
+            named += re.findall(r"lab\.device_check --parts=([\w,]+)", f.read())
+    assert len(named) >= 3
+    for parts in named:
+        assert set(parts.split(",")) <= names, parts
