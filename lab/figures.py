@@ -34,7 +34,9 @@ def make_folder(path):
 
 
 def legend_outside(ax):
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    """The legend to the right of the axes; none where nothing drawn has a label (a figure with no data)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
 
 
 def log_lr_axis(ax, label):

@@ -7,11 +7,13 @@ import math
 import os
 import random
 
+import matplotlib.pyplot as plt
 import pytest
 
 import lab.claims
 import lab.summary
 import plot
+from lab import figures
 from lab import recipes
 import sweep
 import configs
@@ -439,3 +441,14 @@ def test_the_readmes_headline_table_is_the_results_pages():
     assert readme == page
     assert readme_after == page_after if page_after.startswith("Not run here yet") else not readme_after.startswith(
         ("Not run", "Every recipe"))
+
+
+def test_a_legend_is_drawn_only_for_what_has_a_label(recwarn):
+    fig, ax = plt.subplots()
+    figures.legend_outside(ax)  # nothing drawn: matplotlib would warn that no artist has a label
+    assert ax.get_legend() is None
+    ax.plot([1, 2], [3, 4], label="baseline")
+    figures.legend_outside(ax)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["baseline"]
+    plt.close(fig)
+    assert not [w for w in recwarn if "legend" in str(w.message)]
