@@ -214,7 +214,9 @@ class PowerNormGradient(torch.autograd.Function):
         nu_t = nu_(t-1) * (1 - (1 - alpha_bwd) * Gamma) + (1 - alpha_bwd) * Lambda
     Autograd carries g_hat' back through z = x / psi_(t-1), which is eq. (12). In warmup g_hat passes as it is,
     and autograd's gradient through the batch's psi_B is PN-V's exact eq. (6); nu still takes its step.
-    (mean_tokens: per channel, over all B*T tokens of the batch.)
+    (mean_tokens: per channel, over all B*T tokens of the batch.) Under float16's GradScaler g_hat is the scaled
+    gradient, so nu is in the scaled units too, and after the scale halves or doubles it is off by that factor for
+    about 1 / (1 - alpha_bwd) steps.
     """
 
     @staticmethod
@@ -233,7 +235,10 @@ class PowerNormGradient(torch.autograd.Function):
         g_hat_prime = g_hat - torch.where(warm, 0.0, nu) * z  # eq. (11), with nu_(t-1)
         Gamma = (Z * Z).mean(0)
         Lambda = (G * Z).mean(0)
-        nu.copy_(nu * (1 - (1 - a) * Gamma) + (1 - a) * Lambda)  # eq. (13)
+        nu_t = nu * (1 - (1 - a) * Gamma) + (1 - a) * Lambda  # eq. (13)
+        # a float16 backward that overflowed, whose update GradScaler skips, would leave nu inf for good: nu keeps
+        # its value then, as the weights keep theirs (a tensor test, not a Python branch: no host sync)
+        nu.copy_(torch.where(torch.isfinite(nu_t).all(), nu_t, nu))
         return g_hat_prime, None, None, None
 
 

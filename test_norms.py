@@ -459,6 +459,21 @@ def test_powernorm_follows_eqs_8_to_13_over_steps(shape, groups, affine, device)
             torch.testing.assert_close(db, dY.sum(0), **EXACT)
 
 
+def test_powernorm_keeps_nu_through_a_backward_that_overflowed():
+    """Under float16 a backward can overflow, and GradScaler skips that update: nu must not take the inf in, or
+    every later gradient is non-finite (eq. (11) subtracts nu * z)."""
+    gen, shape = generator(15), (2, 3, 8)
+    m = build("powernorm", 8, "both", gen, warmup=0)
+    run(m, rand(shape, gen), rand(shape, gen))
+    before = m.nu.clone()
+    overflowed = rand(shape, gen)
+    overflowed[0, 0, 0] = float("inf")
+    run(m, rand(shape, gen), overflowed)
+    assert torch.equal(m.nu, before)
+    _, dx, dg, db = run(m, rand(shape, gen), rand(shape, gen))
+    assert all(torch.isfinite(t).all() for t in (dx, dg, db, m.nu)) and not torch.equal(m.nu, before)
+
+
 @pytest.mark.parametrize("warmup", [0, 1, 3])
 def test_powernorm_switches_from_pnv_exactly_at_warmup(warmup):
     gen, shape = generator(10), (3, 4, 7)
