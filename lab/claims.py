@@ -10,13 +10,17 @@ before the runs. Then, per claim:
            without pairs entering as p = 1); a descriptive claim (recipes.Claim.tested False) has its own p and
            interval, no p_holm and the verdict "descriptive"
   effect   the mean of d with the interval that inverts the same test and its achieved coverage (INTERVAL),
-           in the expected-direction sign; difference: the same in the metric's own sign, variant minus reference
+           in the expected-direction sign; difference: the same in the metric's own sign, variant minus reference.
+           A tested claim's interval is at the family's level, 1 - 0.05 / m (Bonferroni over the m tested claims),
+           so a "smaller than" reading, which rests on it, is corrected for the family as p_holm is
   power    of the design for the claim's effect (recipes.Claim.effect, times |the reference's median| when
            relative), at alpha = 0.05 / m (Holm's first step, the conservative case), n = the pairs, the differences'
            spread = their observed sd (the recipe's own spread)
   mde      the smallest mean effect the design detects with 80% power at that alpha and sd
   verdict  agrees, disagrees, smaller than the target, or not detected (stats.verdict), read against the
-           target effect, whose origin (the paper's number or nanonorm's choice) the claim records
+           target effect, whose origin (the paper's number or nanonorm's choice) the claim records; "not detected"
+           where every run behind every arm's value failed on every seed (unmeasured): then FAILURE_RULE, not a
+           measurement, gave every d
 A binary endpoint (left_plateau@LR, survived@LR: 1 or 0 a run) is judged by the same test on d in {-1, 0, 1}, the
 exact McNemar test on the discordant pairs; its effect is the difference of the two arms' shares over the pairs.
 The gradient ratios (layer 0 over the last layer) count as |ln ratio|: NormFormer Fig. 3 and Spike No More Fig. 3
@@ -67,9 +71,14 @@ FAILURE_RULE = ("a run that diverged or whose loss is not finite (a NaN at initi
 TEST = ("exact two-sided sign-flip permutation test of the mean paired difference over seeds (a binary endpoint: "
         "the same test on the discordant pairs, the exact McNemar test)")
 INTERVAL = ("the mean paired difference with the interval of the shifts the same test does not reject (the "
-            "order statistics of the 2^n - 1 subset means, Hartigan 1969), printed with its achieved coverage "
-            "1 - 2k / 2^n (6 pairs: 96.9%, 8 pairs: 95.3%, 10 pairs: 95.1%) for differences symmetric about the "
-            "true mean; a binary endpoint: the counts of discordant pairs, no interval")
+            "order statistics of the 2^n - 1 subset means, Hartigan 1969) at the family's level, 1 - 0.05 / m for "
+            "a recipe of m tested claims (Bonferroni: a 'smaller than' reading rests on the interval, and is so "
+            "corrected for the family as the p-values are by Holm), 95% for a descriptive claim, printed with its "
+            "achieved coverage 1 - 2k / 2^n (at 95%: 6 pairs 96.9%, 8 pairs 95.3%, 10 pairs 95.1%; at 98.3%, m = "
+            "3: 8 pairs 98.4%) for differences symmetric about the true mean; where the pairs are too few for the "
+            "level (at 95%: 5 or fewer) the test rejects no shift, and the range [min, max] is printed at the "
+            "coverage 1 - 2 / 2^n it has, too low to exclude anything; a binary endpoint: the counts of discordant "
+            "pairs, no interval")
 
 
 def failed(record):
@@ -239,6 +248,9 @@ def judge_one(records, claim, reference, lrs, family):
     alpha = ALPHA / max(family, 1)
     name = claim.metric.partition("@")[0]
     ref_median = statistics.median(values[ref][s] for s in seeds) if seeds else None
+    # best_loss: the LR each arm is read at, chosen by its pilot seeds (all seeds without a pilot)
+    chosen = ({arm: read_at(records, arm, lrs, claim.pilot) for arm in arms(claim, reference)}
+              if name == "best_loss" else None)
     to_detect = claim.effect * abs(ref_median) if claim.relative and ref_median is not None else claim.effect
     sweep_seeds = {r["seed"] for r in records}
     result = {"variant": claim.variant, "reference": ref, "minus": list(claim.minus) if claim.minus else None,
@@ -249,14 +261,13 @@ def judge_one(records, claim, reference, lrs, family):
               "effect_claimed": claim.effect, "p_holm": None,
               "reference_median": ref_median, "effect_to_detect": to_detect, "seeds": seeds, "n": n,
               "differences": raw, "family": family, "alpha_first_step": alpha,
+              "unmeasured": sum(unmeasured(records, claim, reference, s, chosen) for s in seeds),
               "diverged": {arm: sum(failed(r) for r in records if r["variant"] == arm and r["seed"] in seeds
                                     and run_counts(r, claim.metric)) for arm in arms(claim, reference)},
               "missing": {arm: len(sweep_seeds - set(values[arm])) for arm in arms(claim, reference)},
               "arm_medians": {arm: statistics.median(values[arm][s] for s in seeds) if seeds else None
                               for arm in arms(claim, reference)},
-              # best_loss: the LR each arm is read at, chosen by its pilot seeds (all seeds without a pilot)
-              "chosen_lr": {arm: read_at(records, arm, lrs, claim.pilot) for arm in arms(claim, reference)}
-              if name == "best_loss" else None,
+              "chosen_lr": chosen,
               "p": None, "effect": None, "effect_ci": None, "difference": None, "difference_ci": None,
               "ci_coverage": None, "discordant": None, "mean": None, "sd": None, "power": None, "mde": None}
     if n == 0:
@@ -269,7 +280,8 @@ def judge_one(records, claim, reference, lrs, family):
                       discordant=[sum(d > 0 for d in signed), sum(d < 0 for d in signed)],
                       mde=math.inf if stats.smallest_sign_flip_p(n) >= alpha else math.nan)
         return result
-    interval = stats.mean_interval(signed, 1 - CONFIDENCE)
+    # a tested claim's interval at the family's level, as the test behind "smaller than" (INTERVAL)
+    interval = stats.mean_interval(signed, alpha if claim.tested else 1 - CONFIDENCE)
     low, high = interval["low"], interval["high"]
     sd = statistics.stdev(signed) if n >= 2 else None
     result.update(effect=interval["estimate"], effect_ci=[low, high], ci_coverage=interval["confidence"],
@@ -278,6 +290,24 @@ def judge_one(records, claim, reference, lrs, family):
                   power=stats.sign_flip_power(n, to_detect, sd or 0.0, alpha),
                   mde=stats.minimum_detectable_effect(n, sd or 0.0, alpha, TARGET_POWER))
     return result
+
+
+def unmeasured(records, claim, reference, seed, chosen_lr):
+    """Whether every run behind every arm's value on seed failed, so that FAILURE_RULE, not a measurement, gave its
+    d: the run at the claim's LR, every LR for lr_sensitivity, the arm's chosen LR for best_loss. Never for the
+    metrics a failure is a measurement of (steps survived, LR reached, survived, left the plateau)."""
+    name = claim.metric.partition("@")[0]
+    if name in AT_FAILURE or name in BINARY:
+        return False
+    return all(all_failed(records, arm, seed, claim.metric, chosen_lr[arm] if chosen_lr else None)
+               for arm in arms(claim, reference))
+
+
+def all_failed(records, variant, seed, metric, lr=None):
+    """Whether the variant has runs on seed that count for metric (at lr, where given) and every one failed."""
+    runs = [r for r in records if r["variant"] == variant and r["seed"] == seed and run_counts(r, metric)
+            and (lr is None or r["lr"] == lr)]
+    return bool(runs) and all(failed(r) for r in runs)
 
 
 def run_counts(record, metric):
@@ -290,14 +320,18 @@ def verdict(result):
     """One of the four readings of stats.verdict (the effect's sign read as the paper's direction), against the
     target effect and whose it is; "not run yet" without pairs. Only an interval of at least 95% coverage can
     exclude the target: with 5 pairs or fewer the interval is [min, max] at 1 - 2 / 2^n (2 pairs: 50%), too
-    little to call an effect smaller than anything."""
+    little to call an effect smaller than anything. The interval must reach the family's level, 1 - 0.05 / m
+    (INTERVAL). Where every pair's d came from the failure rule (unmeasured), nothing was measured: not detected."""
     if not result.get("tested", True):
         return DESCRIPTIVE
     if result["p_holm"] is None:
         return "not run yet"
+    if result["n"] and result.get("unmeasured") == result["n"]:
+        return "not detected (every run behind both arms' values failed on every seed: the failure rule gave each d)"
     mde = result["mde"] if result["mde"] is not None else math.inf
     whose = "the paper's" if result["target_origin"] == "paper" else "nanonorm's target"
-    confident = result["ci_coverage"] is not None and result["ci_coverage"] >= CONFIDENCE
+    level = 1 - result["alpha_first_step"]
+    confident = result["ci_coverage"] is not None and result["ci_coverage"] >= level
     return stats.verdict(result["p_holm"], result["effect"], "positive", mde, ALPHA,
                          result["effect_ci"] if confident else None, result["effect_to_detect"], whose)
 

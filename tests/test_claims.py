@@ -3,6 +3,7 @@ telemetry log, the failure rule (a failed run's loss at ln(V), its other metrics
 initialization, a seed on which every LR failed), the LR sensitivity of one seed, the contrast's sign convention and
 an interaction, Holm within a recipe, the verdicts, and the numbers the power and MDE are asked for."""
 
+import dataclasses
 import json
 import math
 import os
@@ -329,6 +330,50 @@ def test_smaller_than_the_target_and_whose_target_it_is():
     ours = Claim("v", "final_loss@1e-2", "better", "", 0.001, "a quarter, fixed before the runs", "nanonorm")
     [result] = claims.judge(records, [ours], "ref", ["1e-2"])
     assert (result["target_origin"], result["reading"], result["verdict"]) == ("nanonorm", "agrees", "agrees")
+
+
+def test_a_tested_claims_interval_is_at_the_familys_level_and_smaller_than_rests_on_it():
+    # the same d = 0.005 .. 0.012 on 8 seeds as above, alone and in a family of three: Bonferroni's 1 - 0.05/3
+    # takes the 2nd order statistic of the 255 subset means, 1 - 4/256 = 98.4%: the target 0.011 lies past the 95.3%
+    # interval's end (0.0107), inside the family's (0.0115)
+    d = [0.001 * (5 + k) for k in range(PAIRS)]
+    records = claim_records({"ref": [2.5] * PAIRS, "v": [2.5 - x for x in d], "w": [2.6] * PAIRS})
+    claim = Claim("v", "final_loss@1e-2", "better", "", 0.011, "", "paper")
+    [alone] = claims.judge(records, [claim], "ref", ["1e-2"])
+    assert alone["ci_coverage"] == 1 - 12 / 256 and alone["effect_ci"][1] < 0.011
+    assert alone["verdict"].startswith("smaller than the paper's")
+    others = [Claim("w", "final_loss@1e-2", "worse", "", 0.1, "", "paper")] * 2
+    first, *_ = claims.judge(records, [claim, *others], "ref", ["1e-2"])
+    means = sorted(sum(x for x, bit in zip(d, range(PAIRS)) if mask >> bit & 1) / bin(mask).count("1")
+                   for mask in range(1, 2 ** PAIRS))
+    assert first["ci_coverage"] == 1 - 4 / 256 and first["effect_ci"] == pytest.approx([means[1], means[-2]])
+    assert means[-2] > 0.011 > alone["effect_ci"][1]
+    assert first["verdict"] == "agrees"  # p = 2/256, x 3 = 0.023: detected, and the interval reaches the target
+    # a descriptive claim is outside the family: its interval stays at 95%
+    descriptive, *_ = claims.judge(records, [dataclasses.replace(claim, tested=False), *others], "ref", ["1e-2"])
+    assert descriptive["ci_coverage"] == 1 - 12 / 256
+
+
+def test_pairs_whose_arms_all_failed_were_not_measured_and_detect_nothing():
+    # every run of both arms diverged at the LR: the failure rule gives d = 0 on every seed, which alone would read
+    # as "smaller than the paper's" with an interval of [0, 0]
+    failing = [record(v, s, diverged=True) for v in ("ref", "v") for s in range(PAIRS)]
+    claim = Claim("v", "final_loss@1e-2", "better", "", 0.05, "", "paper")
+    [result] = claims.judge(failing, [claim], "ref", ["1e-2"])
+    assert result["differences"] == [0.0] * PAIRS and result["unmeasured"] == PAIRS
+    assert result["verdict"].startswith("not detected (every run behind both arms' values failed")
+    # two seeds measured on both arms: those pairs count as measured, and the verdict comes from the numbers
+    mixed = [r for r in failing if r["seed"] >= 2] + claim_records({"ref": [2.5, 2.5], "v": [2.49, 2.51]})
+    [result] = claims.judge(mixed, [claim], "ref", ["1e-2"])
+    assert result["unmeasured"] == PAIRS - 2 and not result["verdict"].startswith("not detected (every run")
+    # one arm finished on a seed: that pair measured something (the other arm's failure against a loss)
+    one_side = [r for r in failing if not (r["variant"] == "v" and r["seed"] == 0)] + [record("v", 0, final=2.0)]
+    [result] = claims.judge(one_side, [claim], "ref", ["1e-2"])
+    assert result["unmeasured"] == PAIRS - 1
+    # steps survived: a failure is what it measures, so nothing is unmeasured
+    survived = [{**r, "steps_survived": 100} for r in failing]
+    [result] = claims.judge(survived, [dataclasses.replace(claim, metric="steps_survived@1e-2")], "ref", ["1e-2"])
+    assert result["unmeasured"] == 0
 
 
 def test_whose_target_it_is_comes_from_the_claims_own_field_not_its_text():
