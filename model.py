@@ -11,8 +11,8 @@ Normalization"), DeepNet (Wang et al. 2022, "DeepNet: Scaling Transformers to 1,
 Dehghani et al. 2023 ("Scaling Vision Transformers to 22 Billion Parameters") and Wortsman et al. 2023
 ("Small-scale proxies for large-scale Transformer training instabilities"). Beyond those four: DyT (Zhu et al.
 2025, "Transformers without Normalization"), LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth in Large
-Language Models"), Mix-LN (Li, Yin, Liu 2025), Peri-LN (Kim et al. 2025), the reordered norm of OLMo 2 (2024),
-SubLN (Magneto: Wang et al. 2022, "Foundation Transformers") and Gemma 2's logit soft-capping (2024). Comments
+Language Models"), Mix-LN (Li, Yin, Liu 2025), Peri-LN (Kim et al. 2025), the reordered norm of OLMo 2 (2025),
+SubLN (Magneto: Wang et al. 2023, "Foundation Transformers") and Gemma 2's logit soft-capping (2024). Comments
 cite them by section, equation or table.
 """
 
@@ -39,7 +39,7 @@ class GPTConfig:
     ffn_mult: int = 4
     dropout: float = 0.0
     bias: bool = True
-    # block layout and normalization (DeepNet §2; NormFormer Table 8; PowerNorm)
+    # block layout and normalization (DeepNet; NormFormer (final) Table 8; PowerNorm)
     layout: Literal["pre", "post", "deepnorm", "mix", "reordered"] = "pre"
     mix_ln_ratio: float = 0.25  # Mix-LN: the first round(ratio * n_layer) layers are Post-LN (Li, Yin, Liu 2025)
     layer_norm_scaling: bool = False
@@ -55,7 +55,7 @@ class GPTConfig:
     pn_alpha_bwd: float = 0.9
     pn_warmup: Optional[int] = None  # PowerNorm warmup in training forward calls; None: train.py uses the LR warmup
     pn_group_scaling: bool = True
-    # extra operations inside a block (NormFormer §2-3, Table 8)
+    # extra operations inside a block (NormFormer (final) §2-3, Table 8)
     scale_heads: bool = False
     head_scale_at: Literal["before_proj", "after_proj"] = "before_proj"
     scale_attn: bool = False
@@ -67,7 +67,7 @@ class GPTConfig:
     qk_norm: bool = False
     layer_scale: bool = False
     layer_scale_init: float = 1e-5
-    # embeddings (Spike No More §3-4; NormFormer §4)
+    # embeddings (Spike No More §3.2, §4.2; NormFormer (final) §4)
     pos: Literal["learned", "sinusoidal"] = "learned"
     embed_scale: bool = False
     embed_scale_learned: bool = False  # DyT's LLaMA code: the sqrt(d) of --embed_scale is a learned scalar
@@ -75,13 +75,13 @@ class GPTConfig:
     embed_grad_scale: float = 1.0
     embed_init: Literal["sigma", "inv_sqrt_d"] = "sigma"  # the token embedding's init std (fairseq: d^-1/2)
     tie_embeddings: bool = True
-    # feed-forward and attention (NormFormer Table 3, Table 8)
+    # feed-forward and attention (NormFormer arXiv v1 Table 3, final Table 8)
     activation: Literal["gelu", "relu", "relu2", "geglu"] = "gelu"
     attn_impl: Literal["sdpa", "manual"] = "sdpa"
     # Gemma 2 §2 logit soft-capping, c * tanh(z / c), 0 = off
     attn_softcap: float = 0.0
     logit_softcap: float = 0.0
-    # initialization (GPT-2 §2.3; Spike No More §3; DeepNet §2.3)
+    # initialization (GPT-2 §2.3; Spike No More §2.2; DeepNet)
     init: Literal["gpt2", "plain", "scaled", "wang", "xavier"] = "gpt2"
     init_std: Optional[float] = None
     init_depth_scale: bool = False
@@ -121,7 +121,8 @@ class GPTConfig:
         return [f.name for f in fields(cls)]
 
 
-# NormFormer's three operations (Table 2): a norm after attention, one after the FFN's activation, and HeadScale
+# NormFormer's three operations (final §2.1, Fig. 1): a norm after attention, one after the FFN's activation,
+# and HeadScale
 NORMFORMER = {"scale_attn": True, "scale_fc": True, "scale_heads": True}
 # NormFormer's model context, arXiv v1 §2.2 / final §4: sinusoidal positions "following Shortformer"; an embedding LN,
 # without which the parameter counts of arXiv v1 Table 6 do not add up (they leave HeadScale's H per layer out); token
@@ -143,16 +144,20 @@ SPIKE_NO_MORE = {
 PRESETS = {
     "baseline": {},                                                          # GPT-2 / GPT-3 pre-LN
     "postln": {"layout": "post"},                                            # original Transformer
-    "normformer": NORMFORMER,                                                # NormFormer Table 2
+    "normformer": NORMFORMER,                                                # NormFormer (final) §2.1
     "normformer_resid": {**NORMFORMER, "scale_resids": True},
-    "deepnorm": {"layout": "deepnorm", "init": "xavier"},                    # DeepNet §3
+    "deepnorm": {"layout": "deepnorm", "init": "xavier"},                    # DeepNet: DeepNorm and its init
+    # CogView's four changes as NormFormer (final) §9.1 note 1 lists them; its Table 8 runs them only with Scale FC
+    # on top (row 10: --preset=cogview --scale_fc; rows 19, 21 add more), and the LN formula alone (rows 20, 26)
     "cogview": {"norm": "cogview", "scale_attn": True, "ffn_out_norm": True, "embed_grad_scale": 0.1},
     # aliases of snm_embed_ln, snm_scaled_embed and snm_vanilla, the same configs: docs/instruments.md's sweep and
     # the run folders it wrote name them so
     "embed_ln": SPIKE_NO_MORE["snm_embed_ln"],
     "scaled_embed": SPIKE_NO_MORE["snm_scaled_embed"],
     "vanilla_scaled": SPIKE_NO_MORE["snm_vanilla"],
-    "layerscale": {"layer_scale": True},                                     # NormFormer Table 8 (CaiT)
+    # LayerScale (CaiT) as NormFormer (final) §9.1 note 3; its Table 8 rows 7 and 24 add lambda_resid
+    # (--scale_resids; row 24 all three NormFormer operations too)
+    "layerscale": {"layer_scale": True},
     "nf_baseline": NORMFORMER_CONTEXT,
     "nf_normformer": {**NORMFORMER_CONTEXT, **NORMFORMER},
     # final Table 2: ResScale at 125M and 355M
@@ -175,7 +180,7 @@ PRESETS = {
     # Curse of Depth, pre-LN, with the init its code uses: every weight N(0, 0.02). Its README warns that the scaled
     # init (W_O and W_2 / sqrt(2N), GPT-2's) takes away LNS's effect
     "lns": {"layer_norm_scaling": True, "init": "plain", "init_std": 0.02},
-    # OLMo 2 (2024): x + RMSNorm(F(x)), QK-norm, a final norm (OLMo 2 normalizes q and k over all d, here per head);
+    # OLMo 2 (2025): x + RMSNorm(F(x)), QK-norm, a final norm (OLMo 2 normalizes q and k over all d, here per head);
     # every weight N(0, 0.02) with no depth factor (OLMo 2 truncates it at 3 sigma) and an untied output head
     "olmo2": {"layout": "reordered", "norm": "rmsnorm", "qk_norm": True, "init": "plain", "init_std": 0.02,
               "tie_embeddings": False},
@@ -209,7 +214,7 @@ def block_layout(cfg, layer):
 
 
 def subln_gain(cfg):
-    """Magneto (Wang et al. 2022, "Foundation Transformers" §2.2): with SubLN, W_v, W_O, W_1 and W_2 are initialized
+    """Magneto (Wang et al. 2023, "Foundation Transformers" §2.2): with SubLN, W_v, W_O, W_1 and W_2 are initialized
     with gain gamma = sqrt(log(2N)) for a decoder-only model of N layers (torchscale: decoder_layers * 2)."""
     return math.sqrt(math.log(2 * cfg.n_layer))
 
@@ -247,7 +252,7 @@ def scaled(x, scale):
 class AttentionScores(nn.Module):
     """s = q k^T / sqrt(hd), the attention logits of every head; with --attn_softcap=c, s = c * tanh(s / c)
     (Gemma 2 §2, before the causal mask). A module of its own so that a forward hook sees them: NormFormer
-    Table 3 names "q@k" as the operation that overflows first."""
+    arXiv v1 Table 3 names "q@k" as the operation that overflows first."""
 
     def __init__(self, cap=0.0):
         super().__init__()
@@ -259,8 +264,9 @@ class AttentionScores(nn.Module):
 
 class Attention(nn.Module):
     """Causal self-attention: h_i = softmax(q_i k_i^T / sqrt(hd)) v_i per head, y = Concat(h_1, ..., h_H) W_O.
-    HeadScale (NormFormer eq. (3)): y = Concat(gamma_1 h_1, ..., gamma_H h_H) W_O, or with --head_scale_at=after_proj
-    fairseq's y = Concat(h_1, ..., h_H) W_O with its H groups of hd output channels times gamma_1 .. gamma_H."""
+    HeadScale (NormFormer arXiv v1 eq. (3)): y = Concat(gamma_1 h_1, ..., gamma_H h_H) W_O, or with
+    --head_scale_at=after_proj fairseq's y = Concat(h_1, ..., h_H) W_O with its H groups of hd output channels
+    times gamma_1 .. gamma_H."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -275,7 +281,7 @@ class Attention(nn.Module):
         head_dim = cfg.n_embd // cfg.n_head
         self.q_norm = norm(cfg, head_dim) if cfg.qk_norm else None
         self.k_norm = norm(cfg, head_dim) if cfg.qk_norm else None
-        # NormFormer eq. (3), HeadScale: one learned scalar per head, init 1
+        # NormFormer arXiv v1 eq. (3), HeadScale: one learned scalar per head, init 1
         self.head_scale = nn.Parameter(torch.ones(cfg.n_head)) if cfg.scale_heads else None
         self.head_scale_at = cfg.head_scale_at
         # Magneto's SubLN (Foundation Transformers §2.1): a norm on the concatenated heads, before W_O
@@ -312,7 +318,7 @@ class Attention(nn.Module):
 
     def manual_attention(self, q, k, v):
         """The same math as SDPA, one op at a time, so a hook or anomaly check can name the op that
-        overflows (NormFormer Table 3 reports "q@k at layer 0")."""
+        overflows (NormFormer arXiv v1 Table 3 reports "q@k at layer 0")."""
         T = q.size(2)
         scores = self.scores(q, k).masked_fill(~self.causal[:T, :T], float("-inf"))
         probs = F.softmax(scores, dim=-1)
@@ -329,7 +335,8 @@ class ReLU2(nn.Module):
 
 
 class GEGLU(nn.Module):
-    """y = GELU(x W) * (x V) on the stacked projections [x W, x V] (Shazeer 2020; NormFormer Table 8 "FFNGeGLU")."""
+    """y = GELU(x W) * (x V) on the stacked projections [x W, x V] (Shazeer 2020; NormFormer (final) Table 8,
+    "FFNGeGLU")."""
 
     def forward(self, h):
         gate, value = h.chunk(2, dim=-1)
@@ -340,7 +347,7 @@ ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU, "relu2": ReLU2, "geglu": GEGLU}
 
 
 class MLP(nn.Module):
-    """y = W_2 act(W_1 x); GEGLU (Shazeer 2020, NormFormer Table 8 "FFNGeGLU"): y = W_2 (GELU(x W) * (x V))."""
+    """y = W_2 act(W_1 x); GEGLU (Shazeer 2020, NormFormer (final) Table 8 "FFNGeGLU"): y = W_2 (GELU(x W) * (x V))."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -358,7 +365,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """One transformer layer. With norm N, attention A and feed-forward F (DeepNet eq. (1) for deepnorm):
+    """One transformer layer. With norm N, attention A and feed-forward F (DeepNet's DeepNorm for deepnorm):
     pre:      x = x + A(N(x));           x = x + F(N(x))
     post:     x = N(x + A(x));           x = N(x + F(x))
     deepnorm: x = N(alpha*x + A(x));     x = N(alpha*x + F(x)),   alpha = (2 n_layer)^(1/4)
@@ -416,7 +423,7 @@ class Block(nn.Module):
 
 def sinusoidal_positions(T, d):
     """Vaswani et al. (2017): PE[t, 2i] = sin(t / 10000^(2i/d)), PE[t, 2i+1] = cos(...). No parameters
-    (NormFormer §4 and Shortformer use them)."""
+    (NormFormer (final) §4 and Shortformer use them)."""
     position = torch.arange(T, dtype=torch.float32).unsqueeze(1)
     frequency = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))
     table = torch.zeros(T, d)
@@ -454,13 +461,13 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def init_weights(self):
-        """GPT-2 §2.3, Spike No More §3, DeepNet §2.3. Every matrix is drawn from N(0, sigma) except the two that
+        """GPT-2 §2.3, Spike No More §2.2, DeepNet. Every matrix is drawn from N(0, sigma) except the two that
         write into the residual stream (attention W_O and FFN W_2), which get sigma_out; biases 0, norm gains 1
         (set by their modules). xavier draws each logical matrix (q, k, v separately) with std
         sqrt(2 / (fan_in + fan_out))."""
         cfg = self.config
         d, n = cfg.n_embd, cfg.n_layer
-        # Spike No More §3: "plain" sigma = sqrt(2 / 5d) (Nguyen & Salazar; Le Scao et al.); GPT-2 uses 0.02
+        # Spike No More §2.2: "plain" sigma = sqrt(2 / 5d) (Nguyen & Salazar; Le Scao et al.); GPT-2 uses 0.02
         if cfg.init_std:
             sigma = cfg.init_std
         elif cfg.init == "gpt2":
@@ -511,7 +518,7 @@ class GPT(nn.Module):
                 block.attn.qkv.weight[2 * d:].mul_(subln_gain(cfg))
                 for weight in (block.attn.proj.weight, block.mlp.fc.weight, block.mlp.proj.weight):
                     weight.mul_(subln_gain(cfg))
-            # DeepInit (NormFormer Table 8 rows 3-4): every weight of block l scaled by 1/sqrt(l)
+            # DeepInit (NormFormer (final) Table 8 rows 3-4): every weight of block l scaled by 1/sqrt(l)
             if cfg.init_depth_scale:
                 for weight in (block.attn.qkv.weight, block.attn.proj.weight, block.mlp.fc.weight,
                                block.mlp.proj.weight):
@@ -527,7 +534,8 @@ class GPT(nn.Module):
         positions = self.wpe.weight if self.wpe is not None else self.sinusoids
         x = x + positions[:T]
         if cfg.embed_grad_scale != 1.0:
-            # Spike No More "Embed Detach" (GLM-130B, CogView): same value, gradient into the embeddings times a
+            # Spike No More "Embed Detach" (GLM-130B, CogView): same value, gradient into the embeddings times a;
+            # taken after the positions are added, so a learned position table's gradient shrinks too
             a = cfg.embed_grad_scale
             x = a * x + (1 - a) * x.detach()
         return optional(self.drop, optional(self.embed_norm, x))

@@ -3,7 +3,7 @@ Every normalization nanonorm can put in a norm slot, each beside its equation an
 
 Inputs are (..., C) tensors: per-token norms reduce over the last dim, batch-statistic norms over every
 dim but the last (all B*T tokens, as PowerNorm §3 flattens sentences into one batch dimension).
-Affine variants follow NormFormer Table 8: gamma and beta, gamma only ("No Bias"), beta only ("No gamma"),
+Affine variants follow NormFormer (final) Table 8: gamma and beta, gamma only ("No Bias"), beta only ("No gamma"),
 neither ("No Bias or gamma"). Half-precision inputs are normalized in float32 and returned in their dtype.
 Each forward is its equation in tensor operations, or torch's function for it (F.layer_norm, F.rms_norm), and
 autograd computes the exact gradient. The one handwritten backward is PowerNorm's, which the paper defines
@@ -63,7 +63,7 @@ def distance(batch, running):
 
 class LayerNorm(nn.Module):
     """y = (x - E[x]) / sqrt(Var[x] + eps) * g + b over the C features of each token
-    (Ba et al. 2016; NormFormer eq. (1))."""
+    (Ba et al. 2016; NormFormer arXiv v1 eq. (1))."""
 
     def __init__(self, dim, eps=1e-5, affine="both"):
         super().__init__()
@@ -77,7 +77,7 @@ class LayerNorm(nn.Module):
 
 class RMSNorm(nn.Module):
     """y = x / sqrt(mean(x^2) + eps) * g over the C features of each token, never a bias
-    (Zhang & Sennrich 2019; the "T5" LN variant of NormFormer Table 8; Spike No More §5.3)."""
+    (Zhang & Sennrich 2019; the "T5" LN variant of NormFormer (final) Table 8; Spike No More §5.3)."""
 
     def __init__(self, dim, eps=1e-5, affine="both"):
         super().__init__()
@@ -91,7 +91,7 @@ class RMSNorm(nn.Module):
 
 class CogViewLayerNorm(nn.Module):
     """y = LN(x / (max|x| / 8)), the max over the whole tensor and detached
-    (CogView "PB-relax", Ding et al. 2021 §2.4; NormFormer Table 8). Equal to LN up to eps: it keeps
+    (CogView "PB-relax", Ding et al. 2021 §2.4; NormFormer (final) Table 8). Equal to LN up to eps: it keeps
     fp16 activations in range, it does not change the math. The whole-tensor max couples the tokens of a
     batch only through eps, in eval too: LN(x / s) is LN(x) with eps * s^2 for eps, so one large token, a later
     one included, changes the others a little (NormFormer writes LN(X / Max(X)); the /8 is CogView's code)."""
