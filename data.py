@@ -20,6 +20,7 @@ import re
 import shutil
 import sys
 import sysconfig
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,11 +31,13 @@ import tiktoken
 from tiktoken_ext.openai_public import r50k_pat_str
 
 from engine import signals
-from engine.files import (NotAFile, WriteError, cannot_write, not_own_file, open_own, read_json, read_own,
-                          write_and_sync, write_atomic)
+from engine.files import (NotAFile, WriteError, cannot_write, not_a_file, not_own_file, open_own, read_json,
+                          read_own, write_and_sync, write_atomic)
 from engine.flags import UsageError, build, fail, help_of, parse, print_help, wants_help
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+# tiny Shakespeare is 1.1 MB: a --url that sends more is not it (file:///dev/zero would fill the memory)
+MAX_DOWNLOAD = 64 * 2**20
 TOKENIZERS = ("byte", "gpt2")
 VOCAB_SIZES = {"byte": 256, "gpt2": 50257}  # what get_tokenizer's encodings have (n_vocab): test_data checks it
 # A preparation writes into <folder>.<pid>.tmp, where <folder> is <name>-<tokenizer>-<12 hex digits>, and puts MARKER
@@ -130,12 +133,19 @@ def download(url, path):
             raise DataError(f"--url={url}: {path} was downloaded from {cached}; give that --url, or delete {path} "
                             "to download this one")
         return
+    local = urllib.parse.urlparse(url)
+    problem = not_a_file(urllib.request.url2pathname(local.path)) if local.scheme == "file" else None
+    if problem:  # a FIFO would block the open forever
+        raise DataError(f"--url={url} is {problem}; give a URL of tiny Shakespeare's input.txt")
     try:
         with urllib.request.urlopen(url, timeout=30) as r:
-            raw = r.read()
+            raw = r.read(MAX_DOWNLOAD + 1)
     except (OSError, ValueError) as e:
         raise DataError(f"could not download {url} ({getattr(e, 'reason', e)}); without network, put tiny "
                         f"Shakespeare's input.txt at {path} by hand and run again") from e
+    if len(raw) > MAX_DOWNLOAD:
+        raise DataError(f"{url} sent more than {MAX_DOWNLOAD // 2**20} MB, which tiny Shakespeare's 1.1 MB is not; "
+                        f"give a --url that serves its input.txt, or put that file at {path} by hand")
     text = utf8_text(raw)
     if text is None or not text.strip():
         what = "nothing" if not raw.strip() else "something that is not UTF-8 text (binary data, or another encoding)"
@@ -318,6 +328,9 @@ def prepare(dataset="builtin", tokenizer="byte", data_dir="data", url=None):
     per data_dir (per disk) tokenizes while the others wait on a file lock, then all find the same folder."""
     if url is not None and dataset != "shakespeare":
         raise DataError(f"--url only applies to --dataset=shakespeare, not --dataset={dataset}")
+    if url is not None and not url.strip():
+        raise DataError("--url is empty; give where to download tiny Shakespeare from, or leave --url out for "
+                        "its usual address")
     if not dataset.strip():
         raise DataError("--dataset is empty (it would read the current folder); use builtin, shakespeare, "
                         "or a path to a text file or a folder of text files")
@@ -514,7 +527,8 @@ def main(argv):
         signals.restore(handlers)
     print(f"{folder}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens ({meta['dtype']}), "
           f"vocab {meta['vocab_size']}, {meta['source']['files']} files read")
-    print(f"unigram entropy of val: {meta['unigram_entropy']:.4f} nats/token")
+    # max: a split of one repeated token sums to -0.0 (or a rounding below it), which would print as "-0.0000"
+    print(f"unigram entropy of val: {max(0.0, meta['unigram_entropy']):.4f} nats/token")
     return 0
 
 

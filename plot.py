@@ -284,23 +284,11 @@ class PlotOptions:
                                "figures from their summary.json files", default="")
 
 
-def check_out(out):
-    """--out is a folder, or a path that can become one: not empty, not a file, not under a file."""
-    if not out:
-        raise UsageError("--out is empty; give the folder the pictures go to (it is made if absent), such as "
-                         "--out=plots")
-    existing = files.nearest_existing(out)
-    if not os.path.isdir(existing):
-        what = files.not_a_file(existing) or "a file"
-        where = "" if existing == os.path.normpath(out) else f" is under {existing}, which"
-        raise UsageError(f"--out={out}{where} is {what}; give the folder the pictures go to (it is made if absent)")
-
-
 def parse_args(argv):
     """The folders (positional) and {option: value}."""
     given = flags.parse(argv, PlotOptions, positional="folders")
     paths, opts = given.pop("folders"), dataclasses.asdict(flags.build(PlotOptions, given))
-    check_out(opts["out"])
+    files.check_out_folder(opts["out"], "the pictures", "plots")
     if opts["experiments"]:
         if paths:
             raise UsageError(f"--experiments reads recipe sweeps only; drop the folders {' '.join(paths)}, or "
@@ -311,6 +299,10 @@ def parse_args(argv):
         return paths, opts
     if not paths:
         raise UsageError("no folders given; usage: python plot.py RUN_OR_SWEEP_DIR [...] --out=DIR")
+    twice = [path for path, n in collections.Counter(os.path.realpath(p) for p in paths).items() if n > 1]
+    if twice:
+        # the same run twice would draw two identical curves under one label
+        raise UsageError(f"{twice[0]} is given more than once; give each run or sweep folder once")
     return paths, opts
 
 

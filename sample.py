@@ -45,6 +45,8 @@ def check(sc):
         raise UsageError(f"--temperature={sc.temperature} must be >= {MIN_TEMPERATURE} (--top_k=1 samples greedily)")
     if sc.top_k is not None and sc.top_k < 1:
         raise UsageError(f"--top_k={sc.top_k} must be >= 1, or None to sample from the whole vocabulary")
+    if sc.seed < 0:
+        raise UsageError(f"--seed={sc.seed} must be in [0, 2^63), as train.py's")
 
 
 def resolve_device(name):

@@ -191,6 +191,19 @@ def too_long(path):
     return None
 
 
+def check_out_folder(out, contents, example):
+    """--out is a folder, or a path that can become one: not empty, not a file, not under a file; a UsageError
+    naming it otherwise. contents: what goes in the folder; example: a folder to suggest."""
+    if not out:
+        raise UsageError(f"--out is empty; give the folder {contents} go to (it is made if absent), such as "
+                         f"--out={example}")
+    existing = nearest_existing(out)
+    if not os.path.isdir(existing):
+        what = not_a_file(existing) or "a file"
+        where = "" if existing == os.path.normpath(out) else f" is under {existing}, which"
+        raise UsageError(f"--out={out}{where} is {what}; give the folder {contents} go to (it is made if absent)")
+
+
 def nearest_existing(path):
     """path itself where anything is there (a symlink that leads nowhere counts), else the nearest path above it
     that exists: what decides whether path is, or can become, a folder."""

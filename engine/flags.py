@@ -286,12 +286,15 @@ def print_help(doc, *classes, catalog=None):
         with open(os.path.join(ROOT, catalog)) as f:
             print("\n".join(f.read().splitlines()[2:]))
         return
-    print("\nflag           default   meaning")
+    width = max(len(f.name) for cls in classes for f in dataclasses.fields(cls)) + 2  # the longest --name
+    print(f"\n{'flag':<{width}} {'default':<9} meaning")
     for cls in classes:
         for f in dataclasses.fields(cls):
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default
             shown = str(default) if default != "" else "(none)"
-            print(f"--{f.name:<12} {shown:<9} {f.metadata.get('help', '')}")
+            if isinstance(default, str) and not default.isprintable():
+                shown = repr(default)  # a newline or tab would break the table
+            print(f"{'--' + f.name:<{width}} {shown:<9} {f.metadata.get('help', '')}")
 
 
 def fail(script, error):

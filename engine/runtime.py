@@ -179,8 +179,19 @@ def memory_of(device, machine):
     return total // machine.local_world_size, f"this machine's memory{share}"
 
 
+# data.eval_starts lists every evaluation window's start as a Python int: 8 bytes in the list, 28 in the int
+BYTES_PER_EVAL_WINDOW = 36
+
+
 def check_memory(model_cfg, tc, device, machine):
-    """A model and batch that cannot fit in memory, refused before anything is allocated (one line)."""
+    """A model and batch that cannot fit in memory, and evaluation windows too many to list in the machine's RAM,
+    refused before anything is allocated (one line)."""
+    windows = tc.eval_iters * tc.batch_size
+    ram, ram_where = memory_of("cpu", machine)
+    if windows * BYTES_PER_EVAL_WINDOW > ram:
+        raise UsageError(f"--eval_iters={tc.eval_iters} x --batch_size={tc.batch_size} = {windows:,} evaluation "
+                         f"windows need about {windows * BYTES_PER_EVAL_WINDOW / 1e9:.3g} GB for their start "
+                         f"offsets alone, and {ram_where} has {ram / 1e9:.3g} GB; choose a smaller --eval_iters")
     need = memory_estimate(model_cfg, tc)
     have, where = memory_of(device, machine)
     if need > have:

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import torch
 
 import data
-from engine.files import WriteError, cannot_write, nearest_existing, not_a_folder, write_atomic
+from engine.files import WriteError, cannot_write, nearest_existing, not_a_file, not_a_folder, write_atomic
 from engine import runtime
 from configs import MAX_LR, model_flags
 from engine.flags import UsageError, build, fail, help_of, number, parse, print_help
@@ -132,6 +132,8 @@ def check_options(opts):
         raise UsageError(f"--steps={opts.steps} and --batch_size={opts.batch_size} must be >= 1")
     if not 0 < opts.lr <= MAX_LR:
         raise UsageError(f"--lr={opts.lr} must be in (0, {MAX_LR:g}]")
+    if opts.seed < 0:
+        raise UsageError(f"--seed={opts.seed} must be in [0, 2^63), as train.py's")
     if opts.preset and opts.preset not in PRESETS:
         raise UsageError(f"--preset={opts.preset} is not allowed; choose one of {', '.join(PRESETS)}")
     if not opts.out.endswith(".png"):
@@ -143,6 +145,15 @@ def check_options(opts):
         raise UsageError(f"--out={opts.out}: {above} is {problem}; give a .png path in a folder")
     if not os.access(above, os.W_OK | os.X_OK):
         raise UsageError(f"--out={opts.out}: {above} is not writable; give a .png path in a folder you can write to")
+    for path in (opts.out, numbers_path(opts.out)):  # what will be written, if it is there already
+        problem = not_a_file(path)
+        if problem:
+            raise UsageError(f"--out={opts.out}: {path} is {problem}; give a .png path the check can write")
+
+
+def numbers_path(out):
+    """Where the numbers go: beside the PNG, as .json."""
+    return os.path.splitext(out)[0] + ".json"
 
 
 def run(opts, given):
@@ -154,8 +165,9 @@ def run(opts, given):
     block_size = next(iter(configs.values())).block_size
     # train.py's checks of the data and the memory, before anything is allocated
     data.check_length(meta, block_size)
-    runtime.check_memory(configs[max(configs)], SimpleNamespace(batch_size=opts.batch_size, dtype="float32"), "cpu",
-                         machine)
+    # no evaluation windows: the coord check reads activations, not a validation loss
+    sizes = SimpleNamespace(batch_size=opts.batch_size, dtype="float32", eval_iters=0)
+    runtime.check_memory(configs[max(configs)], sizes, "cpu", machine)
     generator = torch.Generator().manual_seed(opts.seed)
     batches = [data.get_batch(folder, "train", opts.batch_size, block_size, generator, "cpu")
                for _ in range(opts.steps + 1)]
@@ -222,7 +234,7 @@ def main(argv):
     record = {"options": dataclasses.asdict(opts), "model_flags": title, "rows": rows}
     try:
         os.makedirs(os.path.dirname(os.path.abspath(opts.out)), exist_ok=True)
-        write_atomic(os.path.splitext(opts.out)[0] + ".json", json.dumps(record).encode())
+        write_atomic(numbers_path(opts.out), json.dumps(record).encode())
         plot_coord_check(rows, title or "--init=gpt2 (default)", opts.out)
     except WriteError as e:
         print(f"coord_check.py: {e}", file=sys.stderr)

@@ -307,6 +307,7 @@ def main(argv):
         return 0
     try:
         opts = build(Options, parse(argv, Options))
+        files.check_out_folder(opts.out, "the figures and the log", "out/device_check")
         out = os.path.abspath(opts.out)
         if opts.suite_s < 1:
             raise UsageError(f"--suite_s={opts.suite_s}: the suite's box is a positive number of seconds")

@@ -69,6 +69,7 @@ BAD = [
     (["--n_embd=1000000000"], "need about"),
     (["--batch_size=1000000000"], "need about"),
     (["--n_layer=1000000"], "need about"),
+    (["--eval_iters=2147483647", "--batch_size=64"], "evaluation windows need about 4.95e+03 GB for their start"),
     (["--out_dir=DANGLING"], "which does not exist; choose another --out_dir"),
     (["--out_dir=DANGLING/run"], "which does not exist; choose another --out_dir"),
     (["--out_dir=LOOP"], "is in a symlink loop; choose another --out_dir"),

@@ -610,6 +610,7 @@ def corpora(tmp_path):
     (["--dataset"], "--dataset needs a value"),
     (["--dataset=corpus.txt", "--url=file:///x"], "--url only applies"),
     (["--dataset=shakespeare", "--url=file:///no/such/input.txt"], "could not download"),
+    (["--dataset=shakespeare", "--url="], "--url is empty"),
     (["--dataset=corpus.txt", "--data_dir=a_file/data"], "a_file/data"),
     (["--dataset=corpus.txt", "--data_dir=a_file"], "--data_dir=a_file"),
 ])
@@ -617,6 +618,19 @@ def test_data_bad_input(corpora, args, says):
     if not any(arg.startswith("--data_dir") for arg in args):
         args = [*args, "--data_dir=data"]
     assert says in refused(corpora, "data.py", args)
+
+
+def test_a_url_to_no_text_file_or_to_too_much_is_refused_and_leaves_nothing(tmp_path):
+    fifo = tmp_path / "input.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(data.DataError, match="is not a regular file"):  # opening it would wait forever
+        data.download(fifo.as_uri(), tmp_path / "input.txt")
+    huge = tmp_path / "huge.txt"
+    with open(huge, "wb") as f:
+        f.truncate(data.MAX_DOWNLOAD + 1)  # sparse: no disk, but as many bytes to read as a real file
+    with pytest.raises(data.DataError, match="sent more than 64 MB"):
+        data.download(huge.as_uri(), tmp_path / "input.txt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["huge.txt", "input.fifo"]
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into any folder")

@@ -151,3 +151,14 @@ def test_every_device_check_command_in_the_docs_names_its_parts():
     assert len(named) >= 3
     for parts in named:
         assert set(parts.split(",")) <= names, parts
+
+
+@pytest.mark.parametrize("out, says", [("", "--out is empty; give the folder the figures and the log go to"),
+                                       ("a_file", "is a file; give the folder"),
+                                       ("a_file/deeper", "is under")])
+def test_an_out_that_cannot_be_a_folder_is_refused_in_one_line_before_the_gpu_is_asked_for(tmp_path, capsys, out,
+                                                                                           says):
+    (tmp_path / "a_file").write_text("a file\n")
+    assert device_check.main([f"--out={tmp_path / out if out else ''}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("device_check.py: ") and says in err and err.count("\n") == 1

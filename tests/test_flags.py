@@ -122,3 +122,20 @@ def test_there_is_one_usage_error():
             tree = ast.parse(f.read())
         classes = [node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
         assert "UsageError" not in classes, f"{script} defines a UsageError of its own"
+
+
+@dataclass
+class HelpOptions:
+    start: str = flags.help_of("the text to continue", default="\n")
+    max_new_tokens: int = flags.help_of("tokens to add", default=200)
+    out: str = flags.help_of("a folder", default="")
+
+
+def test_help_is_a_table_whatever_the_names_and_defaults(capsys):
+    flags.print_help("A script.", HelpOptions)
+    lines = capsys.readouterr().out.splitlines()
+    table = lines[lines.index("") + 1:]
+    # a newline default is shown escaped, not as a break in the table; every default starts in one column
+    assert [line.split()[:2] for line in table] == [["flag", "default"], ["--start", "'\\n'"],
+                                                    ["--max_new_tokens", "200"], ["--out", "(none)"]]
+    assert len({line.index(line.split()[1]) for line in table}) == 1

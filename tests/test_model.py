@@ -1541,6 +1541,7 @@ def test_coord_check_command_writes_png_and_numbers(tmp_path):
     (["--widths=24", "--head_dim=16"], "--head_dim=16 must be >= 1 and divide every width"),
     (["--n_embd=64"], "--n_embd and --n_head are set by --widths and --head_dim"),
     (["--out=cc.jpg"], "--out=cc.jpg must be a .png path"),
+    (["--seed=-1"], "--seed=-1 must be in [0, 2^63), as train.py's"),
     (["--widths=1_6"], "--widths=1_6 is not a comma-separated list of integers"),
     (["--lr=1e300"], "--lr=1e+300 must be in (0, 1000]"),
     (["--widths=10000000", "--head_dim=10000000"], "need about"),
@@ -1553,11 +1554,16 @@ def test_coord_check_bad_input_is_one_line_and_exit_code_2(argv, expected, capsy
 
 @pytest.mark.parametrize("out, says", [("a_file/cc.png", "a_file is a file, not a folder"),
                                        ("a_file/deeper/cc.png", "a_file is a file, not a folder"),
-                                       ("gone/cc.png", "gone is a symlink to")])
+                                       ("gone/cc.png", "gone is a symlink to"),
+                                       ("taken.png", "taken.png is a folder, not a file"),
+                                       ("numbers.png", "numbers.json is a folder, not a file")])
 def test_coord_check_refuses_an_out_it_could_not_write_before_it_runs(tmp_path, capsys, monkeypatch, out, says):
-    """--out=<file>/x.png, said before the runs in one line, exit code 2 (not the makedirs error after them)."""
+    """--out=<file>/x.png, or a folder where the PNG or its numbers go, said before the runs in one line, exit code
+    2 (not the write error after them)."""
     (tmp_path / "a_file").write_text("a file\n")
     (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "taken.png").mkdir()
+    (tmp_path / "numbers.json").mkdir()
     ran = []
     monkeypatch.setattr(coord_check, "run", lambda opts, given: ran.append(opts) or [])
     assert coord_check.main([f"--out={tmp_path / out}"]) == 2

@@ -114,6 +114,7 @@ def test_telemetry_plots_from_a_real_instrumented_run(corpus, tmp_path):
     (lambda tmp: [str(tmp)], "holds no log.jsonl"),
     (lambda tmp: [str(tmp), "--colour=red"], "unknown flag --colour"),
     (lambda tmp: [], "no folders given"),
+    (lambda tmp: [str(tmp), str(tmp / ".")], "is given more than once; give each run or sweep folder once"),
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, make, expected):
     assert plot.main([*make(tmp_path), f"--out={tmp_path / 'png'}"]) == 2

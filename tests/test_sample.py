@@ -139,6 +139,7 @@ def write(folder, content):
 BAD_FLAGS = [
     (["--temperature=0"], "--temperature=0.0 must be >= 0.001"),
     (["--top_k=0"], "--top_k=0 must be >= 1"),
+    (["--seed=-1"], "--seed=-1 must be in [0, 2^63), as train.py's"),
     (["--num_samples=0"], "--num_samples=0"),
     (["--max_new_tokens=-1"], "--max_new_tokens=-1"),
     (["--max_new_tokens=many"], "--max_new_tokens=many"),
