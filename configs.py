@@ -234,16 +234,45 @@ def no_effect_warnings(given, m, tc):
             for name, why in unused.items() if name in given]
 
 
+def damaged_configs(checkpoint):
+    """What is wrong with a checkpoint's model_config or train_config ("train_config.lr=-5.0 must be in (0, 1000]"),
+    or None: every value has its flag's type, and the configs pass the checks a command line's flags pass
+    (GPTConfig's, check_train_config, fit_to_tokenizer's), with each flag named as the checkpoint's field, not as a
+    flag the user never gave. run_folder.read_checkpoint asks it, so a damaged checkpoint is passed over as one
+    that does not load; a train_config key that is no flag (one of an older nanonorm) is left unread."""
+    saved_model, saved_train = checkpoint["model_config"], checkpoint["train_config"]
+    foreign = [name for name in saved_model if name not in GPTConfig.__dataclass_fields__]
+    if foreign:
+        return f"model_config.{foreign[0]} is not a flag of this model.py"
+    types = flags.field_types(GPTConfig, TrainConfig)
+    for section, config in (("model_config", saved_model), ("train_config", saved_train)):
+        for name, value in config.items():
+            problem = flags.wrong_type(name, value, types[name], CHOICES) if name in types else None
+            if problem:
+                return f"{section}.{problem}"
+    try:
+        model_cfg, tc = GPTConfig(**saved_model), flags.build(TrainConfig, saved_train)
+        check_train_config(tc, given={})  # nothing given: the checks of an explicit flag's fit are left out
+        fit_to_tokenizer(model_cfg, tc, {}, resumed=True)
+    except (ValueError, UsageError) as e:
+        return as_fields(str(e))
+    return None
+
+
+def as_fields(text):
+    """text (a refusal of flags) with each --flag named as a checkpoint's field: train_config.lr, model_config.norm."""
+    def field(match):
+        section = "model_config" if match[1] in GPTConfig.__dataclass_fields__ else "train_config"
+        return f"{section}.{match[1]}"
+    return re.sub(r"--(\w+)", field, text)
+
+
 def resume_configs(given, checkpoint, world_size, tc):
-    """The checkpoint's model and training config, with the flags given on top where a resume can change
-    them (tc: the config of the command line alone); an inconsistent resume is one line."""
+    """The checkpoint's model and training config (checked by damaged_configs as it was read), with the flags given
+    on top where a resume can change them (tc: the config of the command line alone); an inconsistent resume is
+    one line."""
     saved_model, saved_train = checkpoint["model_config"], checkpoint["train_config"]
     step = checkpoint["step"]
-    types = flags.field_types(GPTConfig, TrainConfig)
-    for name, value in [*saved_model.items(), *saved_train.items()]:
-        problem = flags.wrong_type(name, value, types[name], CHOICES) if name in types else None
-        if problem:
-            raise UsageError(f"--resume: the checkpoint's config is not nanonorm's ({problem})")
     changed = [k for k, v in model_flags(given).items() if saved_model.get(k, v) != v]
     if given.get("preset") not in (None, saved_train.get("preset")):
         changed.insert(0, "preset")
@@ -254,13 +283,10 @@ def resume_configs(given, checkpoint, world_size, tc):
     if len(checkpoint["rng"]) != world_size:
         raise UsageError(f"--resume: the checkpoint was written by {len(checkpoint['rng'])} processes, this run has "
                          f"{world_size}; exact resume needs the same number (torchrun --nproc_per_node)")
-    try:
-        model_cfg = GPTConfig(**saved_model)
-        known = {k: saved_value(saved_train, k) for k in saved_train if k in tc.__dataclass_fields__}
-        # the saved values, except the machine's flags and those given now: tc has those already
-        tc = dataclasses.replace(tc, **{k: v for k, v in known.items() if k not in SYSTEM_FLAGS and k not in given})
-    except (TypeError, ValueError) as e:
-        raise UsageError(f"--resume: the checkpoint's config is not nanonorm's ({e})") from None
+    model_cfg = GPTConfig(**saved_model)  # damaged_configs has built it once, when the checkpoint was read
+    known = {k: saved_value(saved_train, k) for k in saved_train if k in tc.__dataclass_fields__}
+    # the saved values, except the machine's flags and those given now: tc has those already
+    tc = dataclasses.replace(tc, **{k: v for k, v in known.items() if k not in SYSTEM_FLAGS and k not in given})
     # a checkpoint a stop wrote during the last evaluation still owes that evaluation and the run's "done" line
     owed = tc.max_iters == step and not checkpoint.get("evaluated", True)
     if tc.max_iters <= step and not owed:

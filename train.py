@@ -253,14 +253,16 @@ def setup(argv, machine):
     """Everything that can fail on bad input, checked by each process on its own before any work (no process group
     yet: bad input stops every process the same way, and only process 0 prints it): flags, run folder, checkpoint,
     configs, log, data, memory. Then the process group, and the run folder's lock (run_folder.claim), which the
-    caller keeps open for the life of the run. Returns train()'s arguments and the lock."""
+    caller keeps open for the life of the run; only then the notes of the checks (a checkpoint or log passed over),
+    so that a refused run says one line. Returns train()'s arguments and the lock."""
     given = configs.parse_flags(argv)
     _, flag_tc = configs.from_flags(given)  # where the run goes: --out_dir, --resume, --overwrite
     fresh = not flag_tc.resume and not flag_tc.overwrite
     run_folder.check_out_dir(flag_tc.out_dir, fresh)
-    checkpoint = run_folder.newest_checkpoint(flag_tc.out_dir, machine.master) if flag_tc.resume else None
+    checkpoint, notes = (run_folder.newest_checkpoint(flag_tc.out_dir, configs.damaged_configs) if flag_tc.resume
+                         else (None, []))
     model_cfg, tc, device = configs.resolve(given, checkpoint, machine.world_size)
-    events = run_folder.past_events(tc.out_dir, machine.master) if checkpoint else []
+    events, log_notes = run_folder.past_events(tc.out_dir) if checkpoint else ([], [])
     # what this resume changed of the run's settings (those it may change: configs.RESUME), logged and said
     changes = configs.resume_changes(checkpoint["train_config"], tc) if checkpoint else {}
     # every process asks: data.prepare's file lock lets one process per disk tokenize while the others wait
@@ -268,11 +270,12 @@ def setup(argv, machine):
     meta = data.load_meta(folder)
     configs.check_data(meta, model_cfg, checkpoint)
     runtime.check_memory(model_cfg, tc, device, machine)
-    if machine.master:
-        for warning in configs.no_effect_warnings(given, model_cfg, tc):
-            print(warning, file=sys.stderr)
     runtime.start(device, machine)
     lock = run_folder.claim(tc.out_dir, fresh, machine)
+    if machine.master:
+        for line in [*(f"train.py: note: {note}" for note in notes + log_notes),
+                     *configs.no_effect_warnings(given, model_cfg, tc)]:
+            print(line, file=sys.stderr)
     return dict(model_cfg=model_cfg, tc=tc, machine=machine, checkpoint=checkpoint, events=events, changes=changes,
                 folder=folder, meta=meta), lock
 

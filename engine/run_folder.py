@@ -4,10 +4,11 @@ run at a time. A write goes to a .tmp file that is flushed to the disk and then 
 crash or kill -9 at any moment leaves the old checkpoint or the new one, never half of one.
 
 In the order a run meets them: before any work, `check_out_dir` refuses a folder that cannot be written, that
-another run is using, or that holds another run (unless --resume or --overwrite), and on --resume
-`newest_checkpoint` finds the newest checkpoint that loads and `past_events` reads its log (run_reader.read_log). Once
-every input is checked, `claim` takes the folder's lock (files.claim) for all the run's processes. `restore` puts
-the checkpoint's state back into the model, optimizer, GradScaler and RNGs, and `start_run` writes config.json and
+another run is using, that has a folder where the run writes a file, or that holds another run (unless --resume
+or --overwrite), and on --resume `newest_checkpoint` finds the newest checkpoint that loads and `past_events` reads
+its log (run_reader.read_log), each with notes for the caller to say once the resume goes ahead. Once every input
+is checked, `claim` takes the folder's lock (files.claim) for all the run's processes. `restore` puts the
+checkpoint's state back into the model, optimizer, GradScaler and RNGs, and `start_run` writes config.json and
 log.jsonl (a resumed run keeps the events up to its checkpoint). In the loop, `log_event` appends one JSON line per
 event and `save` writes ckpt.pt with every process's RNG states, keeping ckpt-<step>.pt of the last
 --keep_checkpoints checkpoints and of the best one. A failed write is a files.WriteError on every process, with the
@@ -19,6 +20,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shlex
 import sys
 
@@ -32,6 +34,15 @@ from engine.files import WriteError
 from engine.flags import UsageError
 
 CHECKPOINT_KEYS = ("model", "optimizer", "scaler", "step", "best_val", "rng", "model_config", "train_config")
+# The keys an older checkpoint may lack, with the shape each has where present (run_reader.mismatch): the
+# instruments' state (diagnostics/probes.py's state_dict) and whether the checkpoint's step was evaluated.
+OPTIONAL_SHAPES = {
+    "spike_monitor": {"window": int, "z_threshold": run_reader.NUMBER, "losses": [run_reader.NUMBER],
+                      "grads": [run_reader.NUMBER]},
+    "divergence": {"max_loss": (int, float, type(None)), "best_mean": run_reader.NUMBER, "above": int,
+                   "recent": [run_reader.NUMBER], "tail": [run_reader.NUMBER]},
+    "evaluated": bool,
+}
 
 
 def check_out_dir(out_dir, fresh):
@@ -50,8 +61,25 @@ def check_out_dir(out_dir, fresh):
     holder = files.held_by(out_dir)
     if holder:
         raise files.in_use(out_dir, holder)
+    folder = folder_in_the_way(out_dir)
+    if folder:
+        raise UsageError(f"--out_dir={out_dir}: {folder} is a folder, where the run writes (or with --overwrite "
+                         "removes) a file of its own; move it away, or choose another --out_dir")
     if fresh:
         refuse_a_run(out_dir)
+
+
+def folder_in_the_way(out_dir):
+    """The first folder in out_dir named as a run file or a checkpoint's temporary file (ckpt.pt.tmp), or None.
+    Found only at the write (the first checkpoint, after the log is rewritten) or at --overwrite's removal (after
+    the older files are gone), it would stop a run half-started; a symlink is replaced or removed, never written
+    through."""
+    for name in sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []:
+        path = os.path.join(out_dir, name)
+        written = run_reader.is_run_file(name) or name.endswith(".pt.tmp") and run_reader.is_run_file(name[:-4])
+        if written and os.path.isdir(path) and not os.path.islink(path):
+            return path
+    return None
 
 
 def refuse_a_run(out_dir):
@@ -195,9 +223,9 @@ def save(out_dir, state, keep, machine):
     on_process_0(lambda: save_checkpoint(out_dir, state, keep), machine)
 
 
-def read_checkpoint(path):
-    """A nanonorm checkpoint, or UsageError saying why path is not one. A FIFO is refused unread: reading one would
-    wait forever for a writer."""
+def read_checkpoint(path, check_configs=None):
+    """A nanonorm checkpoint, or UsageError saying why path is not one (damaged_value; check_configs as there). A
+    FIFO is refused unread: reading one would wait forever for a writer."""
     problem = files.not_a_file(path)
     if problem:
         raise UsageError(f"cannot read {path}: it is {problem}")
@@ -208,15 +236,18 @@ def read_checkpoint(path):
     missing = [k for k in CHECKPOINT_KEYS if not isinstance(checkpoint, dict) or k not in checkpoint]
     if missing:
         raise UsageError(f"{path} is not a nanonorm checkpoint (it lacks {', '.join(missing)})")
-    damage = damaged_value(checkpoint)
+    damage = damaged_value(checkpoint, check_configs)
     if damage:
         raise UsageError(f"{path} is not a nanonorm checkpoint ({damage}); it is damaged or not train.py's")
     return checkpoint
 
 
-def damaged_value(checkpoint):
+def damaged_value(checkpoint, check_configs=None):
     """What is wrong with a checkpoint's values ("step is -5, not an integer >= 0"), or None: a resume truncates
-    the log to its step and compares losses with its best_val, so each is checked before anything is written."""
+    the log to its step, compares losses with its best_val and goes on from its instruments' state, so each is
+    checked before anything is written. check_configs(checkpoint) says what is wrong with its configs' values
+    (configs.damaged_configs: engine/ knows no flag's type or range), so that a bad one names the checkpoint, not
+    a flag the user never gave."""
     for name in ("step", "best_step"):
         value = checkpoint.get(name, 0)
         if type(value) is not int or value < 0:
@@ -229,6 +260,19 @@ def damaged_value(checkpoint):
     rng = checkpoint["rng"]
     if not (isinstance(rng, list) and rng and all(isinstance(state, dict) and "cpu" in state for state in rng)):
         return "rng is not a list of each process's RNG states"
+    return damaged_optional(checkpoint) or (check_configs(checkpoint) if check_configs else None)
+
+
+def damaged_optional(checkpoint):
+    """What is wrong with the keys an older checkpoint may lack (OPTIONAL_SHAPES, and the sha256 of the text the run
+    trained on, which a resume compares with the data's), or None."""
+    for name, shape in OPTIONAL_SHAPES.items():
+        problem = run_reader.mismatch(checkpoint[name], shape, name) if name in checkpoint else None
+        if problem:
+            return problem
+    sha = checkpoint.get("data_sha256")
+    if sha is not None and not (isinstance(sha, str) and re.fullmatch("[0-9a-f]{64}", sha)):
+        return f"data_sha256 is {sha!r:.40}, not the sha256 of a text (64 hex digits)"
     return None
 
 
@@ -240,22 +284,23 @@ def same_file(path, other):
         return False
 
 
-def newest_checkpoint(out_dir, master):
-    """The newest checkpoint that loads: ckpt.pt, unless a ckpt-<step>.pt of a later step loads (a ckpt.pt put
-    back from a copy, say), else the ckpt-<step>.pt files from the newest down. A missing ckpt.pt is passed over; one
-    that does not load (a symlink to nowhere, a FIFO, a damaged file) too, and process 0 says which it skipped."""
+def newest_checkpoint(out_dir, check_configs=None):
+    """(checkpoint, notes): the newest checkpoint that loads (read_checkpoint, with check_configs): ckpt.pt, unless a
+    ckpt-<step>.pt of a later step loads (a ckpt.pt put back from a copy, say), else the ckpt-<step>.pt files from
+    the newest down. A missing ckpt.pt is passed over; one that does not load (a symlink to nowhere, a FIFO, a
+    damaged file) too, and each note says which it skipped: the caller says them once the resume goes ahead."""
     newest = run_reader.checkpoint_path(out_dir)
     numbered = [(step, path) for step, path in sorted(run_reader.numbered_checkpoints(out_dir).items(), reverse=True)
                 if not same_file(path, newest)]
     if not numbered and not os.path.lexists(newest):
         raise UsageError(f"--resume: no checkpoint in {out_dir} (start without --resume to train from scratch)")
     problems = []
-    main = loadable(newest, problems) if os.path.lexists(newest) else None
+    main = loadable(newest, problems, check_configs) if os.path.lexists(newest) else None
     chosen = (newest, main) if main else None
     for step, path in numbered:
         if main and step <= main["step"]:
             break
-        checkpoint = loadable(path, problems)
+        checkpoint = loadable(path, problems, check_configs)
         if checkpoint and (not main or checkpoint["step"] > main["step"]):
             if main:
                 problems.append(f"{newest} is at step {main['step']}, older than {path}")
@@ -264,15 +309,13 @@ def newest_checkpoint(out_dir, master):
     if not chosen:
         raise UsageError(f"--resume: {problems[0]}" + (f" (and {len(problems) - 1} older ones)" if problems[1:] else
                                                        ""))
-    for problem in problems if master else []:
-        print(f"train.py: note: {problem}; resuming from {chosen[0]}", file=sys.stderr)
-    return chosen[1]
+    return chosen[1], [f"{problem}; resuming from {chosen[0]}" for problem in problems]
 
 
-def loadable(path, problems):
-    """read_checkpoint(path), or None with why it does not load appended to problems."""
+def loadable(path, problems, check_configs):
+    """read_checkpoint(path, check_configs), or None with why it does not load appended to problems."""
     try:
-        return read_checkpoint(path)
+        return read_checkpoint(path, check_configs)
     except UsageError as e:
         problems.append(str(e))
         return None
@@ -302,16 +345,14 @@ def restore(checkpoint, model, optimizer, scaler, tc, machine):
     return checkpoint["step"], checkpoint["best_val"], checkpoint.get("best_step", checkpoint["step"])
 
 
-def past_events(out_dir, master):
-    """The events of the log of the run being resumed (run_reader.read_log: a log that is not one is a UsageError,
-    and nothing is written); process 0 says when its torn last line was left out."""
+def past_events(out_dir):
+    """(events, notes): the events of the log of the run being resumed (run_reader.read_log: a log that is not one
+    is a UsageError, and nothing is written), and a note where its torn last line was left out or it is missing."""
     path = run_reader.log_path(out_dir)
     events, note = run_reader.read_log(path)
     if not os.path.lexists(path):
         note = f"{path} is missing; the resumed run's log starts at its checkpoint's step"
-    if note and master:
-        print(f"train.py: note: {note}", file=sys.stderr)
-    return events
+    return events, [note] if note else []
 
 
 def write_run_files(model_cfg, tc, machine, resumed_step, events, changes, meta):

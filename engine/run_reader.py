@@ -107,6 +107,11 @@ JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a s
               list: "a list", dict: "an object"}
 
 
+def kind_of(value):
+    """JSON's name of value's type ("a string"); a checkpoint's values (run_folder) may be any type: "a Tensor"."""
+    return JSON_NAMES.get(type(value), f"a {type(value).__name__}")
+
+
 def mismatch(value, shape, where):
     """Where a JSON value is not of the shape, such as "runs[2].lr is missing"; None where it is. A shape: a dict
     is a JSON object with at least these keys, [x] a list whose items are each x, [x, y, z] a list of exactly these
@@ -114,7 +119,7 @@ def mismatch(value, shape, where):
     allowed, None any value."""
     if isinstance(shape, dict):
         if not isinstance(value, dict):
-            return f"{where or 'it'} is {JSON_NAMES[type(value)]}, not an object"
+            return f"{where or 'it'} is {kind_of(value)}, not an object"
         for key, inner in shape.items():
             name = f"{where}.{key}" if where else key
             found = f"{name} is missing" if key not in value else mismatch(value[key], inner, name)
@@ -122,7 +127,7 @@ def mismatch(value, shape, where):
                 return found
     elif isinstance(shape, list):
         if not isinstance(value, list):
-            return f"{where} is {JSON_NAMES[type(value)]}, not a list"
+            return f"{where} is {kind_of(value)}, not a list"
         if len(shape) > 1 and len(value) != len(shape):  # a row: the readers unpack it
             return f"{where} has {len(value)} items, not {len(shape)}"
         for i, item in enumerate(value):
@@ -135,7 +140,7 @@ def mismatch(value, shape, where):
     elif shape is not None and type(value) not in (shape if isinstance(shape, tuple) else (shape,)):
         kinds = shape if isinstance(shape, tuple) else (shape,)
         expected = " or ".join(JSON_NAMES[kind] for kind in kinds if not (kind is int and float in kinds))
-        return f"{where} is {JSON_NAMES[type(value)]}, not {expected}"
+        return f"{where} is {kind_of(value)}, not {expected}"
     return None
 
 

@@ -186,12 +186,6 @@ BYTES_PER_EVAL_WINDOW = 36
 def check_memory(model_cfg, tc, device, machine):
     """A model and batch that cannot fit in memory, and evaluation windows too many to list in the machine's RAM,
     refused before anything is allocated (one line)."""
-    windows = tc.eval_iters * tc.batch_size
-    ram, ram_where = memory_of("cpu", machine)
-    if windows * BYTES_PER_EVAL_WINDOW > ram:
-        raise UsageError(f"--eval_iters={tc.eval_iters} x --batch_size={tc.batch_size} = {windows:,} evaluation "
-                         f"windows need about {windows * BYTES_PER_EVAL_WINDOW / 1e9:.3g} GB for their start "
-                         f"offsets alone, and {ram_where} has {ram / 1e9:.3g} GB; choose a smaller --eval_iters")
     need = memory_estimate(model_cfg, tc)
     have, where = memory_of(device, machine)
     if need > have:
@@ -200,6 +194,12 @@ def check_memory(model_cfg, tc, device, machine):
                          f"AdamW's state, and the activations of --batch_size={tc.batch_size} x --block_size="
                          f"{model_cfg.block_size} tokens), and {where} has {have / 1e9:.3g} GB; choose a smaller "
                          "model, --batch_size or --block_size")
+    windows = tc.eval_iters * tc.batch_size
+    ram, ram_where = memory_of("cpu", machine)
+    if windows * BYTES_PER_EVAL_WINDOW > ram:
+        raise UsageError(f"--eval_iters={tc.eval_iters} x --batch_size={tc.batch_size} = {windows:,} evaluation "
+                         f"windows need about {windows * BYTES_PER_EVAL_WINDOW / 1e9:.3g} GB for their start "
+                         f"offsets alone, and {ram_where} has {ram / 1e9:.3g} GB; choose a smaller --eval_iters")
 
 
 def ddp_device(device_type, local_rank, local_world_size):

@@ -18,7 +18,7 @@ from engine import run_folder
 import configs
 import model
 import train
-from conftest import PAUSED_TRAIN, ROOT, events, prepared, resumed_line, tiny, torchrun, train_argv
+from conftest import PAUSED_TRAIN, ROOT, events, folder_snapshot, prepared, resumed_line, tiny, torchrun, train_argv
 
 TINY = tiny(dropout="0.1")
 
@@ -192,7 +192,7 @@ FOREIGN = [
     ("no model_config", drop("model_config"), "(it lacks model_config)"),
     ("other shapes", other_shapes, "the checkpoint does not fit its own model"),
     ("foreign model_config", lambda c: {**c, "model_config": {**c["model_config"], "n_expert": 8}},
-     "the checkpoint's config is not nanonorm's"),
+     "(model_config.n_expert is not a flag of this model.py)"),
     ("a list", lambda c: [1, 2, 3], "is not a nanonorm checkpoint"),
     ("two processes", lambda c: {**c, "rng": c["rng"] * 2}, "written by 2 processes, this run has 1"),
     # values, not only keys: each is read before log.jsonl is cut back to the checkpoint's step
@@ -202,10 +202,24 @@ FOREIGN = [
     ("train_config as text", lambda c: {**c, "train_config": "oops"}, "(train_config is a str, not a dict)"),
     ("no RNG states", lambda c: {**c, "rng": []}, "(rng is not a list of each process's RNG states)"),
     ("a config value of another type", lambda c: {**c, "train_config": {**c["train_config"], "batch_size": "4"}},
-     "the checkpoint's config is not nanonorm's (batch_size is '4', not an integer)"),
+     "(train_config.batch_size is '4', not an integer)"),
     ("a model config value of another type", lambda c: {**c, "model_config": {**c["model_config"], "norm": 3}},
-     "the checkpoint's config is not nanonorm's (norm is 3, not one of layernorm"),
+     "(model_config.norm is 3, not one of layernorm"),
+    # a value out of its flag's range names the checkpoint's field, not a flag the user never gave
+    ("a config value out of range", lambda c: {**c, "train_config": {**c["train_config"], "lr": -5.0}},
+     "(train_config.lr=-5.0 must be in (0, 1000]"),
+    ("configs that do not fit", lambda c: {**c, "model_config": {**c["model_config"], "n_head": 3}},
+     "(model_config.n_embd=32 must be divisible by model_config.n_head=3)"),
+    # the instruments' state and the data's sha256, which a resume reads on
+    ("spike monitor as text", lambda c: {**c, "spike_monitor": "junk"}, "(spike_monitor is a string, not an object)"),
+    ("an empty divergence state", lambda c: {**c, "divergence": {}}, "(divergence.max_loss is missing)"),
+    ("a tensor in the spike window", lambda c: {**c, "spike_monitor": {**c["spike_monitor"], "losses": [
+        torch.tensor(1.0)]}}, "(spike_monitor.losses[0] is a Tensor, not a number)"),
+    ("data_sha256 as a number", lambda c: {**c, "data_sha256": 5},
+     "(data_sha256 is 5, not the sha256 of a text (64 hex digits))"),
 ]
+# refused once the checkpoint is read, by what it does not fit: the rest name the checkpoint as they read it
+NOT_FITTING = ("other shapes", "two processes")
 
 
 @pytest.mark.parametrize("name, change, expected", FOREIGN, ids=[f[0] for f in FOREIGN])
@@ -216,6 +230,8 @@ def test_a_foreign_checkpoint_is_one_line(corpus, checkpointed, capsys, name, ch
     assert train.main(flags(corpus, checkpointed, "--resume", "--max_iters=4")) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and expected in err and "Traceback" not in err, err
+    if name not in NOT_FITTING:
+        assert err.startswith(f"train.py: --resume: {checkpointed / 'ckpt.pt'} is not a nanonorm checkpoint ("), err
     assert {p.name: p.read_bytes() for p in checkpointed.iterdir()} == before
 
 
@@ -462,6 +478,44 @@ def test_an_older_ckpt_pt_than_a_numbered_checkpoint_gives_way_with_a_note(corpu
         f"train.py: note: {out / 'ckpt.pt'} is at step 3, older than {out / 'ckpt-6.pt'}; resuming from "
         f"{out / 'ckpt-6.pt'}", resumed_line(6, 8, 6)]
     assert [s for s, _ in losses(out)] == list(range(1, 9))
+
+
+@pytest.mark.parametrize("mode, name", [("--resume", "ckpt.pt"), ("--overwrite", "ckpt.pt"),
+                                        ("--resume", "config.json"), ("--overwrite", "log.jsonl"),
+                                        ("--resume", "ckpt.pt.tmp")])
+def test_a_folder_where_the_run_writes_a_file_is_refused_before_anything_changes(corpus, checkpointed, capsys, mode,
+                                                                                  name):
+    """Found late, it let a resume train and rewrite the log before its checkpoint failed, and --overwrite delete
+    the numbered checkpoints before it failed to remove the folder."""
+    path = checkpointed / name
+    if path.exists():
+        path.unlink()
+    path.mkdir()
+    before = folder_snapshot(checkpointed)
+    capsys.readouterr()
+    assert train.main(flags(corpus, checkpointed, mode, "--max_iters=4")) == 2
+    assert capsys.readouterr().err == (f"train.py: --out_dir={checkpointed}: {path} is a folder, where the run writes "
+                                       "(or with --overwrite removes) a file of its own; move it away, or choose "
+                                       "another --out_dir\n")
+    assert folder_snapshot(checkpointed) == before
+
+
+def test_a_refused_resume_says_one_line_not_the_checkpoint_it_would_have_taken(corpus, tmp_path, capsys):
+    """The note that a damaged ckpt.pt was passed over comes only with a resume that goes ahead."""
+    out = tmp_path / "out"
+    assert train.main(flags(corpus, out, "--max_iters=4", "--eval_interval=2", "--keep_checkpoints=2")) == 0
+    with open(out / "ckpt.pt", "r+b") as f:  # and ckpt-4.pt, its hard link: ckpt-2.pt is the newest that loads
+        f.truncate(100)
+    before = folder_snapshot(out)
+    capsys.readouterr()
+    assert train.main(flags(corpus, out, "--resume", "--max_iters=6", "--lr=1e-3")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("train.py: --resume: --lr=0.001 differs from the checkpoint's"), err
+    assert folder_snapshot(out) == before
+    assert train.main(flags(corpus, out, "--resume", "--max_iters=6")) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        f"train.py: note: cannot read {out / 'ckpt.pt'} (RuntimeError); it is damaged or not a checkpoint; resuming "
+        f"from {out / 'ckpt-2.pt'}", resumed_line(2, 6, 4)]
 
 
 def test_resuming_a_diverged_run_logs_one_diverged_event(corpus, tmp_path):
