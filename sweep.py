@@ -21,8 +21,11 @@ for it (train.py's own resolution; per-run bookkeeping aside, a key its config.j
 default) and the sha256 of the text it trained on is that of the data the command's runs read now (prepared once
 by sweep.py, as train.py prepares it): another is refused, naming the run and the first differing setting or the
 two texts, as is one without a config.json, so that no summary publishes runs of other flags or another corpus as
-this command's. Before anything starts, every run's flags pass train.py's checks; a variant is a plain folder name
-(its runs stay inside --out_dir), and two variants that resolve to one config are refused.
+this command's. Before any run starts or anything is written in --out_dir, every run passes the checks train.py
+makes before it trains (its configs; where runs start here, not for --dry_run's commands, which may be meant for
+another machine, its device, its memory and its data too, which sweep.py prepares once, as train.py would) and every
+<seed>.exit is read; a variant is a plain folder name (its runs stay inside --out_dir), and two variants that
+resolve to one config are refused.
 
 --mode=ramp: the LR stability test (NormFormer §4, Table 3, Fig. 5, Table 8): --lr_schedule=ramp, the LR
 rises linearly from 0 to --lr at --max_iters; per variant and LR: steps survived and the LR reached (median,
@@ -33,8 +36,9 @@ diverged run's loss counts as ln(V), V the tokenizer's vocabulary, in the place 
 capped there (lab/claims.FAILURE_RULE, as the claims count it). Both count the spike monitor's "spike" events.
 summary.json (a diverged run's loss is written as Infinity), summary.csv and a Markdown table on stdout.
 Exit code 0; 4 where runs failed (crashed, or were refused by train.py: not a divergence, which is a result), with
-one line counting them; the summary leaves them out, says how many (failed_runs), and a recipe's claims get no
-verdict (no_verdict says why); 2 bad input, 1 a failed write, 128 + N stopped by signal N.
+one line counting them (and naming a run train.py refused to resume, which every re-run would resume again); the
+summary leaves them out, says how many (failed_runs), and a recipe's claims get no verdict (no_verdict says why); 2
+bad input, 1 a failed write, 128 + N stopped by signal N.
 
 --reference=VARIANT compares every other variant with it, seed by seed, on each metric: ramp mode steps_survived@LR
 and peak_lr@LR; lr mode final_loss@LR, spikes@LR (and attn_logit_max@LR, log_z@LR where the runs log telemetry) and
@@ -76,7 +80,7 @@ from engine import runtime
 from engine import signals
 from lab import pool
 from lab import recipes
-from lab.summary import Run, is_finished, previous_summary, write_summary
+from lab.summary import Run, exit_code, is_finished, previous_summary, write_summary
 from engine.files import WriteError
 from engine.flags import UsageError, help_of
 
@@ -290,15 +294,16 @@ def train_command(run, plan):
     return [sys.executable, os.path.join(HERE, "train.py"), *train_flags(run, plan)]
 
 
-def check_runs(runs, plan, texts):
-    """Every run's flags through train.py's parser and the checks train.py makes before it writes anything; two
-    variants that resolve to one config refused (the same runs twice, into two folders); and a finished or
-    resumable run trained with other settings or on other data refused: it is not this command's run, and a summary
-    would publish it as one. texts: {(dataset, tokenizer, data_dir): the sha256 of its text}, filled as the data is
-    prepared (trained_on), so that one invocation prepares each dataset once and judges every run by one text."""
-    seen = {}
+def check_runs(runs, plan, metas, machine):
+    """Every run through the checks train.py makes before it trains, and two variants that resolve to one config
+    refused (the same runs twice, into two folders); every <seed>.exit read; and a finished or resumable run trained
+    with other settings or on other data refused: it is not this command's run, and a summary would publish it as
+    one. The quick checks of every run come before the first data is prepared. metas: {(dataset, tokenizer,
+    data_dir): its meta.json}, filled as the data is prepared (data_meta), so that one invocation prepares each
+    dataset once and judges every run by one text."""
+    seen, resolved = {}, []
     for run in runs:
-        model_cfg, tc = run_configs(run, plan)
+        model_cfg, tc = run_configs(run, plan, machine)
         settings = config_dicts(model_cfg, tc)
         # the preset is a name: its settings are in the model config
         key = json.dumps([settings["model"], {k: v for k, v in settings["train"].items() if k != "preset"}])
@@ -306,24 +311,56 @@ def check_runs(runs, plan, texts):
         if same is not run:
             raise UsageError(f"--variants: {same.variant} and {run.variant} are the same runs (one config); give each "
                              "variant once")
+        resolved.append((run, model_cfg, tc, settings))
+    saved = {}
+    for run, _, tc, settings in resolved:
+        exit_code(run)  # a damaged one is refused now, not once the other runs have trained
         if is_finished(run) or run_reader.has_checkpoint(run.dir):
-            saved = run_reader.read_config(run.dir)
-            check_trained_as(run, saved, settings, tc)
-            check_trained_on(run, saved, tc, texts)
+            saved[run.dir] = run_reader.read_config(run.dir)
+            check_trained_as(run, saved[run.dir], settings, tc)
+    for run, model_cfg, tc, _ in resolved:  # last, the data, which may take minutes to prepare
+        if not plan.dry_run:
+            check_data(run, model_cfg, tc, metas)
+        if run.dir in saved:
+            check_trained_on(run, saved[run.dir], tc, metas)
 
 
-def run_configs(run, plan):
+def run_configs(run, plan, machine):
     """A run's model and train configs as train.py resolves them for a fresh run (configs.resolve), less what the
     machine decides (configs.MACHINE_SETTINGS: --dry_run's commands may be meant for another machine, a GPU node);
-    where the runs run on this machine, their device must be here. Bad input is one line naming the variant."""
+    where the runs run on this machine, train.py's device and memory checks pass here, with the device and dtype it
+    will pick (runtime.resolve_device). Bad input is one line naming the variant."""
     flags = [f for f in train_flags(run, plan) if f not in ("--resume", "--overwrite")]
     try:
         model_cfg, tc, _ = configs.resolve(configs.parse_flags(flags), machine=False)
         if not plan.dry_run:
-            runtime.concrete_device(tc.device)
+            device, here = runtime.resolve_device(tc)
+            runtime.check_memory(model_cfg, here, device, machine)
     except UsageError as e:
         raise UsageError(f"variant {run.variant}: {e}") from None
     return model_cfg, tc
+
+
+def data_meta(run, tc, metas):
+    """The meta.json of the run's data, prepared as train.py prepares it (data.prepare: a corpus prepared already is
+    found, not read again; a bad one writes nothing), once per invocation. A corpus train.py would refuse is one line
+    naming the variant."""
+    key = (tc.dataset, tc.tokenizer, tc.data_dir)
+    if key not in metas:
+        try:
+            metas[key] = data.load_meta(data.prepare(*key))
+        except data.DataError as e:
+            raise UsageError(f"variant {run.variant}: {e}") from None
+    return metas[key]
+
+
+def check_data(run, model_cfg, tc, metas):
+    """train.py's data checks (configs.check_data: a block fits in each split); a resumed run's text is compared
+    with the one it trained on by check_trained_on."""
+    try:
+        configs.check_data(data_meta(run, tc, metas), model_cfg, None)
+    except data.DataError as e:
+        raise UsageError(f"variant {run.variant}: {e}") from None
 
 
 def config_dicts(model_cfg, tc):
@@ -351,26 +388,20 @@ def check_trained_as(run, saved, settings, tc):
                                  ".exit and .out) to run it again")
 
 
-def check_trained_on(run, saved, tc, texts):
+def check_trained_on(run, saved, tc, metas):
     """The finished or resumable run trained on the text this command's runs read now: the sha256 its config.json
-    records (data.py's meta.json, which train.py copies there) is that of the data prepared now (data.prepare, as
-    train.py prepares it; a corpus prepared already is found, not read again). A corpus edited since the run trained
-    makes it another experiment's run."""
-    key = (tc.dataset, tc.tokenizer, tc.data_dir)
-    if key not in texts:
-        try:
-            texts[key] = data.load_meta(data.prepare(*key))["source"]["sha256"]
-        except data.DataError as e:
-            raise UsageError(f"variant {run.variant}: {e}") from None
+    records (data.py's meta.json, which train.py copies there) is that of the data prepared now (data_meta). A corpus
+    edited since the run trained makes it another experiment's run."""
+    now = data_meta(run, tc, metas)["source"]["sha256"]
     source = saved.get("data")
     source = source.get("source") if isinstance(source, dict) else None
     trained_on = source.get("sha256") if isinstance(source, dict) else None
     if not isinstance(trained_on, str):
         raise UsageError(f"{run.dir}/config.json records no sha256 of its data, so nothing says which text trained "
                          "it; remove the run (its folder, .exit and .out) to run it again")
-    if trained_on != texts[key]:
+    if trained_on != now:
         raise UsageError(f"{run.dir} was trained on another text of --dataset={tc.dataset} (sha256 {trained_on[:12]}; "
-                         f"now {texts[key][:12]}): it is not this command's run; put its data back, give another "
+                         f"now {now[:12]}): it is not this command's run; put its data back, give another "
                          "--out_dir, or remove the run (its folder, .exit and .out) to run it again")
 
 
@@ -393,13 +424,13 @@ def main(argv):
         return 0
     try:
         plan = parse_args(argv)
-        runtime.Machine.from_env()  # every run inherits sweep.py's environment: a bad one would fail them all
+        machine = runtime.Machine.from_env()  # every run inherits sweep.py's environment: a bad one would fail them all
         runs = grid(plan)
-        texts = {}
-        check_runs(runs, plan, texts)
+        metas = {}
+        check_runs(runs, plan, metas, machine)
         previous_summary(plan.out_dir)  # a damaged one is refused now, not after hours of runs
         todo = [run for run in runs if not is_finished(run)]
-        return run_sweep(plan, runs, todo, texts)
+        return run_sweep(plan, runs, todo, metas, machine)
     except UsageError as e:
         return flags.fail("sweep.py", e)
     except WriteError as e:
@@ -407,10 +438,10 @@ def main(argv):
         return 1
 
 
-def run_sweep(plan, runs, todo, texts):
+def run_sweep(plan, runs, todo, metas, machine):
     """Print --dry_run's commands, or run what is left and write the summaries. Exit code 0; RUNS_FAILED where runs
     failed (crashed or were refused), with one line counting them; or 128 + the signal that stopped the sweep (its
-    runs stopped with a checkpoint). texts: check_runs'."""
+    runs stopped with a checkpoint). metas, machine: check_runs'."""
     elsewhere = [run for run in todo if files.held_by(run.dir)]
     for run in elsewhere:
         print(f"sweep.py: {run.dir} is running in another process ({files.held_by(run.dir)}); left to it",
@@ -427,14 +458,27 @@ def run_sweep(plan, runs, todo, texts):
     if stopped:
         print(stop_message(stopped, todo), file=sys.stderr)
         return signals.exit_code(stopped)
-    check_runs(runs, plan, texts)  # a run another process finished meanwhile may hold other settings or data
+    check_runs(runs, plan, metas, machine)  # a run another process finished meanwhile may hold other settings or data
     failed = write_summary(plan, runs, wall_s=time.time() - started if todo else 0.0)
     if failed:
         print(f"sweep.py: {failed} of {len(runs)} runs failed (they crashed or were refused: see their .out files)"
-              f"{'; the recipe publishes no verdict' if plan.recipe else ''}; exit code {RUNS_FAILED}",
-              file=sys.stderr)
+              f"{refused_resumes(todo)}{'; the recipe publishes no verdict' if plan.recipe else ''}; exit code "
+              f"{RUNS_FAILED}", file=sys.stderr)
         return RUNS_FAILED
     return 0
+
+
+def refused_resumes(todo):
+    """The part of the failure line that names the runs train.py refused to resume (exit code 2 beside a
+    checkpoint: every checkpoint damaged, say), "" where none was: a re-run of the sweep resumes them again, to the
+    same end, until they are removed."""
+    refused = [run for run in todo if not is_finished(run) and exit_code(run) == 2
+               and run_reader.has_checkpoint(run.dir)]
+    if not refused:
+        return ""
+    more = f" (and {len(refused) - 1} more)" if refused[1:] else ""
+    return (f"; train.py refused to resume {refused[0].dir}{more}, as it will on every re-run (its .out says why): "
+            "remove the run (its folder, .exit and .out) to train it afresh")
 
 
 def stop_message(stopped, todo):

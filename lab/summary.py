@@ -75,7 +75,8 @@ def exit_code(run):
     if not text:
         return None
     if not re.fullmatch(rb"-?[0-9]{1,4}", text):
-        raise UsageError(f"{path}: {text[:20]!r} is not an exit code; sweep.py writes a number there (remove the file "
+        shown = text[:20].decode("utf-8", "replace")
+        raise UsageError(f"{path}: {shown!r} is not an exit code; sweep.py writes a number there (remove the file "
                          "to let the run's log decide)")
     return int(text)
 

@@ -289,20 +289,69 @@ def test_skip_and_resume_a_half_finished_sweep(corpus, tmp_path, capsys):
         assert [r["status"] for r in json.load(f)["runs"]] == ["done"] * 3
 
 
-@pytest.mark.slow
-def test_a_sweep_whose_every_run_fails_exits_4(tmp_path):
-    """python sweep.py whose runs all fail in train.py (a dataset that is not there): exit code 4, one line counting
-    them, and a summary that says every run failed."""
-    argv = ["--variants=baseline", "--lrs=1e-2", "--seeds=2", f"--out_dir={tmp_path / 'sweep'}",
-            f"--dataset={tmp_path / 'missing.txt'}", f"--data_dir={tmp_path / 'data'}", *SWEEP_TINY]
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "sweep.py"), *argv], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 4, done.stderr
-    assert done.stderr == ("sweep.py: 2 of 2 runs failed (they crashed or were refused: see their .out files); exit "
-                           "code 4\n")
+def test_runs_whose_checkpoints_are_all_damaged_exit_4_naming_them_and_what_to_do(corpus, tmp_path, capsys):
+    """Every run resumable from checkpoints that do not load: train.py refuses each resume (exit code 2), so the
+    sweep exits 4 with one line that counts them, names the first and says how to train it afresh (a re-run would
+    resume it again, to the same end), and a summary that says every run failed."""
+    argv, runs = two_runs(tmp_path, corpus)
+    start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
+    for run in runs:
+        write_log(run.dir, [start])
+        write_config(run, argv)
+        for name in ("ckpt.pt", "ckpt-2.pt"):
+            with open(os.path.join(run.dir, name), "wb") as f:
+                f.write(b"not a checkpoint")
+    assert sweep.main([*argv, "--jobs=2"]) == 4
+    assert capsys.readouterr().err == (
+        f"sweep.py: 2 of 2 runs failed (they crashed or were refused: see their .out files); train.py refused to "
+        f"resume {runs[0].dir} (and 1 more), as it will on every re-run (its .out says why): remove the run (its "
+        "folder, .exit and .out) to train it afresh; exit code 4\n")
+    with open(runs[0].dir + ".out") as f:
+        assert "train.py: --resume: " in f.read()
     with open(tmp_path / "sweep" / "summary.json") as f:
         summary = json.load(f)
     assert summary["failed_runs"] == 2 and [r["status"] for r in summary["runs"]] == ["unfinished"] * 2
+
+
+def binary_file(folder):
+    path = folder / "binary.bin"
+    path.write_bytes(bytes(range(256)) * 4)
+    return path
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (lambda tmp: [f"--dataset={tmp / 'missing.txt'}"], "variant baseline: --dataset="),
+    (lambda tmp: [f"--dataset={binary_file(tmp)}"], "binary.bin is not UTF-8 text"),
+    (lambda tmp: ["--variants=postln,baseline+block_size=5000"], "variant baseline+block_size=5000: the val split "),
+    (lambda tmp: ["--variants=postln,baseline+n_embd=65536"], "variant baseline+n_embd=65536: the model and its "
+                                                               "training need about"),
+], ids=["missing corpus", "binary corpus", "block longer than a split", "out of memory"])
+def test_a_run_train_py_would_refuse_is_refused_before_any_run_starts(corpus, tmp_path, capsys, monkeypatch, flags,
+                                                                      expected):
+    """A corpus that is not there or not text, a block longer than a split, a model the machine cannot hold: what
+    train.py refuses before it trains, for any run of the grid (the last one too), is one line and exit code 2
+    before the first run starts or the sweep folder is made."""
+    monkeypatch.setattr(sweep.pool, "run_all", lambda *args: pytest.fail("a run was started"))
+    argv = ["--variants=baseline", "--lrs=1e-2", f"--out_dir={tmp_path / 'sweep'}", f"--dataset={corpus}",
+            f"--data_dir={prepared(corpus)}", *SWEEP_TINY, *flags(tmp_path)]
+    assert sweep.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sweep.py: ") and expected in err and err.count("\n") == 1, err
+    assert not os.path.exists(tmp_path / "sweep")
+
+
+def test_a_damaged_exit_file_is_refused_before_the_other_runs_train(corpus, tmp_path, capsys, monkeypatch):
+    """A finished run's <seed>.exit that holds no exit code is one line naming the file and its text, before the
+    run left to do trains (not once it has)."""
+    argv, (finished, left) = two_runs(tmp_path, corpus)
+    finished_as(finished, argv)
+    with open(finished.dir + ".exit", "w") as f:
+        f.write("xyz\n")
+    monkeypatch.setattr(sweep.pool, "run_all", lambda *args: pytest.fail("a run was started"))
+    assert sweep.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"sweep.py: {finished.dir}.exit: ") and "xyz" in err and err.count("\n") == 1, err
+    assert not os.path.exists(left.dir) and not os.path.exists(tmp_path / "sweep" / "summary.json")
 
 
 def test_each_variant_meets_the_reference_of_its_own_context():
@@ -536,7 +585,7 @@ def test_torn_and_foreign_logs_exit_files_and_summaries(corpus, tmp_path, capsys
     assert lab.summary.exit_code(second) is None
     with open(second.dir + ".exit", "w") as f:
         f.write("garbage\n")
-    refused(".exit: b'garbage' is not an exit code")
+    refused("is not an exit code")
     os.remove(second.dir + ".exit")
 
     summary = tmp_path / "sweep" / "summary.json"
