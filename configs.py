@@ -1,19 +1,23 @@
 """
-A run's configs from its command line, resolved in one place: model.py's GPTConfig (a --preset first, then the
-explicit flags) and TrainConfig. `resolve` is the whole resolution, as nanoGPT resolves its model_args once: the
-flags (from_flags); on --resume the checkpoint's configs with the flags a resume may change on top
+A run's configs from its command line, resolved in one place: model.py's GPTConfig (a --preset of presets.py first,
+then the explicit flags) and TrainConfig. `resolve` is the whole resolution, as nanoGPT resolves its model_args once:
+the flags (from_flags); on --resume the checkpoint's configs with the flags a resume may change on top
 (resume_configs); the vocabulary and PowerNorm's warmup (fit_to_tokenizer); and the device, dtype and compile of
 this machine (runtime.resolve_device). It reads nothing but its arguments and the machine, so the configs of a run
 are known without running it, and a second copy of a rule has no reason to exist. GPTConfig checks its own
-combinations; here are the checks of the training flags (their float ranges are engine/flags.FLOAT_RANGES, one
-table with the model's), RESUME (what a resume may change of a run, flag by flag), the warnings for flags that
-change nothing, and `check_data`, which holds the prepared data to the configs.
+combinations; here are the checks of the training flags (each flag declared once, with its range, meaning and source,
+as model.flag), RESUME (what a resume may change of a run, flag by flag), the warnings for flags that change nothing,
+`check_data`, which holds the prepared data to the configs, and `catalog`, configurable.txt made from the
+declarations (`python configs.py > configurable.txt`).
 """
 
 import dataclasses
 import math
 import os
 import re
+import sys
+import textwrap
+import typing
 from dataclasses import dataclass
 from typing import Literal, NamedTuple, Optional
 
@@ -21,57 +25,103 @@ import data
 from engine import flags
 from engine import runtime
 from engine.flags import UsageError
-from model import GPTConfig, PRESETS, block_layout
-from norms import NORM_FLAGS, reads
+from model import POSITIVE, GPTConfig, Range, block_layout, flag, out_of_range
+from presets import CONTEXTS, PRESETS
+
+
+DECAYS = ("cosine", "linear")  # the schedules that decay to --min_lr
 
 
 @dataclass
 class TrainConfig:
+    """Every training flag: flag(default, meaning, source, ...), as model.GPTConfig's."""
     # data
-    dataset: str = "builtin"
-    tokenizer: Literal["byte", "gpt2"] = "byte"
-    data_dir: str = "data"
-    batch_size: int = 16  # sequences per micro-step on each process
-    grad_accum: int = 1  # micro-steps per optimizer step on each process
+    dataset: str = flag("builtin", "the corpus: stdlib source, tiny Shakespeare, or a local file/dir", "data.py",
+                        "builtin|shakespeare|PATH")
+    tokenizer: Literal["byte", "gpt2"] = flag("byte", "byte-level (vocab 256) or GPT-2 BPE via tiktoken", "data.py")
+    data_dir: str = flag("data", "where prepared datasets are stored", "data.py", "path")
+    batch_size: int = flag(16, "sequences per micro-step on each process", "nanoGPT", POSITIVE)
+    grad_accum: int = flag(1, "micro-steps per optimizer step on each process; global batch = batch_size x "
+                              "grad_accum x processes", "nanoGPT", POSITIVE)
     # optimizer and schedule
-    lr: float = 4e-3
-    min_lr: float = 4e-4
-    warmup_iters: int = 50
-    max_iters: int = 800
-    lr_decay_iters: Optional[int] = None  # None: decay until max_iters
-    lr_schedule: Literal["cosine", "linear", "constant", "ramp"] = "cosine"  # ramp: NormFormer §4 LR stability test
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.99
-    grad_clip: float = 1.0  # 0 disables clipping (the norm is still logged)
+    lr: float = flag(4e-3, "peak learning rate", "nanoGPT", Range(0, 1e3, low_in=False, why=" (AdamW moves every "
+                     "weight by about the LR each step)"))
+    # and at most --lr where the schedule decays (check_train_config)
+    min_lr: float = flag(4e-4, "learning rate at the end of the decay, at most --lr", "nanoGPT", Range(0, 1e3),
+                         needs=("lr_schedule", DECAYS))
+    warmup_iters: int = flag(50, "steps of linear warmup (a default longer than the run never ends)", "nanoGPT",
+                             "int >= 0, <= max_iters when given", needs=("lr_schedule", (*DECAYS, "constant")))
+    max_iters: int = flag(800, "optimizer steps of the run", "nanoGPT", POSITIVE)
+    lr_decay_iters: Optional[int] = flag(None, "step at which the decay reaches min_lr; a resume keeps the "
+                                               "checkpoint's", "nanoGPT", "int >= 1 (>= warmup_iters when given)",
+                                         none="max_iters", needs=("lr_schedule", DECAYS))
+    lr_schedule: Literal["cosine", "linear", "constant", "ramp"] = flag(
+        "cosine", "decay after warmup; ramp: lr*step/max_iters from 0, no warmup/decay",
+        "nanoGPT; ramp: NormFormer arXiv v1 Table 3, final Fig. 5, Table 8")
+    # AdamW multiplies each weight by 1 - lr * weight_decay a step (0.1 is usual): past 10 it is a typo
+    weight_decay: float = flag(0.1, "AdamW decay on matrices (not biases, gains or scales)", "GPT-3",
+                               Range(0, 10, why=" (AdamW shrinks each weight by lr x weight_decay a step; 0.1 is "
+                                     "usual)"))
+    beta1: float = flag(0.9, "AdamW beta1", "GPT-3", Range(0, 1, high_in=False))
+    beta2: float = flag(0.99, "AdamW beta2", "nanoGPT (small models)", Range(0, 1, high_in=False))
+    grad_clip: float = flag(1.0, "clip the global gradient norm to this; 0: off (the norm is still logged)", "GPT-3",
+                            Range(0, why=" (0 turns clipping off)"))
     # evaluation, logging, checkpoints
-    out_dir: str = "out"
-    eval_interval: int = 200
-    eval_iters: int = 10  # eval_iters x batch_size fixed windows per split (data.eval_starts), on all processes
-    log_interval: int = 25
-    always_save_checkpoint: bool = True
-    resume: bool = False
-    preset: Optional[str] = None
-    seed: int = 1337
-    overwrite: bool = False  # start afresh in an out_dir that holds a run
-    keep_checkpoints: int = 1  # ckpt-<step>.pt of the last K checkpoints, and of the best
-    # loss-spike instruments (probes.py) and mitigations
-    diverge_loss: Optional[float] = None  # diverged above this loss 3 steps in a row; None: first loss + 1
-    diverge_gap: float = 1.5  # diverged when the 10-step mean loss is this far above its best; 0: off
-    spike_window: int = 100  # steps in the spike monitor's running mean and std
-    spike_z: float = 5.0  # a loss or grad-norm z-score above this is a spike
-    skip_spikes: bool = False  # skip the optimizer step of a spike (llm.c)
-    telemetry_interval: int = 0  # a "telemetry" event every N steps; 0: off
-    fp16_headroom_interval: int = 0  # a "headroom" event (max |x| per op and layer) every N steps; 0: off
-    fp16_overflow_fails: bool = False  # diverged at the first op output over 65504 (NormFormer's float16 failure)
-    z_loss: float = 0.0  # adds z_loss * mean(log Z)^2 to the training loss (PaLM)
-    seq_warmup_iters: int = 0  # steps over which the sequence length grows to block_size; 0: off
-    seq_warmup_start: int = 8  # the sequence length at step 0 of the sequence-length warmup
+    out_dir: str = flag("out", "config.json, log.jsonl and ckpt.pt go here", "nanoGPT", "path")
+    eval_interval: int = flag(200, "steps between evaluations (and checkpoints)", "nanoGPT", POSITIVE)
+    eval_iters: int = flag(10, "eval_iters x batch_size fixed windows per split (data.eval_starts), shared by the "
+                               "processes", "nanoGPT", POSITIVE)
+    log_interval: int = flag(25, "steps between progress lines", "nanoGPT", POSITIVE)
+    always_save_checkpoint: bool = flag(True, "save at every eval, not only at a new best val loss", "nanoGPT")
+    resume: bool = flag(False, "continue exactly from the newest loadable checkpoint in out_dir", "nanoGPT")
+    preset: Optional[str] = flag(None, "a paper's row in its model context (presets.py), applied before the other "
+                                       "flags", "NormFormer; Spike No More; DeepNet; PowerNorm; Peri-LN; Mix-LN; "
+                                       "Curse of Depth; OLMo 2; Magneto; DyT; Gemma 2")
+    seed: int = flag(1337, "seeds the init, the batches and dropout", "nanoGPT", Range(0, 2 ** 63, high_in=False))
+    overwrite: bool = flag(False, "start afresh in an out_dir that holds a run (deletes it)", "nanonorm")
+    keep_checkpoints: int = flag(1, "keep ckpt-<step>.pt of the last K checkpoints and of the best", "nanonorm",
+                                 POSITIVE)
+    # loss-spike instruments (diagnostics/instruments.py) and mitigations. Diverged: a non-finite loss or gradient
+    # norm, a loss above diverge_loss 3 steps in a row, or the 10-step mean loss diverge_gap above its best; the run
+    # then stops before its optimizer step, keeps the last good checkpoint, logs one "diverged" event and exits 3
+    diverge_loss: Optional[float] = flag(None, "diverged when the training loss is above this 3 steps in a row",
+                                         "nanonorm (its own rule, not NormFormer's)",
+                                         Range(0, low_in=False, why=" (a cross-entropy is positive: a bound at or "
+                                               "below 0 is crossed by every step)"), none="first step's loss + 1")
+    diverge_gap: float = flag(1.5, "diverged when the 10-step mean loss is this far above its best; 0: off",
+                              "nanonorm (a float32 run stalls, it rarely NaNs)", Range(0, why=" (0 turns it off)"))
+    spike_window: int = flag(100, "steps in the spike monitor's running mean and std (z NaN before)",
+                             "llm.c outlier detector; ZClip", Range(2, why=" (a standard deviation needs two values)"))
+    spike_z: float = flag(5.0, "a loss or grad-norm z-score above this is a spike (a \"spike\" event)",
+                          "llm.c; llm-foundry KillLossSpike", Range(0, low_in=False))
+    skip_spikes: bool = flag(False, "skip the optimizer step of a spike (the batch still counts)", "llm.c")
+    telemetry_interval: int = flag(0, "a \"telemetry\" event every N steps (grads, acts, logits, gains, psi/nu); "
+                                      "0: off", "NormFormer Fig. 3-4; Spike No More §3, Fig. 2-3",
+                                   Range(0, why=" (0 turns it off)"))
+    fp16_headroom_interval: int = flag(0, "a \"headroom\" event every N steps: max |x| per op/layer vs 65504; 0: off",
+                                       "NormFormer arXiv v1 Table 3 (failed operation)",
+                                       Range(0, why=" (0 turns it off)"))
+    fp16_overflow_fails: bool = flag(False, "diverged at the first step an op output is non-finite or > 65504",
+                                     "NormFormer arXiv v1 §4, Table 3 (final: §6, Table 8): runs fail by float16 "
+                                     "overflow")
+    # PaLM §5 uses 1e-4: at 1 the term weighs as much as the loss it regularizes
+    z_loss: float = flag(0.0, "adds z_loss * mean(log Z)^2 to the training loss; the logged loss stays the CE",
+                         "PaLM §5; Wortsman et al. 2023 §3.2", Range(0, 1, why=" (0 turns it off; PaLM uses 1e-4)"))
+    seq_warmup_iters: int = flag(0, "steps over which the sequence length grows to block_size; 0: off",
+                                 "Spike No More §5.2; Li et al. 2022", Range(0, why=" (0 turns it off)"))
+    seq_warmup_start: int = flag(8, "sequence length at step 0 of the warmup, at most block_size (batch scaled: same "
+                                    "tokens)", "Spike No More §5.2; Li et al. 2022", Range(1),
+                                 needs="seq_warmup_iters")
     # system
-    device: str = "auto"
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
-    compile: Optional[bool] = None  # None: on CUDA, off on CPU (where inductor is slower at small shapes)
-    gpu_peak_tflops: Optional[float] = None  # for MFU; None: looked up by GPU name
+    device: str = flag("auto", "where to train (auto: cuda if available)", "nanoGPT", "auto|cpu|cuda|cuda:N|mps")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = flag(
+        "auto", "autocast precision; auto: bfloat16 on CUDA, float32 on CPU", "nanoGPT")
+    # inductor is slower than eager at small shapes on a CPU
+    compile: Optional[bool] = flag(None, "torch.compile the model", "PyTorch 2; nanoGPT",
+                                   none="True on CUDA, False on CPU")
+    gpu_peak_tflops: Optional[float] = flag(None, "dense bf16 peak for the MFU in the progress line (CUDA only)",
+                                            "PaLM App. B (MFU); nanoGPT #182", Range(0, low_in=False),
+                                            none="looked up by GPU name")
 
 
 CHOICES = {"preset": list(PRESETS)}  # allowed values of the flags whose type does not list them
@@ -83,7 +133,7 @@ def parse_flags(argv):
 
 
 def model_flags(given):
-    """The model flags a command line asks for: its preset's (model.PRESETS), then the explicit ones."""
+    """The model flags a command line asks for: its preset's (presets.py), then the explicit ones."""
     model_args = dict(PRESETS[given["preset"]]) if given.get("preset") else {}
     model_args.update({k: v for k, v in given.items() if k in GPTConfig.__dataclass_fields__})
     return model_args
@@ -143,21 +193,17 @@ def resolve(given, checkpoint=None, world_size=1, machine=True):
 SYSTEM_FLAGS = ("out_dir", "device", "dtype", "compile", "overwrite", "resume")
 # the settings resolve() makes concrete on the machine (runtime.resolve_device) where they are left at the default
 MACHINE_SETTINGS = ("dtype", "compile")
-MAX_LR = flags.FLOAT_RANGES["lr"].high  # the largest --lr (flags.FLOAT_RANGES), for the scripts with an LR of their own
+MAX_LR = TrainConfig.__dataclass_fields__["lr"].metadata["allowed"].high  # for the scripts with an LR of their own
 
 
 def check_train_config(tc, given):
-    positive = ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval",
-                "keep_checkpoints")
-    for name in positive:
-        if getattr(tc, name) < 1:
-            raise UsageError(f"--{name}={getattr(tc, name)} must be a positive integer")
-    # a flag the schedule does not read is held to its sign only (no_effect_warnings says it is unused): the
-    # default --min_lr above a small --lr is no error in a ramp, which never decays
-    problem = flags.first_out_of_range(tc)
+    """The training flags' ranges (their declarations in TrainConfig), then the rules between flags. A flag the
+    schedule does not read is held to its own range only (no_effect_warnings says it is unused): the default
+    --min_lr above a small --lr is no error in a ramp, which never decays."""
+    problem = out_of_range(tc)
     if problem:
         raise UsageError(problem)
-    decays, warms = tc.lr_schedule in ("cosine", "linear"), tc.lr_schedule != "ramp"
+    decays, warms = tc.lr_schedule in DECAYS, tc.lr_schedule != "ramp"
     ranges = (
         ("min_lr", tc.min_lr <= tc.lr or not decays, f"in [0, --lr={tc.lr}]"),
         # a short test run may leave the default warmup unfinished; an explicit one must fit in the run
@@ -167,12 +213,6 @@ def check_train_config(tc, given):
         ("lr_decay_iters", tc.lr_decay_iters is None or tc.lr_decay_iters >= 1 and (
             tc.lr_decay_iters >= tc.warmup_iters or "lr_decay_iters" not in given or not decays),
          f">= --warmup_iters={tc.warmup_iters} and >= 1, or None"),
-        ("seed", 0 <= tc.seed < 2 ** 63, "in [0, 2^63)"),
-        ("spike_window", tc.spike_window >= 2, ">= 2 (a standard deviation needs two values)"),
-        ("telemetry_interval", tc.telemetry_interval >= 0, ">= 0 (0 turns it off)"),
-        ("fp16_headroom_interval", tc.fp16_headroom_interval >= 0, ">= 0 (0 turns it off)"),
-        ("seq_warmup_iters", tc.seq_warmup_iters >= 0, ">= 0 (0 turns it off)"),
-        ("seq_warmup_start", tc.seq_warmup_start >= 1, ">= 1"),
     )
     for name, ok, allowed in ranges:
         if not ok:
@@ -202,18 +242,18 @@ def absolute_paths(tc):
 
 
 def no_effect_warnings(given, m, tc):
-    """Flags given on the command line that change nothing in this configuration (a warning, not an error)."""
-    unused = {name: f"--norm={m.norm}" for name in NORM_FLAGS if name not in reads(m.norm)}
-    if not m.scale_resids:
-        unused["scale_resids_init"] = "--scale_resids=False"
-    if not m.layer_scale:
-        unused["layer_scale_init"] = "--layer_scale=False"
-    if not m.embed_scale:
-        unused["embed_scale_learned"] = "--embed_scale=False"
-    if not m.scale_heads:
-        unused["head_scale_at"] = "--scale_heads=False"
-    if m.layout != "mix":
-        unused["mix_ln_ratio"] = f"--layout={m.layout}"
+    """Flags given on the command line that change nothing in this configuration (a warning, not an error): those
+    whose declaration `needs` a setting this run lacks, and the rules below, which depend on more than one flag."""
+    unused = {}
+    for config in (m, tc):
+        for f in dataclasses.fields(config):
+            needs = f.metadata.get("needs")
+            if needs is None:
+                continue
+            other, values = needs if isinstance(needs, tuple) else (needs, None)
+            value = getattr(config, other)
+            if (value not in values) if values else not value:
+                unused[f.name] = f"--{other}={value}"
     # LayerNorm Scaling multiplies layer l's pre-LN norms by 1/sqrt(l): only a Pre-LN layer after the first changes
     # anything, and Mix-LN's Post-LN layers come first
     if m.layout == "mix" and block_layout(m, m.n_layer - 1) == "post":
@@ -224,12 +264,6 @@ def no_effect_warnings(given, m, tc):
         unused["scale_fc"] = "--subln=True (SubLN puts the same norm before W_2)"
     if m.attn_softcap > 0:
         unused["attn_impl"] = f"--attn_softcap={m.attn_softcap} (a soft-cap forces the manual attention path)"
-    if tc.lr_schedule in ("constant", "ramp"):
-        unused.update(min_lr=f"--lr_schedule={tc.lr_schedule}", lr_decay_iters=f"--lr_schedule={tc.lr_schedule}")
-    if tc.lr_schedule == "ramp":
-        unused["warmup_iters"] = "--lr_schedule=ramp"
-    if not tc.seq_warmup_iters:
-        unused["seq_warmup_start"] = "--seq_warmup_iters=0"
     return [preset_named(f"train.py: warning: --{name} has no effect with {why}", given)
             for name, why in unused.items() if name in given]
 
@@ -389,3 +423,65 @@ def check_data(meta, model_cfg, checkpoint):
                          f"{now[:12]}, the run trained on {started_on[:12]}); put the run's data back, or start a new "
                          "run in another --out_dir")
     data.check_length(meta, model_cfg.block_size)
+
+
+def allowed_text(f, kind):
+    """A flag's allowed values as configurable.txt says them, from its declaration and type."""
+    kind, optional = flags.plain_type(kind)
+    allowed = f.metadata["allowed"]
+    choices = flags.allowed_values(f.name, kind, CHOICES)
+    if isinstance(allowed, Range):
+        text = f"{kind.__name__} {allowed.text()}"
+    elif allowed:
+        text = allowed
+    elif f.name in CHOICES:
+        text = "a preset below"
+    else:
+        text = "|".join(choices) if choices else kind.__name__
+    none = f.metadata["none"]
+    return f"{text}, or None (= {none})" if optional and none else f"{text}, or None" if optional else text
+
+
+def needs_text(needs):
+    """A declaration's `needs` as words: "only with --scale_heads", "only with --norm=batchnorm|pnv|powernorm"."""
+    if needs is None:
+        return ""
+    other, values = needs if isinstance(needs, tuple) else (needs, None)
+    return f"; only with --{other}={'|'.join(values)}" if values else f"; only with --{other}"
+
+
+def catalog_lines(config_class):
+    """Two or more lines per flag of a config class: name, default and allowed values; then meaning (source)."""
+    kinds = typing.get_type_hints(config_class)
+    lines = []
+    for f in dataclasses.fields(config_class):
+        head = f"{f.name:<24}{str(f.default):<13}{allowed_text(f, kinds[f.name])}"
+        lines += textwrap.wrap(head, 120, subsequent_indent=" " * 37)
+        meaning = f"{f.metadata['meaning']}{needs_text(f.metadata['needs'])} [{f.metadata['source']}]"
+        lines += textwrap.wrap(meaning, 120, initial_indent="    ", subsequent_indent="    ")
+    return lines
+
+
+def catalog():
+    """configurable.txt: every flag of train.py from its declaration, then the presets (presets.py)."""
+    about = ("nanonorm's flags: every --flag of train.py, as `python train.py --help` prints them. Generated from "
+             "their "
+             "declarations (model.GPTConfig, configs.TrainConfig, presets.py) by `python configs.py > "
+             "configurable.txt`; tests/test_configurable.py fails when it is stale. A float flag must be finite.")
+    lines = [*textwrap.wrap(about, 118, initial_indent="# ", subsequent_indent="# "),
+             f"# {'flag':<22}{'default':<13}allowed", "#     meaning [source]", "",
+             "# model flags (model.GPTConfig)", *catalog_lines(GPTConfig), "",
+             "# training flags (configs.TrainConfig)", *catalog_lines(TrainConfig), "",
+             "# presets: --preset=NAME sets these model flags first; explicit flags override (an ablation is a preset",
+             "# plus an override). Each group is one model context: compare a variant only with its group's baseline."]
+    for context, group in CONTEXTS.items():
+        lines += ["", *textwrap.wrap(context, 118, initial_indent="# ", subsequent_indent="# ")]
+        for name, preset in group.items():
+            settings = " ".join(f"{k}={v}" for k, v in preset.items()) or "(none)"
+            lines += textwrap.wrap(f"{'preset=' + name:<28}{settings}", 120, subsequent_indent=" " * 28)
+            lines += textwrap.wrap(preset.source, 120, initial_indent="    ", subsequent_indent="    ")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(catalog())

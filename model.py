@@ -1,8 +1,9 @@
 """
 A GPT language model in one file, with every normalization, layout, embedding and init variant of
-nanonorm switched by a field of GPTConfig. Read it top to bottom: the config, then the pieces
-(attention, MLP, block), then the whole model: its initialization, embeddings, forward and generate, and last the
-FLOPs count of MFU. The papers' names of each operation, which the probes report, are in diagnostics/probe_points.py.
+nanonorm switched by a field of GPTConfig. Read it top to bottom: the pieces (attention, MLP, block), then
+GPTConfig (every model flag declared once: default, allowed values, meaning, source), then the whole model: its
+initialization, embeddings, forward and generate, and last the FLOPs count of MFU. The papers' names of each
+operation, which the probes report, are in diagnostics/probe_points.py; the presets in presets.py.
 
 Papers: NormFormer (Shleifer, Weston, Ott 2021, "NormFormer: Improved Transformer Pretraining with Extra
 Normalization"), DeepNet (Wang et al. 2022, "DeepNet: Scaling Transformers to 1,000 Layers"), Spike No More
@@ -17,191 +18,21 @@ cite them by section, equation or table.
 """
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Literal, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from engine.flags import first_out_of_range
-from norms import NORMS, PER_TOKEN_NORMS, make_norm, upcast
-
-
-@dataclass
-class GPTConfig:
-    # sizes (the defaults are the quickstart model: trains on 2 CPU cores in minutes)
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    block_size: int = 128
-    vocab_size: int = 256
-    ffn_mult: int = 4
-    dropout: float = 0.0
-    bias: bool = True
-    # block layout and normalization (DeepNet; NormFormer (final) Table 8; PowerNorm)
-    layout: Literal["pre", "post", "deepnorm", "mix", "reordered"] = "pre"
-    mix_ln_ratio: float = 0.25  # Mix-LN: the first round(ratio * n_layer) layers are Post-LN (Li, Yin, Liu 2025)
-    layer_norm_scaling: bool = False
-    subln: bool = False
-    norm: Literal[NORMS] = "layernorm"  # norms.TABLE
-    # DyT's alpha0 (Zhu et al. 2025): 0.5 is the paper's default outside LLMs; its LLaMA runs use 0.8 before
-    # attention and 0.2 elsewhere at d = 4096 (smaller at larger d), and have no width near nanonorm's
-    dyt_alpha: float = 0.5
-    dyt_alpha_attn: Optional[float] = None  # DyT's alpha0 of the norm before attention; None: --dyt_alpha
-    norm_eps: float = 1e-5
-    norm_affine: Literal["both", "no_bias", "no_gamma", "none"] = "both"
-    pn_alpha_fwd: float = 0.9
-    pn_alpha_bwd: float = 0.9
-    pn_warmup: Optional[int] = None  # PowerNorm warmup in training forward calls; None: train.py uses the LR warmup
-    pn_group_scaling: bool = True
-    # extra operations inside a block (NormFormer (final) §2-3, Table 8)
-    scale_heads: bool = False
-    head_scale_at: Literal["before_proj", "after_proj"] = "before_proj"
-    scale_attn: bool = False
-    scale_fc: bool = False
-    scale_resids: bool = False
-    scale_resids_init: float = 1.0
-    ffn_out_norm: bool = False
-    qkv_norm: bool = False
-    qk_norm: bool = False
-    layer_scale: bool = False
-    layer_scale_init: float = 1e-5
-    # embeddings (Spike No More §3.2, §4.2; NormFormer (final) §4)
-    pos: Literal["learned", "sinusoidal"] = "learned"
-    embed_scale: bool = False
-    embed_scale_learned: bool = False  # DyT's LLaMA code: the sqrt(d) of --embed_scale is a learned scalar
-    embed_norm: bool = False
-    embed_grad_scale: float = 1.0
-    embed_init: Literal["sigma", "inv_sqrt_d"] = "sigma"  # the token embedding's init std (fairseq: d^-1/2)
-    tie_embeddings: bool = True
-    # feed-forward and attention (NormFormer arXiv v1 Table 3, final Table 8)
-    activation: Literal["gelu", "relu", "relu2", "geglu"] = "gelu"
-    attn_impl: Literal["sdpa", "manual"] = "sdpa"
-    # Gemma 2 §2 logit soft-capping, c * tanh(z / c), 0 = off
-    attn_softcap: float = 0.0
-    logit_softcap: float = 0.0
-    # initialization (GPT-2 §2.3; Spike No More §2.2; DeepNet)
-    init: Literal["gpt2", "plain", "scaled", "wang", "xavier"] = "gpt2"
-    init_std: Optional[float] = None
-    init_depth_scale: bool = False
-
-    def __post_init__(self):
-        """Reject combinations that mean nothing, with one line saying why."""
-        positive = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "ffn_mult")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name}={getattr(self, name)} must be a positive integer")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"--n_embd={self.n_embd} must be divisible by --n_head={self.n_head}")
-        problem = first_out_of_range(self)
-        if problem:
-            raise ValueError(problem)
-        if self.pn_warmup is not None and self.pn_warmup < 0:
-            raise ValueError(f"--pn_warmup={self.pn_warmup} must be >= 0")
-        if self.init_std is not None and self.init == "xavier":
-            raise ValueError("--init_std has no meaning with --init=xavier (its std comes from the fan-in and fan-out)")
-        # only a norm that acts on each token alone means something over one head's q or k. DyT has no statistic,
-        # but tanh bounds every entry of q and k, and with them the logits, which is what QK-norm is for
-        if self.qk_norm and self.norm not in PER_TOKEN_NORMS:
-            raise ValueError(f"--qk_norm normalizes each token's q and k per head; --norm={self.norm} has no per-token "
-                             f"statistic over head_dim (use one of {', '.join(PER_TOKEN_NORMS)})")
-        if self.layer_norm_scaling and self.layout not in ("pre", "mix"):
-            raise ValueError(f"--layer_norm_scaling scales the output of each pre-LN norm; --layout={self.layout} has "
-                             "none (use --layout=pre or mix)")
-        if self.layout == "reordered" and (self.scale_attn or self.ffn_out_norm):
-            raise ValueError("--layout=reordered already puts the norm on each sublayer's output; drop --scale_attn "
-                             "and --ffn_out_norm")
-        if self.scale_resids and self.layout != "pre":
-            raise ValueError(f"--scale_resids is NormFormer's ResScale for pre-LN blocks; --layout={self.layout} "
-                             "already normalizes the residual sum (use --layout=pre)")
-
-    @classmethod
-    def field_names(cls):
-        return [f.name for f in fields(cls)]
-
-
-# NormFormer's three operations (final §2.1, Fig. 1): a norm after attention, one after the FFN's activation,
-# and HeadScale
-NORMFORMER = {"scale_attn": True, "scale_fc": True, "scale_heads": True}
-# NormFormer's model context, arXiv v1 §2.2 / final §4: sinusoidal positions "following Shortformer"; an embedding LN,
-# without which the parameter counts of arXiv v1 Table 6 do not add up (they leave HeadScale's H per layer out); token
-# embeddings of std 1 as in fairseq, which it trained with (with std 0.02 the sinusoids swamp them in the LN)
-NORMFORMER_CONTEXT = {"pos": "sinusoidal", "embed_norm": True, "embed_scale": True, "embed_init": "inv_sqrt_d"}
-# Spike No More §2.2, §4.2: pre-LN GPT, tied embeddings, "scaled" init with sigma = sqrt(2/(5d)) everywhere
-# (embeddings included) and sigma / sqrt(2N) on W_O and W_2: nanonorm's GPT-2 context with that init
-SPIKE_NO_MORE = {
-    "snm_vanilla": {"init": "scaled"},                                       # Table 1 "Vanilla"
-    "snm_embed_detach": {"init": "scaled", "embed_grad_scale": 0.1},  # eq. (14), gamma = 0.1 (after GLM-130B)
-    "snm_scaled_embed": {"init": "scaled", "embed_scale": True},             # Table 1 "Scaled Embed"
-    "snm_embed_ln": {"init": "scaled", "embed_norm": True},                  # Table 1 "Embed LN"
-}
-
-# Named rows of the papers' tables, applied before the explicit flags (which override them).
-# An ablation is a preset plus an override: --preset=normformer --scale_heads=False is "- Head Scale".
-# The first group lives in nanonorm's GPT-2 context (learned positions, embeddings of std 0.02, no embedding
-# norm). Each later group is one paper's own model context: its baseline and variants share every other flag.
-PRESETS = {
-    "baseline": {},                                                          # GPT-2 / GPT-3 pre-LN
-    "postln": {"layout": "post"},                                            # original Transformer
-    "normformer": NORMFORMER,                                                # NormFormer (final) §2.1
-    "normformer_resid": {**NORMFORMER, "scale_resids": True},
-    "deepnorm": {"layout": "deepnorm", "init": "xavier"},                    # DeepNet: DeepNorm and its init
-    # CogView's four changes as NormFormer (final) §9.1 note 1 lists them; its Table 8 runs them only with Scale FC
-    # on top (row 10: --preset=cogview --scale_fc; rows 19, 21 add more), and the LN formula alone (rows 20, 26)
-    "cogview": {"norm": "cogview", "scale_attn": True, "ffn_out_norm": True, "embed_grad_scale": 0.1},
-    # aliases of snm_embed_ln, snm_scaled_embed and snm_vanilla, the same configs: docs/instruments.md's sweep and
-    # the run folders it wrote name them so
-    "embed_ln": SPIKE_NO_MORE["snm_embed_ln"],
-    "scaled_embed": SPIKE_NO_MORE["snm_scaled_embed"],
-    "vanilla_scaled": SPIKE_NO_MORE["snm_vanilla"],
-    # LayerScale (CaiT) as NormFormer (final) §9.1 note 3; its Table 8 rows 7 and 24 add lambda_resid
-    # (--scale_resids; row 24 all three NormFormer operations too)
-    "layerscale": {"layer_scale": True},
-    "nf_baseline": NORMFORMER_CONTEXT,
-    "nf_normformer": {**NORMFORMER_CONTEXT, **NORMFORMER},
-    # final Table 2: ResScale at 125M and 355M
-    "nf_normformer_resid": {**NORMFORMER_CONTEXT, **NORMFORMER, "scale_resids": True},
-    **SPIKE_NO_MORE,
-    # DeepNet: Post-LN against DeepNorm, both xavier (DeepNorm adds alpha and beta); its claim is about depth,
-    # so the context is narrow and --n_layer (6, 18, 36, ...) is the variable
-    "dn_postln": {"layout": "post", "init": "xavier", "n_layer": 6, "n_embd": 64, "n_head": 4},
-    "dn_deepnorm": {"layout": "deepnorm", "init": "xavier", "n_layer": 6, "n_embd": 64, "n_head": 4},
-    # PowerNorm §5.1: "the pre-normalization setting", every norm slot the norm under comparison
-    "pn_layernorm": {"layout": "pre", "norm": "layernorm"},
-    "pn_batchnorm": {"layout": "pre", "norm": "batchnorm"},
-    "pn_pnv": {"layout": "pre", "norm": "pnv"},
-    "pn_powernorm": {"layout": "pre", "norm": "powernorm"},
-    # Beyond the four papers: each method as its paper's model defines it, in nanonorm's GPT-2 context otherwise.
-    # Peri-LN (Kim et al. 2025): a norm on each sublayer's input and output, a norm on the embeddings,
-    # a final norm; inside the blocks the residual stream itself is never normalized
-    "peri_ln": {"scale_attn": True, "ffn_out_norm": True, "embed_norm": True},
-    "mix_ln": {"layout": "mix"},                                             # Mix-LN, alpha = 0.25
-    # Curse of Depth, pre-LN, with the init its code uses: every weight N(0, 0.02). Its README warns that the scaled
-    # init (W_O and W_2 / sqrt(2N), GPT-2's) takes away LNS's effect
-    "lns": {"layer_norm_scaling": True, "init": "plain", "init_std": 0.02},
-    # OLMo 2 (2025): x + RMSNorm(F(x)), QK-norm, a final norm (OLMo 2 normalizes q and k over all d, here per head);
-    # every weight N(0, 0.02) with no depth factor (OLMo 2 truncates it at 3 sigma) and an untied output head
-    "olmo2": {"layout": "reordered", "norm": "rmsnorm", "qk_norm": True, "init": "plain", "init_std": 0.02,
-              "tie_embeddings": False},
-    # Foundation Transformers §2: Pre-LN + SubLN, the gain sqrt(log 2N) on a xavier init with no depth factor
-    "magneto": {"subln": True, "init": "xavier"},
-    # DyT in every norm slot. Without a norm, the 0.02-scale GPT-2 embeddings reach the first DyT as |x| ~ 0.02 and
-    # leave it as ~0.01 (tanh(0.5 x) ~ 0.5 x), where LN would give O(1): --embed_scale (x sqrt(d)) gives O(1) tokens,
-    # and DyT's LLaMA code learns that multiplier (one scalar, init sqrt(d))
-    "dyt": {"norm": "dyt", "embed_scale": True, "embed_scale_learned": True},
-    # Gemma 2 §2: RMSNorm before and after each sublayer, embeddings times sqrt(d), soft-caps 50 and 30
-    "gemma2": {"norm": "rmsnorm", "scale_attn": True, "ffn_out_norm": True, "embed_scale": True, "attn_softcap": 50.0,
-               "logit_softcap": 30.0},
-}
-
+from norms import AFFINE, NORMS, PER_TOKEN_NORMS, make_norm, readers, upcast
 
 def norm(cfg, dim, dyt_alpha=None):
-    """The norm module chosen by --norm for a slot of `dim` features (every norm slot of the model uses it).
-    dyt_alpha: DyT's initial alpha in this slot, if not --dyt_alpha."""
+    """The norm module chosen by --norm for a slot of `dim` features (every norm slot of the model uses it), its
+    arguments set by their flags (norms.ARGUMENTS). dyt_alpha: DyT's initial alpha in this slot, if not --dyt_alpha."""
     return make_norm(cfg.norm, dim, eps=cfg.norm_eps, affine=cfg.norm_affine,
                      alpha_fwd=cfg.pn_alpha_fwd, alpha_bwd=cfg.pn_alpha_bwd, warmup=cfg.pn_warmup or 0,
-                     groups=cfg.n_head if cfg.pn_group_scaling else 0, dyt_alpha=dyt_alpha or cfg.dyt_alpha)
+                     groups=cfg.n_head if cfg.pn_group_scaling else 0, alpha0=dyt_alpha or cfg.dyt_alpha)
 
 
 def block_layout(cfg, layer):
@@ -420,7 +251,6 @@ class Block(nn.Module):
         x = self.attn_norm(scaled(x, self.alpha) + self.branch(x, *attn))
         return self.ffn_norm(scaled(x, self.alpha) + self.branch(x, *ffn))
 
-
 def sinusoidal_positions(T, d):
     """Vaswani et al. (2017): PE[t, 2i] = sin(t / 10000^(2i/d)), PE[t, 2i+1] = cos(...). No parameters
     (NormFormer (final) §4 and Shortformer use them)."""
@@ -430,6 +260,214 @@ def sinusoidal_positions(T, d):
     table[:, 0::2] = torch.sin(position * frequency)
     table[:, 1::2] = torch.cos(position * frequency[: d // 2])
     return table
+
+@dataclass(frozen=True)
+class Range:
+    """The numbers a flag means something at: low to high, each end included or not; with off, 0 too (0 turns the
+    feature off). why: what lies outside, for the one line that refuses it; said: that line's words for the range,
+    where they are not the catalog's ("a positive integer" for >= 1)."""
+    low: float
+    high: float = math.inf
+    low_in: bool = True
+    high_in: bool = True
+    off: bool = False
+    why: str = ""
+    said: str = ""
+
+    def holds(self, value):
+        above = self.low <= value if self.low_in else self.low < value
+        below = value <= self.high if self.high_in else value < self.high
+        return (self.off and value == 0) or (above and below)
+
+    def text(self):
+        """As configurable.txt says it: "in [0, 1)", "> 0", "0 (off) or >= 1", "in [0, 2^63)"."""
+        def number(x):
+            return f"2^{x.bit_length() - 1}" if isinstance(x, int) and x > 2 ** 32 else f"{x:g}"
+        if self.high == math.inf:
+            span = f"{'>=' if self.low_in else '>'} {number(self.low)}"
+        else:
+            opening, closing = "[" if self.low_in else "(", "]" if self.high_in else ")"
+            span = f"in {opening}{number(self.low)}, {number(self.high)}{closing}"
+        return f"0 (off) or {span}" if self.off else span
+
+    def refusal(self, name, value):
+        """The one line refusing --name=value, or None where the range holds it (or it is None, an Optional's
+        default)."""
+        if value is None or self.holds(value):
+            return None
+        return f"--{name}={value} must be {self.said or self.text()}{self.why}"
+
+
+POSITIVE = Range(1, said="a positive integer")
+
+
+def flag(default, meaning, source, allowed=None, none=None, needs=None):
+    """A config field declared once, with every fact its readers need (configurable.txt, --help, the range checks
+    and the no-effect warnings read them from the field's metadata): its default; its meaning in one line; its
+    source; allowed: a Range the value is held to, or the words of a rule checked where it involves other flags
+    (a bool or a Literal says its values itself); none: what None means, for an Optional flag; needs: where it has
+    an effect at all, a flag that must be on, or (flag, values) for a flag that must take one of the values."""
+    return field(default=default, metadata={"meaning": meaning, "source": source, "allowed": allowed, "none": none,
+                                            "needs": needs})
+
+
+def out_of_range(config):
+    """The one line refusing the first field of a config (in field order) whose Range its value breaks, or None."""
+    for f in fields(config):
+        allowed = f.metadata.get("allowed")
+        problem = allowed.refusal(f.name, getattr(config, f.name)) if isinstance(allowed, Range) else None
+        if problem:
+            return problem
+    return None
+
+
+# DyT (Zhu et al. 2025) uses alpha0 from 0.2 to 0.8 (LLaMA) and 0.5 elsewhere: past 10, tanh(alpha0 x) of an activation
+# of scale 1 is a sign function
+DYT_ALPHA = Range(0, 10, low_in=False, why=" (past 10, tanh(alpha x) is a sign function)")
+# Gemma 2 §2 caps at 50 and 30: c * tanh(s / c) bounds the logits to +-c. Below 1e-3 every softmax is uniform to within
+# 0.1% (a subnormal c made s / c overflow); above 1e4 no logit of a training run reaches the cap, and past float32's
+# range c is infinite and the cap NaN
+SOFTCAP = Range(1e-3, 1e4, off=True, why=" (a cap bounds the logits to +-cap)")
+
+
+@dataclass
+class GPTConfig:
+    """Every model flag: flag(default, meaning, source, ...). configurable.txt lists them (python configs.py)."""
+    # sizes (the defaults are the quickstart model: trains on 2 CPU cores in minutes)
+    n_layer: int = flag(4, "number of transformer blocks N", "GPT-2", POSITIVE)
+    n_head: int = flag(4, "attention heads H", "GPT-2", POSITIVE)
+    n_embd: int = flag(128, "model width d; a multiple of n_head", "GPT-2", POSITIVE)
+    block_size: int = flag(128, "context length T", "GPT-2", POSITIVE)
+    vocab_size: int = flag(256, "embedding rows, at least the tokenizer's; set from the data (padded to 64) unless "
+                                "given", "nanoGPT", POSITIVE)
+    ffn_mult: int = flag(4, "FFN hidden width is ffn_mult * d", "GPT-2", POSITIVE)
+    dropout: float = flag(0.0, "dropout on embeddings, attention probabilities and branch outputs", "GPT-2",
+                          Range(0, 1, high_in=False))
+    bias: bool = flag(True, "biases in linear layers", "GPT-2")
+    # block layout and normalization (DeepNet; NormFormer (final) Table 8; PowerNorm)
+    layout: Literal["pre", "post", "deepnorm", "mix", "reordered"] = flag(
+        "pre", "where the norm sits; mix: post then pre; reordered: x + N(F(x))",
+        "DeepNet eq. (1); Xiong et al. 2020; Mix-LN; OLMo 2")
+    mix_ln_ratio: float = flag(0.25, "the first round(ratio * n_layer) layers are Post-LN",
+                               "Mix-LN (Li, Yin, Liu, ICLR 2025)", Range(0, 1, why=" (the share of Post-LN layers)"),
+                               needs=("layout", ("mix",)))
+    layer_norm_scaling: bool = flag(False, "each pre-LN norm output of layer l (1-based) times 1/sqrt(l)",
+                                    "LayerNorm Scaling (Sun et al. 2025, Curse of Depth)")
+    subln: bool = flag(False, "extra norms before W_O and W_2; v, W_O, W_1, W_2 times sqrt(log 2N)",
+                       "Magneto SubLN (Wang et al. 2023 §2)")
+    norm: Literal[NORMS] = flag("layernorm", "the normalization used in every norm slot (norms.TABLE)",
+                                "NormFormer Table 8; PowerNorm §3-4; DyT")
+    # the flags of the norms' arguments: each has an effect only with a norm that reads it (norms.reads)
+    # DyT's alpha0 (Zhu et al. 2025): 0.5 is the paper's default outside LLMs; its LLaMA runs use 0.8 before
+    # attention and 0.2 elsewhere at d = 4096 (smaller at larger d), and have no width near nanonorm's
+    dyt_alpha: float = flag(0.5, "DyT's initial alpha in y = g * tanh(alpha * x) + b", "DyT (Zhu et al., CVPR 2025)",
+                            DYT_ALPHA, needs=("norm", readers("dyt_alpha")))
+    dyt_alpha_attn: Optional[float] = flag(None, "DyT's initial alpha of the norm before attention",
+                                           "DyT (Zhu et al. 2025), LLaMA setting", DYT_ALPHA, none="dyt_alpha",
+                                           needs=("norm", readers("dyt_alpha_attn")))
+    # eps guards a variance that is about 1 at init (Ba et al. 2016); a larger one outweighs it, and every norm output
+    # shrinks toward 0 (1e300 trains nothing)
+    norm_eps: float = flag(1e-5, "eps inside the square root of every norm", "Ba et al. 2016; nanonorm in PowerNorm "
+                           "too (its eq. (8) has none)", Range(0, 1, low_in=False, why=" (eps guards a variance of "
+                           "about 1; a larger one shrinks every norm output toward 0)"),
+                           needs=("norm", readers("norm_eps")))
+    norm_affine: Literal[AFFINE] = flag("both", "which of gain g and bias b the norms learn",
+                                        "NormFormer Table 8 rows 15-17, 25, 27, 28",
+                                        needs=("norm", readers("norm_affine")))
+    pn_alpha_fwd: float = flag(0.9, "EMA factor of the running quadratic mean (and running stats)",
+                               "PowerNorm eq. (10)", Range(0, 1, low_in=False, high_in=False),
+                               needs=("norm", readers("pn_alpha_fwd")))
+    pn_alpha_bwd: float = flag(0.9, "EMA factor of nu in the approximate backward", "PowerNorm eq. (13)",
+                               Range(0, 1, low_in=False, high_in=False), needs=("norm", readers("pn_alpha_bwd")))
+    pn_warmup: Optional[int] = flag(None, "training forward calls that run as PN-V before the running stats",
+                                    "PowerNorm App. A.1 (warmup)", Range(0),
+                                    none="warmup_iters x micro-steps; 0 in a ramp (configs.fit_to_tokenizer)",
+                                    needs=("norm", readers("pn_warmup")))
+    pn_group_scaling: bool = flag(True, "divide each of H channel groups by its RMS before PowerNorm",
+                                  "PowerNorm App. A.1", needs=("norm", readers("pn_group_scaling")))
+    # extra operations inside a block (NormFormer (final) §2-3, Table 8)
+    scale_heads: bool = flag(False, "HeadScale: a learned scalar per head (--head_scale_at: where)",
+                             "NormFormer arXiv v1 eq. (3)")
+    head_scale_at: Literal["before_proj", "after_proj"] = flag(
+        "before_proj", "each head before W_O (paper), or W_O's output in H groups (fairseq)",
+        "NormFormer arXiv v1 eq. (3), Fig. 1; fairseq transformer_layer.py", needs="scale_heads")
+    scale_attn: bool = flag(False, "a norm on the attention output, before the residual add",
+                            "NormFormer §2 (post-attn LN)")
+    scale_fc: bool = flag(False, "a norm on the FFN hidden features, after the activation", "NormFormer §2 (FFN LN)")
+    scale_resids: bool = flag(False, "ResScale: lambda * x + FFN(LN(x)), lambda per channel (pre only)",
+                              "NormFormer §3, §6.1")
+    # NormFormer §3 initializes ResScale's lambda at 1; CaiT's LayerScale starts near 0 (0.1 to 1e-6), so that each
+    # block starts near the identity
+    scale_resids_init: float = flag(1.0, "initial value of ResScale's lambda", "NormFormer §3",
+                                    Range(0, 10, low_in=False, why=" (ResScale's lambda scales the residual; "
+                                          "NormFormer starts it at 1)"), needs="scale_resids")
+    ffn_out_norm: bool = flag(False, "a norm on the FFN output, before the residual add",
+                              "CogView sandwich-LN; NormFormer Table 8")
+    qkv_norm: bool = flag(False, "a norm on each of q, k and v", "NormFormer Table 4/5 (+3 More LN)")
+    qk_norm: bool = flag(False, "--norm on q and k per head over head_dim; a per-token norm only",
+                         "Dehghani et al. 2023 §2 (QK Normalization); Wortsman et al. 2023 §3.1")
+    layer_scale: bool = flag(False, "x + diag(lambda) * Branch(x) on both branches", "LayerScale (CaiT); NormFormer "
+                             "Table 8")
+    layer_scale_init: float = flag(1e-5, "initial value of LayerScale's lambda", "CaiT",
+                                   Range(0, 1, low_in=False, why=" (LayerScale starts each branch small: CaiT uses "
+                                         "0.1 to 1e-6)"), needs="layer_scale")
+    # embeddings (Spike No More §3.2, §4.2; NormFormer (final) §4)
+    pos: Literal["learned", "sinusoidal"] = flag("learned", "position embeddings", "GPT-2; NormFormer §4")
+    embed_scale: bool = flag(False, "token embeddings times sqrt(d) before adding positions",
+                             "Spike No More (Scaled Embed)")
+    embed_scale_learned: bool = flag(False, "--embed_scale's sqrt(d) is one learned scalar, init sqrt(d)",
+                                     "DyT (Zhu et al. 2025), LLaMA code", needs="embed_scale")
+    embed_norm: bool = flag(False, "a norm on the summed embeddings", "Spike No More (Embed LN); BLOOM")
+    embed_grad_scale: float = flag(1.0, "e = a*e + (1-a)*e.detach(): shrinks the embedding gradient",
+                                   "Spike No More (Embed Detach); GLM-130B", Range(0, 1, why=" (1 = off)"))
+    embed_init: Literal["sigma", "inv_sqrt_d"] = flag("sigma", "std of the token-embedding init: --init's sigma, or "
+                                                      "d^-1/2", "fairseq Embedding (NormFormer's code); Vaswani et "
+                                                      "al. §3.4")
+    tie_embeddings: bool = flag(True, "the output head shares the token embedding", "GPT-2")
+    # feed-forward and attention (NormFormer arXiv v1 Table 3, final Table 8)
+    activation: Literal["gelu", "relu", "relu2", "geglu"] = flag("gelu", "FFN activation", "GPT-2; Primer; "
+                                                                 "NormFormer Table 8 (FFNGeGLU)")
+    attn_impl: Literal["sdpa", "manual"] = flag("sdpa", "F.scaled_dot_product_attention, or the ops written out",
+                                                "NormFormer arXiv v1 Table 3 (failed op)")
+    attn_softcap: float = flag(0.0, "attention logits c * tanh(s / c); forces the manual attention path",
+                               "Gemma 2 §2 (50)", SOFTCAP)
+    logit_softcap: float = flag(0.0, "output logits c * tanh(z / c)", "Gemma 2 §2 (30)", SOFTCAP)
+    # initialization (GPT-2 §2.3; Spike No More §2.2; DeepNet)
+    init: Literal["gpt2", "plain", "scaled", "wang", "xavier"] = flag(
+        "gpt2", "initialization scheme of all weight matrices", "GPT-2 §2.3; Spike No More §2.2; DeepNet")
+    # a weight std past 1 makes each layer's output sqrt(d) times its input or more (GPT-2 uses 0.02)
+    init_std: Optional[float] = flag(None, "overrides sigma (not with xavier); wang's W_O and W_2 keep 2 / (N sqrt(d))",
+                                     "GPT-2 §2.3; Spike No More §2.2", Range(0, 1, low_in=False, why=" (GPT-2 uses "
+                                     "0.02; past 1 every layer multiplies its input)"), none="the scheme's sigma")
+    init_depth_scale: bool = flag(False, "DeepInit: block l's weights times 1/sqrt(l)", "NormFormer Table 8 rows 3-4")
+
+    def __post_init__(self):
+        """Reject values and combinations that mean nothing, with one line saying why."""
+        problem = out_of_range(self)
+        if problem:
+            raise ValueError(problem)
+        if self.n_embd % self.n_head:
+            raise ValueError(f"--n_embd={self.n_embd} must be divisible by --n_head={self.n_head}")
+        if self.init_std is not None and self.init == "xavier":
+            raise ValueError("--init_std has no meaning with --init=xavier (its std comes from the fan-in and fan-out)")
+        # only a norm that acts on each token alone means something over one head's q or k. DyT has no statistic,
+        # but tanh bounds every entry of q and k, and with them the logits, which is what QK-norm is for
+        if self.qk_norm and self.norm not in PER_TOKEN_NORMS:
+            raise ValueError(f"--qk_norm normalizes each token's q and k per head; --norm={self.norm} has no per-token "
+                             f"statistic over head_dim (use one of {', '.join(PER_TOKEN_NORMS)})")
+        if self.layer_norm_scaling and self.layout not in ("pre", "mix"):
+            raise ValueError(f"--layer_norm_scaling scales the output of each pre-LN norm; --layout={self.layout} has "
+                             "none (use --layout=pre or mix)")
+        if self.layout == "reordered" and (self.scale_attn or self.ffn_out_norm):
+            raise ValueError("--layout=reordered already puts the norm on each sublayer's output; drop --scale_attn "
+                             "and --ffn_out_norm")
+        if self.scale_resids and self.layout != "pre":
+            raise ValueError(f"--scale_resids is NormFormer's ResScale for pre-LN blocks; --layout={self.layout} "
+                             "already normalizes the residual sum (use --layout=pre)")
+
+    @classmethod
+    def field_names(cls):
+        return [f.name for f in fields(cls)]
 
 
 class GPT(nn.Module):
@@ -503,16 +541,16 @@ class GPT(nn.Module):
             draw(self.wpe.weight, std_in)
         if not cfg.tie_embeddings:
             draw(self.lm_head.weight, std_in)
-        beta = deepnorm_beta(cfg) if cfg.layout == "deepnorm" else 1.0
         for layer, block in enumerate(self.blocks, start=1):
             draw(block.attn.qkv.weight, std_in, chunks=3)
             draw(block.attn.proj.weight, sigma_out)
             draw(block.mlp.fc.weight, std_in, chunks=2 if cfg.activation == "geglu" else 1)
             draw(block.mlp.proj.weight, sigma_out)
             # DeepNet: v, W_O, W_1 and W_2 get gain beta on top of whatever --init drew; q and k do not
-            block.attn.qkv.weight[2 * d:].mul_(beta)
-            for weight in (block.attn.proj.weight, block.mlp.fc.weight, block.mlp.proj.weight):
-                weight.mul_(beta)
+            if cfg.layout == "deepnorm":
+                block.attn.qkv.weight[2 * d:].mul_(deepnorm_beta(cfg))
+                for weight in (block.attn.proj.weight, block.mlp.fc.weight, block.mlp.proj.weight):
+                    weight.mul_(deepnorm_beta(cfg))
             # Magneto's SubLN: v, W_O, W_1 and W_2 times gamma = sqrt(log(2N)) (q and k keep their init)
             if cfg.subln:
                 block.attn.qkv.weight[2 * d:].mul_(subln_gain(cfg))

@@ -10,6 +10,8 @@ autograd computes the exact gradient. The one handwritten backward is PowerNorm'
 itself (eq. (11)-(13)); test_norms.py writes every gradient out by hand and checks autograd against it.
 """
 
+import inspect
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -114,9 +116,9 @@ class DyT(nn.Module):
     "Transformers without Normalization", eq. (1)). Element-wise, no statistics: it replaces a norm by the S-shaped
     map that LN turns out to compute (their Fig. 2), squashing the rare large activations and passing the rest."""
 
-    def __init__(self, dim, alpha=0.5, affine="both"):
+    def __init__(self, dim, alpha0=0.5, affine="both"):
         super().__init__()
-        self.alpha = nn.Parameter(torch.tensor(float(alpha)))
+        self.alpha = nn.Parameter(torch.tensor(float(alpha0)))
         self.weight, self.bias = gamma_beta(dim, affine)
 
     def forward(self, x):
@@ -134,9 +136,9 @@ class BatchNorm(nn.Module):
     """
     STATISTICS = ("mean", "var")  # batch_distance's keys
 
-    def __init__(self, dim, eps=1e-5, affine="both", alpha=0.9):
+    def __init__(self, dim, eps=1e-5, affine="both", alpha_fwd=0.9):
         super().__init__()
-        self.eps, self.alpha = eps, alpha
+        self.eps, self.alpha = eps, alpha_fwd
         self.weight, self.bias = gamma_beta(dim, affine)
         self.register_buffer("running_mean", torch.zeros(dim))
         self.register_buffer("running_var", torch.ones(dim))
@@ -147,7 +149,7 @@ class BatchNorm(nn.Module):
             mean, var = mean_var(u)
             self.update_running(mean, var)
         else:
-            var, mean = self.running_var, self.running_mean
+            mean, var = self.running_mean, self.running_var
         z = (u - mean) / torch.sqrt(var + self.eps)  # eq. (1), with eps
         return scale_shift(z, self.weight, self.bias).reshape(x.shape).to(x.dtype)  # eq. (2)
 
@@ -173,9 +175,9 @@ class PNV(nn.Module):
     """
     STATISTICS = ("psi2",)  # batch_distance's keys
 
-    def __init__(self, dim, eps=1e-5, affine="both", alpha=0.9):
+    def __init__(self, dim, eps=1e-5, affine="both", alpha_fwd=0.9):
         super().__init__()
-        self.eps, self.alpha = eps, alpha
+        self.eps, self.alpha = eps, alpha_fwd
         self.weight, self.bias = gamma_beta(dim, affine)
         self.register_buffer("running_psi2", torch.ones(dim))
 
@@ -309,66 +311,73 @@ class PowerNorm(nn.Module):
 
 
 class Identity(nn.Module):
-    """y = x: no normalization, the ablation that shows what normalization prevents (an ablation)."""
+    """y = x: no normalization, the ablation that shows what normalization prevents."""
+
+    def __init__(self, dim):
+        super().__init__()
 
     def forward(self, x):
         return x
 
 
-# What each norm is: its class; what a token's output depends on ("token": that token alone, so the norm means
+# What each norm is: its class, and what a token's output depends on ("token": that token alone, so the norm means
 # something over one head's q or k too; "batch": statistics of the whole batch, future tokens included, in training,
-# PowerNorm §3; None: nothing, it normalizes nothing); and the flags that set its arguments (--norm_eps, --norm_affine;
-# --pn_alpha_fwd, the running statistics' momentum; --pn_alpha_bwd, --pn_warmup, --pn_group_scaling, PowerNorm's
-# alone; --dyt_alpha and --dyt_alpha_attn, DyT's initial alpha). DyT reads no eps: it has no statistic (Zhu et al.
-# 2025, eq. (1)). A new norm is its class, its row here, its line in make_norm and its line in configurable.txt.
+# PowerNorm §3; None: nothing, it normalizes nothing). The flags a norm reads are those of its class's arguments
+# (ARGUMENTS). A new norm is its class and its row here; an argument no norm had before is also its line in ARGUMENTS
+# and its flag in model.GPTConfig.
 TABLE = {
-    "layernorm": (LayerNorm, "token", ("norm_eps", "norm_affine")),
-    "rmsnorm": (RMSNorm, "token", ("norm_eps", "norm_affine")),
-    "cogview": (CogViewLayerNorm, "token", ("norm_eps", "norm_affine")),
-    "dyt": (DyT, "token", ("norm_affine", "dyt_alpha", "dyt_alpha_attn")),
-    "batchnorm": (BatchNorm, "batch", ("norm_eps", "norm_affine", "pn_alpha_fwd")),
-    "pnv": (PNV, "batch", ("norm_eps", "norm_affine", "pn_alpha_fwd")),
-    "powernorm": (PowerNorm, "batch", ("norm_eps", "norm_affine", "pn_alpha_fwd", "pn_alpha_bwd", "pn_warmup",
-                                       "pn_group_scaling")),
-    "none": (Identity, None, ()),
+    "layernorm": (LayerNorm, "token"),
+    "rmsnorm": (RMSNorm, "token"),
+    "cogview": (CogViewLayerNorm, "token"),
+    "dyt": (DyT, "token"),
+    "batchnorm": (BatchNorm, "batch"),
+    "pnv": (PNV, "batch"),
+    "powernorm": (PowerNorm, "batch"),
+    "none": (Identity, None),
+}
+# The flags that set each argument of a norm class, besides dim: --norm_eps, --norm_affine; --pn_alpha_fwd, the
+# running statistics' momentum; --pn_alpha_bwd, --pn_warmup, --pn_group_scaling (groups: n_head or 0), PowerNorm's
+# alone; --dyt_alpha and --dyt_alpha_attn, DyT's initial alpha (model.norm picks one per slot)
+ARGUMENTS = {
+    "eps": ("norm_eps",),
+    "affine": ("norm_affine",),
+    "alpha_fwd": ("pn_alpha_fwd",),
+    "alpha_bwd": ("pn_alpha_bwd",),
+    "warmup": ("pn_warmup",),
+    "groups": ("pn_group_scaling",),
+    "alpha0": ("dyt_alpha", "dyt_alpha_attn"),
 }
 NORMS = tuple(TABLE)
-PER_TOKEN_NORMS = tuple(kind for kind, (_, depends_on, _) in TABLE.items() if depends_on == "token")
-BATCH_STATISTIC_NORMS = tuple(module for module, depends_on, _ in TABLE.values() if depends_on == "batch")
-# every flag some norm reads: PowerNorm's, DyT's, then those of most norms
-NORM_FLAGS = ("pn_alpha_fwd", "pn_alpha_bwd", "pn_warmup", "pn_group_scaling", "dyt_alpha", "dyt_alpha_attn",
-              "norm_eps", "norm_affine")
+PER_TOKEN_NORMS = tuple(kind for kind, (_, depends_on) in TABLE.items() if depends_on == "token")
+BATCH_STATISTIC_NORMS = tuple(module for module, depends_on in TABLE.values() if depends_on == "batch")
+NORM_FLAGS = tuple(name for names in ARGUMENTS.values() for name in names)  # every flag some norm reads
+
+
+def arguments(module):
+    """The names of a norm class's arguments after dim."""
+    return list(inspect.signature(module).parameters)[1:]
 
 
 def reads(kind):
     """The flags that set the arguments of norm `kind`."""
-    return TABLE[kind][2]
+    return tuple(name for argument in arguments(TABLE[kind][0]) for name in ARGUMENTS[argument])
 
 
-def make_norm(kind, dim, eps=1e-5, affine="both", *, alpha_fwd=0.9, alpha_bwd=0.9, warmup=0, groups=0, dyt_alpha=0.5):
-    """The norm module `kind` for (..., dim) inputs; alpha_fwd is also the momentum of the running
-    statistics of batchnorm and pnv; alpha_bwd, warmup and groups matter only for powernorm; dyt_alpha is DyT's
-    initial alpha (it has no eps)."""
+def readers(name):
+    """The norms that read the flag `name` (it has an effect only with one of them)."""
+    return tuple(kind for kind in NORMS if name in reads(kind))
+
+
+def make_norm(kind, dim, eps=1e-5, affine="both", *, alpha_fwd=0.9, alpha_bwd=0.9, warmup=0, groups=0, alpha0=0.5):
+    """The norm module `kind` for (..., dim) inputs, given the arguments its class takes (ARGUMENTS says which
+    flag sets each). The values' ranges are the flags' (model.GPTConfig)."""
     if kind not in NORMS:
         raise ValueError(f"norm={kind!r} is not a norm; choose one of {', '.join(NORMS)}")
     if affine not in AFFINE:
         raise ValueError(f"affine={affine!r} is not an affine setting; choose one of {', '.join(AFFINE)}")
-    if not (0 < alpha_fwd < 1 and 0 < alpha_bwd < 1):
-        raise ValueError(f"alpha_fwd={alpha_fwd}, alpha_bwd={alpha_bwd}: both must be in (0, 1) (PowerNorm eq. (10))")
     if groups < 0 or (groups and dim % groups):
         raise ValueError(f"groups={groups} must be 0 (off) or divide dim={dim}")
-    if kind == "layernorm":
-        return LayerNorm(dim, eps, affine)
-    if kind == "rmsnorm":
-        return RMSNorm(dim, eps, affine)
-    if kind == "cogview":
-        return CogViewLayerNorm(dim, eps, affine)
-    if kind == "dyt":
-        return DyT(dim, dyt_alpha, affine)
-    if kind == "batchnorm":
-        return BatchNorm(dim, eps, affine, alpha_fwd)
-    if kind == "pnv":
-        return PNV(dim, eps, affine, alpha_fwd)
-    if kind == "powernorm":
-        return PowerNorm(dim, eps, affine, alpha_fwd, alpha_bwd, warmup, groups)
-    return Identity()
+    given = dict(eps=eps, affine=affine, alpha_fwd=alpha_fwd, alpha_bwd=alpha_bwd, warmup=warmup, groups=groups,
+                 alpha0=alpha0)
+    module = TABLE[kind][0]
+    return module(dim, **{name: given[name] for name in arguments(module)})

@@ -3,7 +3,7 @@ Grids of train.py runs, one summary. Every (variant, lr, seed) runs as its own `
 into out_dir/<variant>/<lr>/<seed>/, --jobs at a time; any other flag goes to every run:
     python sweep.py --variants=baseline,normformer,norm=powernorm --lrs=3e-3,1e-2 --seeds=3 --mode=lr \
         --jobs=2 --out_dir=sweeps/lr --max_iters=300
-A variant is a preset name (model.PRESETS) or flags without their dashes, several joined by "+":
+A variant is a preset name (presets.py) or flags without their dashes, several joined by "+":
     normformer    norm=powernorm    preset=normformer+qk_norm=True    normformer+z_loss=1e-4
 Seeds are --first_seed .. --first_seed + --seeds - 1 (0 .. --seeds-1 by default). Sweep flags take the form
 --key=value (a bare --dry_run is True).

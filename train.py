@@ -296,7 +296,7 @@ def fail(code, error, machine):
 def main(argv):
     """Exit codes: 0 done, 1 a file could not be written, 2 bad input, 3 diverged, 130 stopped (docs/guarantees.md)."""
     if flags.wants_help(argv):
-        flags.print_help(__doc__, catalog="configurable.txt")
+        flags.print_help(__doc__, catalog=configs.catalog())
         return 0
     try:
         machine = runtime.Machine.from_env()

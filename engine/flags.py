@@ -10,23 +10,19 @@ Imports only the standard library: python data.py starts without loading torch.
 
 `parse(argv, *classes, choices=..., positional=...)` gives {flag: value} for the flags a command line sets, each
 checked against the fields of the dataclasses (positional: the key the other arguments are listed under), and
-`build(cls, given)` the dataclass of those that are its fields; FLOAT_RANGES the values each float flag of train.py
-means something at (GPTConfig's and TrainConfig's: both read this one table, and configurable.txt says it), with
-`out_of_range` to hold a value to it; `print_help` prints --help from a script's docstring
-and its dataclass, or a catalog file (configurable.txt); `split` separates the flags of some dataclasses from the
-rest, for a script that hands flags on to another's.
+`build(cls, given)` the dataclass of those that are its fields; `print_help` prints --help from a script's docstring
+and its dataclass, or a catalog's text (train.py's: configs.catalog); `split` separates the flags of some
+dataclasses from the rest, for a script that hands flags on to another's. The ranges of train.py's flags are part of
+their declarations (model.flag).
 """
 
 import dataclasses
 import difflib
 import math
-import os
 import re
 import sys
 import typing
 from typing import Literal
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root, where configurable.txt is
 
 BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
@@ -176,99 +172,6 @@ def parse(argv, *classes, choices=None, positional=None):
     return given
 
 
-@dataclasses.dataclass(frozen=True)
-class Range:
-    """The values a float flag means something at: low to high, each end included or not; with off, 0 too (0 turns
-    the feature off). why: what lies outside, for the one line that refuses it."""
-    low: float
-    high: float = math.inf
-    low_in: bool = True
-    high_in: bool = True
-    off: bool = False
-    why: str = ""
-
-    def holds(self, value):
-        above = self.low <= value if self.low_in else self.low < value
-        below = value <= self.high if self.high_in else value < self.high
-        return (self.off and value == 0) or (above and below)
-
-    def text(self):
-        """As configurable.txt's allowed column says it (after "float "): "in [0, 1)", "> 0", "0 (off) or >= 1"."""
-        if self.high == math.inf:
-            span = f"{'>=' if self.low_in else '>'} {self.low:g}"
-        else:
-            span = f"in {'[' if self.low_in else '('}{self.low:g}, {self.high:g}{']' if self.high_in else ')'}"
-        return f"0 (off) or {span}" if self.off else span
-
-
-# Every float flag of train.py (model.py's GPTConfig, configs.py's TrainConfig), bounded by what it means, so that
-# a typo is one line and not a run that "diverges" at step 0 (a sweep would count it as a result) or learns nothing.
-FLOAT_RANGES = {
-    # model
-    "dropout": Range(0, 1, high_in=False),
-    "mix_ln_ratio": Range(0, 1, why=" (the share of Post-LN layers)"),
-    # DyT (Zhu et al. 2025) uses alpha0 from 0.2 to 0.8 (LLaMA) and 0.5 elsewhere: past 10 tanh(alpha0 x) of an
-    # activation of scale 1 is a sign function
-    "dyt_alpha": Range(0, 10, low_in=False, why=" (past 10, tanh(alpha x) is a sign function)"),
-    "dyt_alpha_attn": Range(0, 10, low_in=False, why=" (past 10, tanh(alpha x) is a sign function)"),
-    # eps guards a variance that is about 1 at init (Ba et al. 2016); a larger one outweighs it, and every norm
-    # output shrinks toward 0 (1e300 trains nothing)
-    "norm_eps": Range(0, 1, low_in=False, why=" (eps guards a variance of about 1; a larger one shrinks every norm "
-                                              "output toward 0)"),
-    "pn_alpha_fwd": Range(0, 1, low_in=False, high_in=False),  # PowerNorm eq. (10): an EMA factor
-    "pn_alpha_bwd": Range(0, 1, low_in=False, high_in=False),  # PowerNorm eq. (13)
-    # NormFormer §3 initializes ResScale's lambda at 1; CaiT's LayerScale starts near 0 (0.1 to 1e-6), so that each
-    # block starts near the identity
-    "scale_resids_init": Range(0, 10, low_in=False, why=" (ResScale's lambda scales the residual; NormFormer starts "
-                                                        "it at 1)"),
-    "layer_scale_init": Range(0, 1, low_in=False, why=" (LayerScale starts each branch small: CaiT uses 0.1 to "
-                                                       "1e-6)"),
-    "embed_grad_scale": Range(0, 1, why=" (1 = off)"),
-    # Gemma 2 §2 caps at 50 and 30: c * tanh(s / c) bounds the logits to +-c. Below 1e-3 every softmax is uniform
-    # to within 0.1% (a subnormal c made s / c overflow); above 1e4 no logit of a training run reaches the cap, and
-    # past float32's range c is infinite and the cap NaN
-    "attn_softcap": Range(1e-3, 1e4, off=True, why=" (a cap bounds the logits to +-cap)"),
-    "logit_softcap": Range(1e-3, 1e4, off=True, why=" (a cap bounds the logits to +-cap)"),
-    # a weight std past 1 makes each layer's output sqrt(d) times its input or more (GPT-2 uses 0.02)
-    "init_std": Range(0, 1, low_in=False, why=" (GPT-2 uses 0.02; past 1 every layer multiplies its input)"),
-    # training
-    "lr": Range(0, 1e3, low_in=False, why=" (AdamW moves every weight by about the LR each step)"),
-    "min_lr": Range(0, 1e3),  # and at most --lr where the schedule decays (configs.check_train_config)
-    # AdamW multiplies each weight by 1 - lr * weight_decay a step (0.1 is usual): past 10 it is a typo
-    "weight_decay": Range(0, 10, why=" (AdamW shrinks each weight by lr x weight_decay a step; 0.1 is usual)"),
-    "beta1": Range(0, 1, high_in=False),
-    "beta2": Range(0, 1, high_in=False),
-    "grad_clip": Range(0, why=" (0 turns clipping off)"),
-    # a cross-entropy is > 0: a bound at or below 0 is crossed by every step
-    "diverge_loss": Range(0, low_in=False, why=" (a cross-entropy is positive: a bound at or below 0 is crossed by "
-                                               "every step)"),
-    "diverge_gap": Range(0, why=" (0 turns it off)"),
-    "spike_z": Range(0, low_in=False),
-    # PaLM §5 uses 1e-4: at 1 the term weighs as much as the loss it regularizes
-    "z_loss": Range(0, 1, why=" (0 turns it off; PaLM uses 1e-4)"),
-    "gpu_peak_tflops": Range(0, low_in=False),
-}
-
-
-def out_of_range(name, value):
-    """The one line refusing a float flag's value outside FLOAT_RANGES, or None (None itself, an Optional flag's
-    default, is no value to hold)."""
-    bounds = FLOAT_RANGES[name]
-    if value is None or bounds.holds(value):
-        return None
-    return f"--{name}={value} must be {bounds.text()}{bounds.why}"
-
-
-def first_out_of_range(config):
-    """out_of_range's line for the first field of a config dataclass (in field order) that FLOAT_RANGES bounds and
-    its value breaks, or None."""
-    for name in (f.name for f in dataclasses.fields(config) if f.name in FLOAT_RANGES):
-        problem = out_of_range(name, getattr(config, name))
-        if problem:
-            return problem
-    return None
-
-
 def build(cls, given):
     """cls with the given flags that are its fields; the others keep their defaults."""
     return cls(**{k: v for k, v in given.items() if k in cls.__dataclass_fields__})
@@ -279,12 +182,11 @@ def wants_help(argv):
 
 
 def print_help(doc, *classes, catalog=None):
-    """The script's docstring, then its flags: the lines of a catalog file (configurable.txt, whose first two
-    lines say how it is checked), or a line per field with its name, default and meaning (help_of)."""
+    """The script's docstring, then its flags: a catalog's text (train.py's every flag, configs.catalog), or a line
+    per field with its name, default and meaning (help_of)."""
     print(doc.strip())
     if catalog:
-        with open(os.path.join(ROOT, catalog)) as f:
-            print("\n".join(f.read().splitlines()[2:]))
+        print(catalog, end="")
         return
     width = max(len(f.name) for cls in classes for f in dataclasses.fields(cls)) + 2  # the longest --name
     print(f"\n{'flag':<{width}} {'default':<9} meaning")

@@ -40,7 +40,8 @@ from engine import runtime
 import configs
 import train
 from engine.flags import UsageError, help_of
-from model import GPT, PRESETS, flops_per_token, norm
+from model import GPT, flops_per_token, norm
+from presets import PRESETS
 from norms import NORMS, LayerNorm, upcast
 
 PLAIN, THROUGH_FUNCTION = "plain GPT-2", "layernorm via a Function"

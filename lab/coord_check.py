@@ -28,7 +28,8 @@ from engine import runtime
 from configs import MAX_LR, model_flags
 from engine.flags import UsageError, build, fail, help_of, number, parse, print_help
 from engine.flags import wants_help
-from model import GPT, GPTConfig, PRESETS
+from model import GPT, GPTConfig
+from presets import PRESETS
 from norms import upcast
 from diagnostics.probe_points import probe_points
 

@@ -4,120 +4,117 @@ import dataclasses
 import math
 import os
 import re
+import subprocess
+import sys
 import typing
 
 import pytest
 
 from engine import flags
 import configs
-from model import GPTConfig, PRESETS
+import norms
+from model import GPTConfig, Range
+from presets import PRESETS
 from conftest import ROOT
 
 
+def declared(*classes):
+    """[(flag, field, type)] of every field of the config classes."""
+    types = flags.field_types(*classes)
+    return [(f.name, f, types[f.name]) for cls in classes for f in dataclasses.fields(cls)]
 
-def read_catalog():
-    """{flag: (default, allowed)} from configurable.txt; columns are separated by two or more spaces."""
-    rows = {}
+
+CONFIGS = (GPTConfig, configs.TrainConfig)
+RANGES = {name: f.metadata["allowed"] for name, f, _ in declared(*CONFIGS) if isinstance(f.metadata["allowed"], Range)}
+
+
+def test_catalog_is_generated_from_the_declarations_and_current():
+    """configurable.txt is what `python configs.py` prints now: regenerate it after changing a declaration."""
     with open(os.path.join(ROOT, "configurable.txt")) as f:
-        for line in f:
-            if not line.strip() or line.startswith("#") or line.startswith("preset="):
-                continue
-            columns = re.split(r"\s{2,}", line.strip())
-            assert len(columns) == 5, f"configurable.txt: expected 5 columns in {line!r}"
-            name, default, allowed = columns[:3]
-            assert name not in rows, f"configurable.txt lists {name} twice"
-            rows[name] = (default, allowed)
-    return rows
+        assert f.read() == configs.catalog(), "configurable.txt is stale: python configs.py > configurable.txt"
+    result = subprocess.run([sys.executable, "configs.py"], cwd=ROOT, capture_output=True, text=True)
+    assert result.stdout == configs.catalog()
 
 
-def code_flags():
-    """{flag: (default, type)} from GPTConfig and TrainConfig."""
-    types = flags.field_types(GPTConfig, configs.TrainConfig)
-    defaults = {f.name: f.default for cls in (GPTConfig, configs.TrainConfig) for f in dataclasses.fields(cls)}
-    return {name: (defaults[name], types[name]) for name in types}
+def test_catalog_fits_in_120_columns_and_lists_every_flag_and_preset_once():
+    lines = configs.catalog().splitlines()
+    assert max(map(len, lines)) <= 120
+    named = [line.split()[0] for line in lines if line and not line[0].isspace() and not line.startswith("#")]
+    expected = [name for name, _, _ in declared(*CONFIGS)] + [f"preset={name}" for name in PRESETS]
+    assert named == expected
 
 
-def test_catalog_lists_exactly_the_flags_of_the_code():
-    catalog, code = set(read_catalog()), set(code_flags())
-    assert not code - catalog, f"flags missing from configurable.txt: {sorted(code - catalog)}"
-    assert not catalog - code, f"configurable.txt lists flags the code lacks: {sorted(catalog - code)}"
+@pytest.mark.parametrize("name, field, kind", declared(*CONFIGS), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_flag_declares_its_meaning_source_and_range(name, field, kind):
+    """A declaration says what the flag means and where it comes from; a number has a range (a Range, checked by
+    GPTConfig and check_train_config, or the words of a rule between flags); an Optional says what None means."""
+    meta = field.metadata
+    assert meta["meaning"] and meta["source"], name
+    plain, optional = flags.plain_type(kind)
+    if plain in (int, float):
+        assert isinstance(meta["allowed"], Range) or (plain is int and meta["allowed"]), name
+    if plain is float:
+        assert isinstance(meta["allowed"], Range), f"{name}: a float flag is held to a Range"
+    if optional and name != "preset":
+        assert meta["none"], f"{name}: say what None means"
+    needs = meta["needs"]
+    if needs is not None:
+        other, values = needs if isinstance(needs, tuple) else (needs, None)
+        assert other in dict((n, f) for n, f, _ in declared(*CONFIGS)), name
+        assert values is None or set(values) <= set(typing.get_args(flags.field_types(*CONFIGS)[other])), name
 
 
-def test_catalog_defaults_match_the_code():
-    catalog = read_catalog()
-    for name, (default, _) in code_flags().items():
-        assert catalog[name][0] == str(default), f"{name}: catalog says {catalog[name][0]}, code says {default}"
+def test_catalog_says_each_range_as_the_refusal_does():
+    text = configs.catalog()
+    for name, bounds in RANGES.items():
+        kind = flags.plain_type(flags.field_types(*CONFIGS)[name])[0].__name__
+        assert re.search(rf"^{name} +\S+ +{re.escape(kind + ' ' + bounds.text())}", text, re.M), name
 
 
-def test_catalog_allowed_values_match_the_code():
-    catalog = read_catalog()
-    for name, (default, kind) in code_flags().items():
-        allowed = catalog[name][1]
-        optional = typing.get_origin(kind) is typing.Union
-        if optional:
-            assert "None" in allowed, f"{name} accepts None; configurable.txt should say so"
-            kind = next(a for a in typing.get_args(kind) if a is not type(None))
-        choices = flags.allowed_values(name, kind, configs.CHOICES)
-        if choices is not None:
-            values = [v for v in allowed.split("|") if not (optional and v == "None")]
-            assert values == choices, f"{name}: catalog allows {allowed}, code allows {choices}"
-        elif kind is bool:
-            assert allowed == ("bool, or None" if optional else "bool") or allowed.startswith("bool, or None ("), name
-        elif kind is float:
-            # the range the checks read (flags.FLOAT_RANGES), as the catalog says it
-            assert name in flags.FLOAT_RANGES, f"{name} is a float flag without a range in flags.FLOAT_RANGES"
-            said = f"float {flags.FLOAT_RANGES[name].text()}"
-            assert allowed.startswith(said), f"{name}: catalog allows {allowed}, FLOAT_RANGES allows {said}"
-        elif kind is int:
-            assert allowed.startswith("int"), f"{name}: allowed values should start with int"
+def test_norm_flags_have_an_effect_only_with_the_norms_that_read_them():
+    """The no-effect warning of a norm's flag comes from norms.TABLE (the arguments of each norm's class)."""
+    fields = {f.name: f for f in dataclasses.fields(GPTConfig)}
+    for name in norms.NORM_FLAGS:
+        assert fields[name].metadata["needs"] == ("norm", norms.readers(name)), name
+    assert norms.readers("pn_alpha_bwd") == ("powernorm",) and norms.readers("norm_eps") == tuple(
+        kind for kind in norms.NORMS if kind not in ("dyt", "none"))
 
 
-@pytest.mark.parametrize("name", sorted(flags.FLOAT_RANGES))
-def test_every_float_flag_is_refused_outside_its_range_and_taken_at_its_ends(name):
+@pytest.mark.parametrize("name", sorted(RANGES))
+def test_every_ranged_flag_is_refused_outside_its_range_and_taken_at_its_ends(name):
     """Each end of each range, and a value just past it, through the one resolution of the flags (configs.resolve):
-    inside it builds, outside it is one line naming the flag and the range the catalog says."""
-    bounds = flags.FLOAT_RANGES[name]
-    ends = [bounds.low, *([bounds.high] if bounds.high != math.inf else [1e300])]
+    inside it builds, outside it is one line naming the flag and the range the catalog says. An int's upper end,
+    where it has none, is the parser's limit (engine/flags.INT_LIMIT)."""
+    bounds = RANGES[name]
+    kind = flags.plain_type(flags.field_types(*CONFIGS)[name])[0]
+    top = 1e300 if kind is float else flags.INT_LIMIT
+    ends = [bounds.low, bounds.high if bounds.high != math.inf else top]
     inside = [v for v, included in zip(ends, (bounds.low_in, bounds.high_in or bounds.high == math.inf)) if included]
     outside = [v for v, included in zip(ends, (bounds.low_in, bounds.high_in)) if not included]
-    outside += [bounds.low - max(abs(bounds.low), 1) / 2] + ([bounds.high * 2] if bounds.high != math.inf else [])
+    outside += [bounds.low - max(abs(bounds.low), 1) / 2 if kind is float else bounds.low - 1]
+    outside += [bounds.high * 2] if bounds.high != math.inf else []
     if bounds.off:
         inside.append(0.0)
         outside = [v for v in outside if v != 0] + [bounds.low / 2]
-    base = {"init": "plain"} if name == "init_std" else {}
+    if kind is int:
+        # the model's sizes at the parser's limit are refused by the memory check, and a vocabulary of 1 by the
+        # tokenizer's: their own rules, not the range's
+        inside = [v for v in inside if v < 2 ** 20 and name != "vocab_size"]
+    base = {"init": "plain"} if name == "init_std" else {"n_head": 1} if name == "n_embd" else {}
     for value in inside:
         configs.resolve({**base, "min_lr": 0.0, "lr": max(value, 1e-3) if name == "min_lr" else 4e-3, name: value},
                         machine=False)
     for value in outside:
         with pytest.raises(flags.UsageError) as error:
             configs.resolve({**base, name: value}, machine=False)
-        assert str(error.value).startswith(f"--{name}={value} must be {bounds.text()}"), str(error.value)
-
-
-def read_catalog_presets():
-    """{preset: {flag: text}} from the `preset=NAME  flags  source` lines of configurable.txt."""
-    presets = {}
-    with open(os.path.join(ROOT, "configurable.txt")) as f:
-        for line in f:
-            if line.startswith("preset="):
-                name, settings, source = re.split(r"\s{2,}", line.strip())
-                assert source, f"preset {name} needs a source"
-                pairs = [] if settings.startswith("(none") else [kv.split("=") for kv in settings.split()]
-                presets[name.removeprefix("preset=")] = dict(pairs)
-    return presets
-
-
-def test_catalog_presets_match_the_code():
-    catalog = read_catalog_presets()
-    assert list(catalog) == list(PRESETS)
-    for name, preset in PRESETS.items():
-        assert catalog[name] == {k: str(v) for k, v in preset.items()}, f"preset {name} differs from the catalog"
+        assert str(error.value).startswith(f"--{name}={value} must be {bounds.said or bounds.text()}"), str(error.value)
 
 
 def test_every_preset_names_real_flags():
     names = set(GPTConfig.field_names())
     for preset, preset_flags in PRESETS.items():
         assert set(preset_flags) <= names, f"preset {preset} sets unknown flags {set(preset_flags) - names}"
+        assert preset_flags.source, preset
         GPTConfig(**preset_flags)
 
 

@@ -11,7 +11,8 @@ import torch
 
 import sample
 from conftest import NO_CUDA, ROOT, TINY_CONFIG, cuda_available, prepared, run_train, tiny, torchrun, train_argv
-from model import GPT, GPTConfig, PRESETS
+from model import GPT, GPTConfig
+from presets import PRESETS
 from norms import NORMS
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not cuda_available(), reason=NO_CUDA)]

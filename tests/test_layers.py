@@ -11,7 +11,8 @@ import sys
 from conftest import ROOT
 
 # from the bottom up; a name is a top-level module or a folder of modules
-LAYERS = ["engine", "norms", "model", "data", "diagnostics", "configs", "train", "lab", "sample", "sweep", "plot"]
+LAYERS = ["engine", "norms", "model", "presets", "data", "diagnostics", "configs", "train", "lab", "sample", "sweep",
+          "plot"]
 
 
 def house_modules():
@@ -51,11 +52,16 @@ def upward_imports():
 
 
 def test_imports_run_down_the_layers_and_data_and_plot_load_without_torch():
-    """engine < norms < model < data < diagnostics < configs < train < lab < the commands (sample, sweep, plot),
-    every module in a layer; and with torch made unimportable, data.py and plot.py load with all they import."""
+    """engine < norms < model < presets < data < diagnostics < configs < train < lab < the commands (sample, sweep,
+    plot), every module in a layer; and with torch made unimportable, data.py and plot.py load with all they import."""
     assert set(house_modules().values()) <= set(LAYERS), "a new module: give it a layer in LAYERS and README.md"
     assert upward_imports() == []
     for module in ("data", "plot"):
         code = f"import sys; sys.modules['torch'] = None; import {module}"
         result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
         assert result.returncode == 0, f"{module}: {result.stderr.strip().splitlines()[-1]}"
+
+
+def test_model_imports_nothing_of_the_house_but_norms():
+    """model.py is read as the model alone: its flags' ranges are its own declarations, not the command line's."""
+    assert imported_layers(os.path.join(ROOT, "model.py")) == {"norms"}

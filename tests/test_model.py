@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from lab import bench, coord_check
 import norms
 from diagnostics.probe_points import op_label, probe_points, weight_splits
-from model import GPT, GPTConfig, PRESETS, flops_per_token, norm, softcap, subln_gain
+from model import GPT, GPTConfig, flops_per_token, norm, softcap, subln_gain
+from presets import PRESETS
 from norms import PER_TOKEN_NORMS
 from conftest import ROOT, TINY_CONFIG
 import copy
@@ -806,12 +807,12 @@ def sees_the_batch(kind):
 @pytest.mark.parametrize("kind", norms.NORMS)
 def test_norms_table_says_what_each_norm_is(kind):
     """norms.TABLE: a norm's class is make_norm's, it uses batch statistics exactly when a token's output depends on
-    the batch, and it reads a flag exactly when the flag changes its modules."""
-    module, depends_on, flags = norms.TABLE[kind]
+    the batch, and it reads a flag (norms.reads, from its class's arguments) exactly when the flag changes its
+    modules."""
+    module, depends_on = norms.TABLE[kind]
     assert type(norms.make_norm(kind, 8)) is module
     assert sees_the_batch(kind) == (depends_on == "batch") == (module in norms.BATCH_STATISTIC_NORMS)
-    assert set(norms.NORM_FLAGS) == set(NORM_FLAG_VALUES) and set(flags) <= set(norms.NORM_FLAGS)
-    assert type(norms.make_norm(kind, 8)) is norms.TABLE[kind][0]
+    assert set(norms.NORM_FLAGS) == set(NORM_FLAG_VALUES) and set(norms.reads(kind)) <= set(norms.NORM_FLAGS)
     plain = norm_modules(norm=kind, **ALL_SLOTS)
     for flag, value in NORM_FLAG_VALUES.items():
         assert (norm_modules(norm=kind, **ALL_SLOTS, **{flag: value}) != plain) == (flag in norms.reads(kind)), flag
@@ -960,7 +961,7 @@ def test_generate_refuses_a_temperature_or_top_k_that_means_nothing(kw):
 
 # Each paper-context preset builds the model its paper describes: positions, embedding norm, init statistics
 # measured on the built weights, and parameter counts against the paper's own table (NormFormer arXiv v1 Table 6).
-# The numbers written here are the papers'; model.PRESETS is only read through GPTConfig and GPT.
+# The numbers written here are the papers'; presets.PRESETS is only read through GPTConfig and GPT.
 
 def build_preset(preset, seed=0, **overrides):
     """The model of --preset=NAME plus explicit flags, applied as train.py applies them (the preset first)."""
@@ -1011,8 +1012,7 @@ GPT2_PRESETS = {  # nanonorm's GPT-2 context, as people use it today
     "normformer_resid": {"scale_attn": True, "scale_fc": True, "scale_heads": True, "scale_resids": True},
     "deepnorm": {"layout": "deepnorm", "init": "xavier"},
     "cogview": {"norm": "cogview", "scale_attn": True, "ffn_out_norm": True, "embed_grad_scale": 0.1},
-    "embed_ln": {"init": "scaled", "embed_norm": True}, "scaled_embed": {"init": "scaled", "embed_scale": True},
-    "vanilla_scaled": {"init": "scaled"}, "layerscale": {"layer_scale": True},
+    "layerscale": {"layer_scale": True},
 }
 
 
@@ -1278,7 +1278,7 @@ def attention(attn, x, cap=0.0, sub_norm=None):
 
 @pytest.mark.parametrize("affine", norms.AFFINE)
 def test_dyt_forward_matches_formula(affine):
-    m = norms.make_norm("dyt", 8, affine=affine, dyt_alpha=0.7).double()
+    m = norms.make_norm("dyt", 8, affine=affine, alpha0=0.7).double()
     perturb_(m)
     x = hidden(shape=(3, 5, 8), scale=3.0)
     g = 1.0 if m.weight is None else m.weight
@@ -1287,7 +1287,7 @@ def test_dyt_forward_matches_formula(affine):
 
 
 def test_dyt_backward_matches_closed_form():
-    m = norms.make_norm("dyt", 8, dyt_alpha=0.7).double()
+    m = norms.make_norm("dyt", 8, alpha0=0.7).double()
     perturb_(m)
     x = hidden(shape=(3, 5, 8), scale=3.0).requires_grad_()
     dy = hidden(seed=4, shape=(3, 5, 8))

@@ -19,7 +19,7 @@ from lab import stats
 import sweep
 import configs
 import train
-from model import PRESETS
+from presets import PRESETS
 from conftest import SWEEP_TINY, check_png
 
 
