@@ -2,7 +2,7 @@
 A run's configs from its command line, resolved in one place: model.py's GPTConfig (a --preset of presets.py first,
 then the explicit flags) and TrainConfig. `resolve` is the whole resolution, as nanoGPT resolves its model_args once:
 the flags (from_flags); on --resume the checkpoint's configs with the flags a resume may change on top
-(resume_configs); the vocabulary and PowerNorm's warmup (fit_to_tokenizer); and the device, dtype and compile of
+(resume_configs); the vocabulary and PowerNorm's warmup (derive_model_flags); and the device, dtype and compile of
 this machine (runtime.resolve_device). It reads nothing but its arguments and the machine, so the configs of a run
 are known without running it, and a second copy of a rule has no reason to exist. GPTConfig checks its own
 combinations; here are the checks of the training flags (each flag declared once, with its range, meaning and source,
@@ -165,28 +165,41 @@ def from_flags(given):
 
 
 class RunConfigs(NamedTuple):
-    """What resolve gives: the run's model config, its training config, and its device (None without the machine)."""
+    """What resolve gives: the run's model config, its training config, its device (None without the machine) and
+    the checkpoint a --resume continues (None for a fresh run)."""
     model: GPTConfig
     train: TrainConfig
     device: Optional[str]
+    checkpoint: Optional[dict] = None
 
 
-def resolve(given, checkpoint=None, world_size=1, machine=True):
-    """The RunConfigs a run will have: the flags (from_flags); on --resume the checkpoint's configs
-    with the flags given on top where a resume may change them (resume_configs); the vocabulary and PowerNorm's
-    warmup (fit_to_tokenizer); and with machine, --device, --dtype and --compile made concrete on this machine
-    (runtime.resolve_device; without it they stay as given, MACHINE_SETTINGS, and the device is None).
-    Bad input is a UsageError of one line. Reads nothing but its arguments and the machine."""
+def resolve(given, world_size=1, machine=True, checkpoint_of=None, random_tokens=False):
+    """The RunConfigs a run will have, the one resolution of every command that runs or builds a model: the flags
+    (from_flags); on --resume the checkpoint that checkpoint_of(the flags' TrainConfig) finds (train.py's reads the
+    run folder) with the flags given on top where a resume may change them (resume_configs); the vocabulary and
+    PowerNorm's warmup (derive_model_flags); and with machine, --device, --dtype and --compile made concrete on this
+    machine (runtime.resolve_device; without it they stay as given, MACHINE_SETTINGS, and the device is None).
+    random_tokens: the run feeds random token ids, not the tokenizer's (lab/bench.py), so a --vocab_size below the
+    tokenizer's is no error. Bad input is a UsageError of one line. Reads nothing but its arguments and the
+    machine."""
     model_cfg, tc = from_flags(given)
+    checkpoint = checkpoint_of(tc) if checkpoint_of else None
     if checkpoint:
         model_cfg, tc = resume_configs(given, checkpoint, world_size, tc)
         check_train_config(tc, given)
         tc = absolute_paths(tc)  # a checkpoint's configs may hold relative paths
-    model_cfg = fit_to_tokenizer(model_cfg, tc, given, resumed=checkpoint is not None)
+    model_cfg = derive_model_flags(model_cfg, tc, given, resumed=checkpoint is not None, random_tokens=random_tokens)
     device = None
     if machine:
         device, tc = runtime.resolve_device(tc)
-    return RunConfigs(model_cfg, tc, device)
+    return RunConfigs(model_cfg, tc, device, checkpoint)
+
+
+def machine_free(tc, given):
+    """tc with MACHINE_SETTINGS as the flags give them (the default "auto" and None where not given), before a
+    machine made them concrete: a sweep compares a run's settings with those of runs trained on other machines."""
+    defaults = TrainConfig()
+    return dataclasses.replace(tc, **{name: given.get(name, getattr(defaults, name)) for name in MACHINE_SETTINGS})
 
 
 # Flags of the machine, not of the run: a resume takes them from its own command line, not the checkpoint.
@@ -271,9 +284,9 @@ def no_effect_warnings(given, m, tc):
 def damaged_configs(checkpoint):
     """What is wrong with a checkpoint's model_config or train_config ("train_config.lr=-5.0 must be in (0, 1000]"),
     or None: every value has its flag's type, and the configs pass the checks a command line's flags pass
-    (GPTConfig's, check_train_config, fit_to_tokenizer's), with each flag named as the checkpoint's field, not as a
+    (GPTConfig's, check_train_config, derive_model_flags's), with each flag named as the checkpoint's field, not as a
     flag the user never gave. run_folder.read_checkpoint asks it, so a damaged checkpoint is passed over as one
-    that does not load; a train_config key that is no flag (one of an older nanonorm) is left unread."""
+    that does not load; a train_config key that is no flag is left unread."""
     saved_model, saved_train = checkpoint["model_config"], checkpoint["train_config"]
     foreign = [name for name in saved_model if name not in GPTConfig.__dataclass_fields__]
     if foreign:
@@ -287,7 +300,7 @@ def damaged_configs(checkpoint):
     try:
         model_cfg, tc = GPTConfig(**saved_model), flags.build(TrainConfig, saved_train)
         check_train_config(tc, given={})  # nothing given: the checks of an explicit flag's fit are left out
-        fit_to_tokenizer(model_cfg, tc, {}, resumed=True)
+        derive_model_flags(model_cfg, tc, {}, resumed=True)
     except (ValueError, UsageError) as e:
         return as_fields(str(e))
     return None
@@ -393,15 +406,15 @@ def resume_changes(saved_train, tc):
     return {name: values for name, values in changed.items() if values[0] != values[1]}
 
 
-def fit_to_tokenizer(model_cfg, tc, given, resumed):
-    """The model config for the tokenizer: the vocabulary padded from the tokenizer's (data.VOCAB_SIZES, what a
-    prepared dataset's meta.json holds), unless given or resumed; PowerNorm's warmup from the LR warmup, unless
-    given."""
+def derive_model_flags(model_cfg, tc, given, resumed, random_tokens=False):
+    """The model flags that follow from the training flags where they are not given: the vocabulary, padded from
+    the tokenizer's (data.VOCAB_SIZES, what a prepared dataset's meta.json holds; not on resume), and PowerNorm's
+    warmup from the LR warmup."""
     if tc.seq_warmup_iters and tc.seq_warmup_start > model_cfg.block_size:
         raise UsageError(f"--seq_warmup_start={tc.seq_warmup_start} must be <= --block_size={model_cfg.block_size}")
     vocab = data.VOCAB_SIZES[tc.tokenizer]
     if "vocab_size" in given or resumed:
-        if model_cfg.vocab_size < vocab:
+        if model_cfg.vocab_size < vocab and not random_tokens:
             raise UsageError(f"--vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's {vocab}")
     else:
         # a multiple of 64 is faster on GPUs (nanoGPT)

@@ -381,7 +381,7 @@ class GPTConfig:
                                Range(0, 1, low_in=False, high_in=False), needs=("norm", readers("pn_alpha_bwd")))
     pn_warmup: Optional[int] = flag(None, "training forward calls that run as PN-V before the running stats",
                                     "PowerNorm App. A.1 (warmup)", Range(0),
-                                    none="warmup_iters x micro-steps; 0 in a ramp (configs.fit_to_tokenizer)",
+                                    none="warmup_iters x micro-steps; 0 in a ramp (configs.derive_model_flags)",
                                     needs=("norm", readers("pn_warmup")))
     pn_group_scaling: bool = flag(True, "divide each of H channel groups by its RMS before PowerNorm",
                                   "PowerNorm App. A.1", needs=("norm", readers("pn_group_scaling")))
@@ -631,3 +631,15 @@ def flops_per_token(model, cfg):
     positions = cfg.block_size * cfg.n_embd if cfg.pos == "learned" else 0
     params = sum(p.numel() for p in model.parameters()) - positions  # the tied head counted once
     return 6 * params + 12 * cfg.n_layer * cfg.block_size * cfg.n_embd
+
+
+def configure_optimizer(model, weight_decay, lr, betas, device_type):
+    """AdamW, as nanoGPT's configure_optimizers: weight decay on matrices only, not on biases, norm gains or
+    per-channel scales."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    fused = device_type in ("cuda", "cpu")  # fused AdamW kernels exist for both in torch >= 2.4
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)

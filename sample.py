@@ -14,8 +14,9 @@ from typing import Optional
 
 import torch
 
+import configs
 import data
-from engine import files, flags, run_reader, runtime
+from engine import files, flags, run_reader
 from engine.run_folder import read_checkpoint
 from engine.flags import UsageError, help_of
 from model import GPT, GPTConfig
@@ -50,14 +51,15 @@ def check(sc):
 
 
 def resolve_device(name):
-    """--device as a device of this machine (runtime.concrete_device); sample.py runs on the CPU or a CUDA GPU."""
+    """--device as a device of this machine, as train.py resolves it (configs.resolve); sample.py runs on the CPU or
+    a CUDA GPU."""
     try:
         kind = "auto" if name == "auto" else torch.device(name).type
     except RuntimeError:
         raise UsageError(f"--device={name} is not a device; use auto, cpu, cuda or cuda:N") from None
     if kind not in ("auto", "cpu", "cuda"):
         raise UsageError(f"--device={name} is not supported; use auto, cpu, cuda or cuda:N")
-    return runtime.concrete_device(name)
+    return configs.resolve({"device": name}).device
 
 
 def load_model(out_dir):

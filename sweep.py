@@ -5,59 +5,18 @@ into out_dir/<variant>/<lr>/<seed>/, --jobs at a time; any other flag goes to ev
         --jobs=2 --out_dir=sweeps/lr --max_iters=300
 A variant is a preset name (presets.py) or flags without their dashes, several joined by "+":
     normformer    norm=powernorm    preset=normformer+qk_norm=True    normformer+z_loss=1e-4
-Seeds are --first_seed .. --first_seed + --seeds - 1 (0 .. --seeds-1 by default). Sweep flags take the form
---key=value (a bare --dry_run is True).
-
-Re-running the same command skips finished runs (a "done" or "diverged" event in the run's log.jsonl, its final
-evaluation logged beside a checkpoint at --max_iters, or exit code 0 or 3 in <seed>.exit beside the run's folder),
-resumes interrupted ones that have a checkpoint (--resume) and starts the others afresh (--overwrite where a
-previous attempt left files); a run killed by a signal (exit code -N: the OOM killer, kill -9) is one of these. The
-console output of a run goes to <seed>.out beside its folder. --dry_run prints the train.py commands still to run,
-one per line, for a Slurm array, xargs or GNU parallel, and runs nothing. A run whose folder another process holds
-(the same sweep started twice) is left to that process, never started a second time. A Ctrl-C, SIGTERM or SIGHUP to
-sweep.py is passed on to its runs, which stop with a checkpoint, and sweep.py waits for them.
-A finished or resumable run is this command's only where its config.json holds the configs this command resolves
-for it (train.py's own resolution; per-run bookkeeping aside, a key its config.json lacks counting as its
-default) and the sha256 of the text it trained on is that of the data the command's runs read now (prepared once
-by sweep.py, as train.py prepares it): another is refused, naming the run and the first differing setting or the
-two texts, as is one without a config.json, so that no summary publishes runs of other flags or another corpus as
-this command's. Before any run starts or anything is written in --out_dir, every run passes the checks train.py
-makes before it trains (its configs; where runs start here, not for --dry_run's commands, which may be meant for
-another machine, its device, its memory and its data too, which sweep.py prepares once, as train.py would) and every
-<seed>.exit is read; a variant is a plain folder name (its runs stay inside --out_dir), and two variants that
-resolve to one config are refused.
-
---mode=ramp: the LR stability test (NormFormer §4, Table 3, Fig. 5, Table 8): --lr_schedule=ramp, the LR
-rises linearly from 0 to --lr at --max_iters; per variant and LR: steps survived and the LR reached (median,
-min and max over seeds), the most frequent failed op and layer. --mode=lr: the runs' own schedule (cosine by
-default) at each LR of the grid; per variant: the best LR, the best final val loss and the LR sensitivity of
-Wortsman et al. 2023 ("Small-scale proxies for large-scale Transformer training instabilities", §3), where a
-diverged run's loss counts as ln(V), V the tokenizer's vocabulary, in the place of their L_0, and every loss is
-capped there (lab/claims.FAILURE_RULE, as the claims count it). Both count the spike monitor's "spike" events.
-summary.json (a diverged run's loss is written as Infinity), summary.csv and a Markdown table on stdout.
-Exit code 0; 4 where runs failed (crashed, or were refused by train.py: not a divergence, which is a result), with
-one line counting them (and naming a run train.py refused to resume, which every re-run would resume again); the
-summary leaves them out, says how many (failed_runs), and a recipe's claims get no verdict (no_verdict says why); 2
-bad input, 1 a failed write, 128 + N stopped by signal N.
-
---reference=VARIANT compares every other variant with it, seed by seed, on each metric: ramp mode steps_survived@LR
-and peak_lr@LR; lr mode final_loss@LR, spikes@LR (and attn_logit_max@LR, log_z@LR where the runs log telemetry) and
-best_loss, each variant at its own best LR; a recipe's binary endpoints (left_plateau@LR, survived@LR) too. Per
-comparison: median, [min, max] and n per side, the difference of medians, p and a verdict, "agrees" or "disagrees"
-only at p < 0.05. Where both sides ran the same seeds, p is the exact two-sided sign-flip test of the per-seed
-differences (lab/stats.py; a failed run counts by lab/claims.FAILURE_RULE); otherwise the exact Mann-Whitney test of
-the two samples (a failed run the worst value), or Fisher's exact test of a binary endpoint. A variant with the
-reference's preset and other +key=value overrides is a reference too: dn_deepnorm+n_layer=18 meets
-dn_postln+n_layer=18 when --reference=dn_postln+n_layer=6.
-
---recipe=NAME runs one paper's claims (recipes.RECIPES: its variants, LRs, seeds, mode, reference and flags) into
-sweeps/NAME; --scale=gpu is the same claims at a GPU size, into sweeps/NAME_gpu:
+Seeds are --first_seed .. --first_seed + --seeds - 1. --mode=ramp is the LR stability test (NormFormer §4: the LR
+rises from 0 to --lr at --max_iters); --mode=lr runs each LR on the runs' own schedule. --reference=VARIANT compares
+every other variant with it, seed by seed. --recipe=NAME runs one paper's claims (lab/recipes.py: its variants,
+LRs, seeds, mode, reference and flags, fixed before the runs) into sweeps/NAME, --scale=gpu at a GPU's size:
     python sweep.py --recipe=normformer_stability --jobs=2
-    python sweep.py --recipe=normformer_stability --scale=gpu --dry_run
-A recipe's design is fixed before its runs: --seeds and --first_seed are refused with it. Its summary.json also
-holds the design and each claim judged (lab/claims.py: paired sign-flip p, Holm within the recipe, Hodges-Lehmann
-effect and CI, power for the paper's effect, minimum detectable effect, verdict), from which `python plot.py
---experiments=sweeps --out=docs` writes docs/experiments.md.
+Re-running a command skips finished runs and resumes interrupted ones; --dry_run prints the train.py commands
+still to run, one per line, for a cluster scheduler, and runs nothing. Before any run starts, every run passes
+train.py's checks, and a finished or resumable run must have trained with this command's configs and on its data.
+Writes summary.json, summary.csv and a Markdown table on stdout (docs/instruments.md, "Sweeps and plots", says what
+each mode summarizes; `python plot.py --experiments=sweeps --out=docs` writes the results page). Exit code 0; 4
+where runs failed (crashed, or were refused by train.py: not a divergence, which is a result); 2 bad input, 1 a
+failed write, 128 + N stopped by signal N.
 """
 
 import dataclasses
@@ -80,7 +39,8 @@ from engine import runtime
 from engine import signals
 from lab import pool
 from lab import recipes
-from lab.summary import Run, exit_code, is_finished, previous_summary, write_summary
+from lab.runs import Run, exit_code, is_finished
+from lab.summary import previous_summary, write_summary
 from engine.files import WriteError
 from engine.flags import UsageError, help_of
 
@@ -131,13 +91,14 @@ def parse_args(argv):
     own, train_argv = flags.split(argv, SweepOptions)
     given = flags.parse(own, SweepOptions, choices={"recipe": list(recipes.RECIPES)})
     opts = flags.build(SweepOptions, given)
+    shared = configs.parse_flags(train_argv)  # the flags every run gets, parsed once
     plan = Plan(variants=[v for v in opts.variants.split(",") if v], lrs=[lr for lr in opts.lrs.split(",") if lr],
                 seeds=opts.seeds, first_seed=opts.first_seed, mode=opts.mode, jobs=opts.jobs, out_dir=opts.out_dir,
                 dry_run=opts.dry_run, train_argv=train_argv, reference=opts.reference or None,
                 recipe=opts.recipe or None, scale=opts.scale)
     if plan.recipe:
-        plan = apply_recipe(plan, given)
-        check_scale(plan)
+        plan, shared = apply_recipe(plan, given, shared)
+        check_scale(plan, shared)
     elif "scale" in given:
         raise UsageError("--scale sizes a recipe; give --recipe=NAME too")
     variants, lrs = plan.variants, plan.lrs
@@ -156,8 +117,7 @@ def parse_args(argv):
     check_lrs(lrs)
     check_variants(variants, plan.mode)
     check_out_dir(plan.out_dir)
-    given = configs.parse_flags(plan.train_argv)
-    owned = [name for name in given if set_per_run(name, plan.mode)]
+    owned = [name for name in shared if set_per_run(name, plan.mode)]
     if owned:
         raise UsageError(f"{', '.join('--' + n for n in owned)} is set per run by sweep.py; use --lrs, --seeds, "
                          "--out_dir and --mode instead")
@@ -218,12 +178,13 @@ def variant_flags(variant):
     return [f"--{part}" if "=" in part else f"--preset={part}" for part in variant.split("+")]
 
 
-def apply_recipe(plan, given):
+def apply_recipe(plan, given, shared):
     """The plan of --recipe=NAME: the recipe's variants, LRs, seeds, mode, reference, claims and every run's flags
     (recipes.settings, --scale=gpu for the GPU-sized ones); the command line's own train.py flags come after the
     recipe's, so they win, and one its variants set is refused (theirs would win without a word). --out_dir defaults
     to sweeps/NAME (sweeps/NAME_gpu). Its seeds are part of its design, fixed before the runs: --seeds and
-    --first_seed are refused. given: the names of the sweep options the command line set."""
+    --first_seed are refused. given: the sweep options the command line set; shared: its flags for every run.
+    Returns the plan and the flags every run gets, the recipe's and the command line's."""
     if "seeds" in given or "first_seed" in given:
         raise UsageError("a recipe's seeds are part of its design; edit lab/recipes.py and re-run the whole recipe")
     taken = [f"--{name}" for name in ("variants", "lrs", "mode", "reference") if name in given]
@@ -231,7 +192,7 @@ def apply_recipe(plan, given):
         raise UsageError(f"{', '.join(taken)} come from the recipe; run without them, or without --recipe")
     recipe = recipes.settings(plan.recipe, plan.scale)
     settings = variant_settings(recipe["variants"])
-    overridden = settings.keys() & configs.parse_flags(plan.train_argv).keys()
+    overridden = settings.keys() & shared.keys()
     if overridden:
         name = sorted(overridden)[0]
         raise UsageError(f"--{name} is set by the recipe's variants ({settings[name]}), "
@@ -239,14 +200,15 @@ def apply_recipe(plan, given):
                          "without it, or run its variants yourself without --recipe")
     out_dir = plan.out_dir if "out_dir" in given else os.path.join(
         "sweeps", plan.recipe + ("_gpu" if plan.scale == "gpu" else ""))
-    return dataclasses.replace(plan, **{**recipe, "out_dir": out_dir,
+    plan = dataclasses.replace(plan, **{**recipe, "out_dir": out_dir,
                                         "train_argv": [*recipe["train_argv"], *plan.train_argv]})
+    return plan, {**configs.parse_flags(recipe["train_argv"]), **shared}
 
 
-def check_scale(plan):
+def check_scale(plan, shared):
     """--scale=gpu runs where a GPU is, or where the command line asks for its device (--device=cpu): GPU-sized runs
     that --device=auto would put on this machine's CPU are refused (--dry_run prints them for a GPU node)."""
-    if plan.scale == "gpu" and not plan.dry_run and "device" not in configs.parse_flags(plan.train_argv) and \
+    if plan.scale == "gpu" and not plan.dry_run and "device" not in shared and \
             runtime.concrete_device("auto") == "cpu":
         raise UsageError("--scale=gpu is the recipe at a GPU's size (GPT-3 Small's shape, 65K tokens a step), and this "
                          "machine has no CUDA GPU: its runs would take days on the CPU; run it on a GPU node, add "
@@ -332,13 +294,13 @@ def run_configs(run, plan, machine):
     will pick (runtime.resolve_device). Bad input is one line naming the variant."""
     flags = [f for f in train_flags(run, plan) if f not in ("--resume", "--overwrite")]
     try:
-        model_cfg, tc, _ = configs.resolve(configs.parse_flags(flags), machine=False)
+        given = configs.parse_flags(flags)
+        model_cfg, tc, device, _ = configs.resolve(given, machine=not plan.dry_run)
         if not plan.dry_run:
-            device, here = runtime.resolve_device(tc)
-            runtime.check_memory(model_cfg, here, device, machine)
+            runtime.check_memory(model_cfg, tc, device, machine)
     except UsageError as e:
         raise UsageError(f"variant {run.variant}: {e}") from None
-    return model_cfg, tc
+    return model_cfg, configs.machine_free(tc, given)
 
 
 def data_meta(run, tc, metas):
@@ -373,7 +335,7 @@ def config_dicts(model_cfg, tc):
 def check_trained_as(run, saved, settings, tc):
     """The finished or resumable run's config.json (saved) holds the settings this command would run it with
     (train.py writes it before the first step, so a run without one cannot be told apart from another command's). A
-    key its config.json lacks (written before nanonorm had it) counts as its default; a setting train.py resolves when
+    key its config.json lacks counts as its default; a setting train.py resolves when
     the run starts counts as given where it was left unset."""
     if saved is None:
         raise UsageError(f"{run.dir} has a result or a checkpoint but no config.json, so nothing says which flags "

@@ -19,6 +19,8 @@ import hashlib
 import math
 import signal
 import sys
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -34,7 +36,8 @@ from engine import runtime
 from engine import signals
 from diagnostics.instruments import Instruments
 from diagnostics.leakage import Leakage
-from model import GPT, flops_per_token
+from configs import TrainConfig
+from model import GPT, GPTConfig, configure_optimizer, flops_per_token
 
 
 def get_lr(step, tc):
@@ -53,71 +56,99 @@ def get_lr(step, tc):
     return tc.min_lr + coeff * (tc.lr - tc.min_lr)
 
 
-def train(model_cfg, tc, machine, checkpoint, events, changes, folder, meta, stop):
+@dataclass
+class Run:
+    """One run as setup() checked and prepared it, for train(): its configs and processes; on --resume the
+    checkpoint it continues, the log's events up to it (run_folder.past_events) and the settings the resume changed
+    (configs.resume_changes); and the prepared data's folder and meta.json."""
+    model_cfg: GPTConfig
+    tc: TrainConfig
+    machine: runtime.Machine
+    checkpoint: Optional[dict]
+    past_events: list
+    resume_changes: dict
+    data_folder: str
+    data_meta: dict
+
+
+class EventLog:
+    """The run's log.jsonl as one logger, for train() and the instruments alike: log(event) appends the event
+    (process 0 writes it, the others write nothing)."""
+
+    def __init__(self, path, master):
+        self.path, self.master = path, master
+
+    def __call__(self, event):
+        if self.master:
+            run_folder.log_event(self.path, event)
+
+
+def train(run, stop):
     """Evaluate and checkpoint every eval_interval steps; between, one optimizer step of grad_accum micro-batches
     per process. Returns the exit code: 0 done, 3 diverged, 130 stopped by Ctrl-C, SIGTERM or SIGHUP (with a
     checkpoint)."""
+    model_cfg, tc, machine, checkpoint = run.model_cfg, run.tc, run.machine, run.checkpoint
     autocast = torch.autocast(machine.device_type, dtype=getattr(torch, tc.dtype), enabled=tc.dtype != "float32")
-    raw_model, optimizer, scaler, instruments = build(model_cfg, tc, machine, autocast)
+    log = EventLog(run_reader.log_path(tc.out_dir), machine.master)
+    raw_model, optimizer, scaler, instruments = build(model_cfg, tc, machine, autocast, log)
     step, best_val, best_step = 0, float("inf"), 0  # the best val loss so far, and its step
     if checkpoint:
         step, best_val, best_step = run_folder.restore(checkpoint, raw_model, optimizer, scaler, tc, machine)
         instruments.load_state_dict(checkpoint)  # a resumed run flags, skips and diverges where the whole one would
-    log_path = run_folder.start_run(model_cfg, tc, machine, raw_model, step if checkpoint else None, events, changes,
-                                     folder, meta)
+    run_folder.start_run(model_cfg, tc, machine, raw_model, step if checkpoint else None, run.past_events,
+                         run.resume_changes, run.data_folder, run.data_meta)
     model = torch.compile(raw_model) if tc.compile else raw_model
     if machine.ddp:
         model = DDP(model, device_ids=[int(machine.device.split(":")[1])] if machine.device_type == "cuda" else None)
     saved_at = step if checkpoint else None
     # a checkpoint written by a stop during its step's evaluation is evaluated again on resume
     resumed_at = step if checkpoint and checkpoint.get("evaluated", True) else None
-    progress, stop_agreed = runtime.Progress(step), False
+    progress = runtime.Progress(step)
     while True:
         lr = get_lr(step, tc)
         for group in optimizer.param_groups:
             group["lr"] = lr
         # ---- EVALUATE AND CHECKPOINT every eval_interval steps: both splits' loss, then a checkpoint if it improved
         evaluated = (step % tc.eval_interval == 0 or step == tc.max_iters) and step != resumed_at
-        losses = evaluate(model, raw_model, folder, tc, machine, autocast, model_cfg.block_size, stop) \
-            if evaluated else None
+        losses = None
+        if evaluated:
+            losses = evaluate(model, raw_model, run.data_folder, tc, machine, autocast, model_cfg.block_size, stop)
         improved = False
         if losses:
             spread = runtime.rank_spread(raw_model) if machine.ddp else 0.0
             if machine.master:
                 print(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-                leakage = {key: value for key, value in losses.items() if key not in ("train", "val")}
-                run_folder.log_event(log_path, {"event": "eval", "step": step, "train_loss": losses["train"],
-                                                 "val_loss": losses["val"], **leakage, "lr": lr, "rank_spread": spread})
+            leakage = {key: value for key, value in losses.items() if key not in ("train", "val")}
+            log({"event": "eval", "step": step, "train_loss": losses["train"], "val_loss": losses["val"], **leakage,
+                 "lr": lr, "rank_spread": spread})
             if not math.isfinite(losses["val"]):
                 return instruments.report(step, lr, f"non-finite validation loss ({losses['val']})")
             improved = losses["val"] < best_val
             if improved:
                 best_val, best_step = losses["val"], step
-        # a stop request ends the run here: one during the evaluation (then losses is None), or one during the step
-        # (under DDP the one the last step's host read agreed on, so that every process stops at the same step)
-        stopped_in_eval = evaluated and losses is None
-        stopping = stopped_in_eval or ((stop_agreed if machine.ddp else stop.requested) and step < tc.max_iters)
+        # the run stops here on a stop request that came during this evaluation (then losses is None), or during
+        # the last step (stop.agreed: under DDP, one that every process saw at the step's host read)
+        stopping = (evaluated and losses is None) or (stop.agreed and step < tc.max_iters)
         checkpoint_due = losses and step > 0 and (improved or tc.always_save_checkpoint)
         if checkpoint_due or (stopping and saved_at != step):
             run_folder.save(tc.out_dir, {
                 "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
                 "step": step, "best_val": best_val, "best_step": best_step, **instruments.state_dict(),
-                "evaluated": losses is not None, "data_sha256": meta["source"]["sha256"],
+                "evaluated": losses is not None, "data_sha256": run.data_meta["source"]["sha256"],
                 "model_config": dataclasses.asdict(model_cfg), "train_config": dataclasses.asdict(tc)},
                 tc.keep_checkpoints, machine)
             saved_at = step
         if stopping:
-            return run_folder.interrupted(step, tc, machine, log_path)
+            return run_folder.interrupted(step, tc, machine, log.path)
         if step >= tc.max_iters:
-            if machine.master:
-                run_folder.log_event(log_path, {"event": "done", "step": step, "val_loss": losses["val"]})
+            log({"event": "done", "step": step, "val_loss": losses["val"]})
             return 0
         # ---- TRAINING SECTION BEGIN: one optimizer step over grad_accum micro-batches on each process
         shape = sequence_shape(step, tc, model_cfg.block_size)
         means = torch.zeros(2, device=machine.device)  # the cross-entropy and the z-loss term, over micro-steps
         with instruments.watching(step):  # forensics' pre-step buffers; --fp16_overflow_fails's forward hooks
             for micro in range(tc.grad_accum):
-                x, y = get_batch(folder, "train", tc, machine, step, micro, shape=shape)
+                x, y = get_batch(run.data_folder, "train", tc, machine, step, micro, shape=shape)
                 # DDP: all-reduce the gradients only on the last micro-step
                 sync = micro == tc.grad_accum - 1 or not machine.ddp
                 with (contextlib.nullcontext() if sync else model.no_sync()), autocast:
@@ -128,10 +159,10 @@ def train(model_cfg, tc, machine, checkpoint, events, changes, folder, meta, sto
         scaler.unscale_(optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), tc.grad_clip or float("inf"))
         read = runtime.host_read(means, grad_norm, stop, machine)
-        stop_agreed = read.stop
         verdict = instruments.judge(step, read.loss, read.grad_norm, scaler)  # spikes, divergence: before the update
         if verdict.diverged:
-            batches = (get_batch(folder, "train", tc, machine, step, i, shape=shape) for i in range(tc.grad_accum))
+            batches = (get_batch(run.data_folder, "train", tc, machine, step, i, shape=shape)
+                       for i in range(tc.grad_accum))
             return instruments.report(step, lr, verdict.diverged, batches)
         if not verdict.skip:
             scaler.step(optimizer)
@@ -146,8 +177,9 @@ def train(model_cfg, tc, machine, checkpoint, events, changes, folder, meta, sto
             tokens = tc.batch_size * tc.grad_accum * machine.world_size * model_cfg.block_size
             mfu = runtime.mfu(flops_per_token(raw_model, model_cfg) * tokens / dt, tc, machine)
             grad_text = "overflow (update skipped)" if verdict.overflow else f"{read.grad_norm:.3f}"
+            mfu_text = f" | MFU {mfu:.1%}" if mfu else ""
             print(f"step {step} | loss {read.loss:.4f} | lr {lr:.2e} | grad norm {grad_text} | {dt * 1000:.1f} "
-                  f"ms/step | {tokens / dt:,.0f} tokens/s{f' | MFU {mfu:.1%}' if mfu else ''} | ETA "
+                  f"ms/step | {tokens / dt:,.0f} tokens/s{mfu_text} | ETA "
                   f"{runtime.format_duration(dt * (tc.max_iters - step))}")
             event = {"event": "train", "step": step, "loss": read.loss, "lr": lr,
                      "grad_norm": None if verdict.overflow else read.grad_norm,
@@ -156,7 +188,7 @@ def train(model_cfg, tc, machine, checkpoint, events, changes, folder, meta, sto
                 event["z_loss"] = read.z_loss
             if tc.seq_warmup_iters:
                 event["seq_len"] = shape[0]
-            run_folder.log_event(log_path, event)
+            log(event)
 
 
 def sequence_shape(step, tc, block_size):
@@ -175,17 +207,6 @@ def z_loss_term(logits):
     Wortsman et al. 2023 §3.2): added to the loss times --z_loss, it keeps log Z near 0 and stops the output
     logits from drifting to magnitudes where the softmax loses precision."""
     return torch.logsumexp(logits.float(), dim=-1).square().mean()
-
-
-def configure_optimizer(model, tc, device_type):
-    """AdamW; weight decay on matrices only, not on biases, norm gains or per-channel scales."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": tc.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    fused = device_type in ("cuda", "cpu")  # fused AdamW kernels exist for both in torch >= 2.4
-    return torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), fused=fused)
 
 
 def batch_generator(*stream):
@@ -237,14 +258,14 @@ def evaluate(model, raw_model, folder, tc, machine, autocast, block_size, stop):
     return losses
 
 
-def build(model_cfg, tc, machine, autocast):
-    """The model (plain: not compiled, not DDP-wrapped), AdamW, the GradScaler (float16 only) and the instruments."""
+def build(model_cfg, tc, machine, autocast, log):
+    """The model (plain: not compiled, not DDP-wrapped), AdamW, the GradScaler (float16 only) and the instruments,
+    which log with the run's logger."""
     torch.manual_seed(tc.seed)  # the same initial weights on every process
     model = GPT(model_cfg).to(machine.device)
-    optimizer = configure_optimizer(model, tc, machine.device_type)
+    optimizer = configure_optimizer(model, tc.weight_decay, tc.lr, (tc.beta1, tc.beta2), machine.device_type)
     scaler = torch.amp.GradScaler(machine.device_type, enabled=tc.dtype == "float16")
-    instruments = Instruments(model, tc, run_reader.log_path(tc.out_dir), machine.master, autocast,
-                              machine.device)
+    instruments = Instruments(model, tc, log, machine.master, autocast, machine.device)
     torch.manual_seed(tc.seed + machine.rank)  # dropout differs between processes; a checkpoint's RNG replaces it
     return model, optimizer, scaler, instruments
 
@@ -254,21 +275,29 @@ def setup(argv, machine):
     yet: bad input stops every process the same way, and only process 0 prints it): flags, run folder, checkpoint,
     configs, log, data, memory. Then the process group, and the run folder's lock (run_folder.claim), which the
     caller keeps open for the life of the run; only then the notes of the checks (a checkpoint or log passed over),
-    so that a refused run says one line. Returns train()'s arguments and the lock."""
+    so that a refused run says one line. Returns the Run and the lock."""
     given = configs.parse_flags(argv)
-    _, flag_tc = configs.from_flags(given)  # where the run goes: --out_dir, --resume, --overwrite
-    fresh = not flag_tc.resume and not flag_tc.overwrite
-    run_folder.check_out_dir(flag_tc.out_dir, fresh)
-    checkpoint, notes = (run_folder.newest_checkpoint(flag_tc.out_dir, configs.damaged_configs) if flag_tc.resume
-                         else (None, []))
-    model_cfg, tc, device = configs.resolve(given, checkpoint, machine.world_size)
-    events, log_notes = run_folder.past_events(tc.out_dir) if checkpoint else ([], [])
+    notes = []  # the checkpoints passed over, said once the run goes ahead
+
+    def checkpoint_of(tc):
+        """The run folder checked for where the run goes (--out_dir, --resume, --overwrite); on --resume its newest
+        checkpoint that loads."""
+        run_folder.check_out_dir(tc.out_dir, fresh=not tc.resume and not tc.overwrite)
+        if not tc.resume:
+            return None
+        checkpoint, passed_over = run_folder.newest_checkpoint(tc.out_dir, configs.damaged_configs)
+        notes.extend(passed_over)
+        return checkpoint
+
+    model_cfg, tc, device, checkpoint = configs.resolve(given, machine.world_size, checkpoint_of=checkpoint_of)
+    fresh = not tc.resume and not tc.overwrite
+    past_events, log_notes = run_folder.past_events(tc.out_dir) if checkpoint else ([], [])
     # what this resume changed of the run's settings (those it may change: configs.RESUME), logged and said
-    changes = configs.resume_changes(checkpoint["train_config"], tc) if checkpoint else {}
+    resume_changes = configs.resume_changes(checkpoint["train_config"], tc) if checkpoint else {}
     # every process asks: data.prepare's file lock lets one process per disk tokenize while the others wait
-    folder = data.prepare(tc.dataset, tc.tokenizer, tc.data_dir)
-    meta = data.load_meta(folder)
-    configs.check_data(meta, model_cfg, checkpoint)
+    data_folder = data.prepare(tc.dataset, tc.tokenizer, tc.data_dir)
+    data_meta = data.load_meta(data_folder)
+    configs.check_data(data_meta, model_cfg, checkpoint)
     runtime.check_memory(model_cfg, tc, device, machine)
     runtime.start(device, machine)
     lock = run_folder.claim(tc.out_dir, fresh, machine)
@@ -276,8 +305,7 @@ def setup(argv, machine):
         for line in [*(f"train.py: note: {note}" for note in notes + log_notes),
                      *configs.no_effect_warnings(given, model_cfg, tc)]:
             print(line, file=sys.stderr)
-    return dict(model_cfg=model_cfg, tc=tc, machine=machine, checkpoint=checkpoint, events=events, changes=changes,
-                folder=folder, meta=meta), lock
+    return Run(model_cfg, tc, machine, checkpoint, past_events, resume_changes, data_folder, data_meta), lock
 
 
 def fail(code, error, machine):
@@ -302,13 +330,13 @@ def main(argv):
         machine = runtime.Machine.from_env()
     except flags.UsageError as e:  # before anything is written, and with no process group to leave together
         return flags.fail("train.py", e)
-    stop, handlers, lock = runtime.StopRequest(), {}, None
+    stop, handlers, lock = runtime.StopRequest(machine.ddp), {}, None
     before = signals.stop_on_signals()  # until training: SIGTERM and SIGHUP stop at once, as Ctrl-C does
     try:
         run, lock = setup(argv, machine)
         # SIGHUP: a closed terminal or ssh session stops the run as Ctrl-C does, with a checkpoint
         handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-        code = train(**run, stop=stop)
+        code = train(run, stop)
         if machine.ddp:
             # every return of train() is agreed by all ranks: wait for each to leave its last collective before
             # any tears the process group down

@@ -26,7 +26,6 @@ import torch.distributed as dist
 from diagnostics import probes
 from diagnostics.probe_points import op_label, probe_points, weight_splits
 from engine import run_reader
-from engine.run_folder import log_event
 from engine.flags import UsageError
 
 # float16: a run whose gradients overflow even with the loss scaled below this has diverged (fairseq's
@@ -66,10 +65,11 @@ class Verdict:
 
 
 class Instruments:
-    """The step's instruments over the plain (not compiled, not DDP-wrapped) model."""
+    """The step's instruments over the plain (not compiled, not DDP-wrapped) model; they write their events with the
+    run's logger, log(event), which train.py hands them (process 0 writes, the others write nothing)."""
 
-    def __init__(self, model, tc, log_path, master, autocast, device):
-        self.model, self.tc, self.log_path, self.master = model, tc, log_path, master
+    def __init__(self, model, tc, log, master, autocast, device):
+        self.model, self.tc, self.log, self.master = model, tc, log, master
         self.autocast, self.device = autocast, device
         self.monitor = probes.SpikeMonitor(tc.spike_window, tc.spike_z)
         self.divergence = probes.DivergenceCheck(tc.diverge_loss, gap=tc.diverge_gap)
@@ -98,10 +98,6 @@ class Instruments:
         self.divergence.load_state_dict(checkpoint.get("divergence", self.divergence.state_dict()))
         if self.tc.diverge_loss != checkpoint["train_config"].get("diverge_loss"):
             self.divergence.max_loss = self.tc.diverge_loss
-
-    def log(self, event):
-        if self.master:
-            log_event(self.log_path, event)
 
     @contextlib.contextmanager
     def watching(self, step):

@@ -257,10 +257,18 @@ def keep_freed_memory():
 class StopRequest:
     """The first Ctrl-C (SIGINT), a SIGTERM (what torchrun sends its workers on Ctrl-C) or a SIGHUP (a closed
     terminal or ssh session) asks the run to stop at the next step boundary, or between two eval batches, with a
-    checkpoint; a second Ctrl-C stops at once."""
+    checkpoint; a second Ctrl-C stops at once. `agreed`: whether the run stops at this step boundary. One process
+    stops when asked; under DDP every process stops at the boundary after the step whose host read (host_read) saw
+    a request on any of them, so that all stop at the same step."""
 
-    def __init__(self):
+    def __init__(self, ddp=False):
         self.requested = False
+        self.ddp = ddp
+        self.seen_by_all = False  # under DDP: a request on some process at the last step's host read
+
+    @property
+    def agreed(self):
+        return self.seen_by_all if self.ddp else self.requested
 
     def __call__(self, signum, frame):
         if self.requested and signum == signal.SIGINT:
@@ -308,6 +316,7 @@ def host_read(means, grad_norm, stop, machine):
         dist.all_reduce(shared)
         shared /= machine.world_size
     loss, z_loss, stops, grad = torch.cat([shared, grad_norm.view(1).float()]).tolist()
+    stop.seen_by_all = stops > 0
     return StepRead(loss, z_loss, grad, stops > 0)
 
 

@@ -38,9 +38,8 @@ import torch.utils._python_dispatch
 from engine import flags
 from engine import runtime
 import configs
-import train
 from engine.flags import UsageError, help_of
-from model import GPT, flops_per_token, norm
+from model import GPT, configure_optimizer, flops_per_token, norm
 from presets import PRESETS
 from norms import NORMS, LayerNorm, upcast
 
@@ -100,14 +99,15 @@ def parse(argv):
         if getattr(opts, name) < 1:
             raise UsageError(f"--{name}={getattr(opts, name)} must be a positive integer")
     given = configs.parse_flags(rest)
-    # the variants set model flags only: one TrainConfig, that of the flags (configs.from_flags), on this machine
-    _, tc = configs.from_flags(given)
-    device, tc = runtime.resolve_device(tc)
+    # each variant is a run of train.py's flags, resolved as train.py resolves one; they set model flags only, so
+    # they share one TrainConfig and device
+    runs = {name: configs.resolve({**variant, **given}, random_tokens=True)
+            for name, variant in VARIANTS[opts.variants].items()}
+    _, tc, device, _ = next(iter(runs.values()))
     if opts.compile_mode != "default" and not tc.compile:
         raise UsageError(f"--compile_mode={opts.compile_mode} is a mode of torch.compile; it needs --compile=True "
                          f"(compile is {tc.compile} here)")
-    models = {name: configs.build_configs({**variant, **given})[0] for name, variant in VARIANTS[opts.variants].items()}
-    return models, opts, device, tc
+    return {name: run.model for name, run in runs.items()}, opts, device, tc
 
 
 def compiled(model, tc, mode):
@@ -188,7 +188,7 @@ class Variant:
         # CUDA graphs reuse their memory from one replay to the next: each step tells them a new one begins
         self.new_graph_step = tc.compile and mode in ("reduce-overhead", "max-autotune")
         device_type = device.split(":")[0]
-        self.optimizer = train.configure_optimizer(self.model, tc, device_type)
+        self.optimizer = configure_optimizer(self.model, tc.weight_decay, tc.lr, (tc.beta1, tc.beta2), device_type)
         shape = (tc.batch_size, model_cfg.block_size)
         self.x = torch.randint(0, model_cfg.vocab_size, shape, device=device)
         self.y = torch.randint(0, model_cfg.vocab_size, shape, device=device)

@@ -25,7 +25,8 @@ import torch
 import data
 from engine.files import WriteError, cannot_write, nearest_existing, not_a_file, not_a_folder, write_atomic
 from engine import runtime
-from configs import MAX_LR, model_flags
+import configs
+from configs import MAX_LR
 from engine.flags import UsageError, build, fail, help_of, number, parse, print_help
 from engine.flags import wants_help
 from model import GPT, GPTConfig
@@ -115,17 +116,18 @@ def parse_widths(text):
 
 
 def model_configs(opts, given, vocab_size):
-    """{width: GPTConfig}: the preset, then the model flags given, then the width and its heads."""
+    """{width: GPTConfig}: each width a run of train.py's flags, resolved as train.py resolves one (configs.resolve):
+    the preset, then the model flags given, then the width and its heads; AdamW at a constant LR from step 0 on the
+    CPU in float32, as the check trains."""
     widths = parse_widths(opts.widths)
     if opts.head_dim < 1 or any(w % opts.head_dim for w in widths):
         raise UsageError(f"--head_dim={opts.head_dim} must be >= 1 and divide every width in --widths={opts.widths}")
     if "n_embd" in given or "n_head" in given:
         raise UsageError("--n_embd and --n_head are set by --widths and --head_dim; give those instead")
-    flags = {"n_layer": 2, "block_size": 64, **model_flags(given), "vocab_size": vocab_size}
-    try:
-        return {w: GPTConfig(**{**flags, "n_embd": w, "n_head": w // opts.head_dim}) for w in widths}
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    flags = {"n_layer": 2, "block_size": 64, **given, "vocab_size": vocab_size, "lr_schedule": "constant",
+             "warmup_iters": 0, "device": "cpu", "dtype": "float32"}
+    return {w: configs.resolve({**flags, "n_embd": w, "n_head": w // opts.head_dim}, machine=False).model
+            for w in widths}
 
 
 def check_options(opts):
@@ -162,18 +164,18 @@ def run(opts, given):
     machine = runtime.Machine.from_env()  # the environment is input too: checked before the data is prepared
     folder = data.prepare(opts.dataset, "byte", opts.data_dir)
     meta = data.load_meta(folder)
-    configs = model_configs(opts, given, meta["vocab_size"])
-    block_size = next(iter(configs.values())).block_size
+    width_configs = model_configs(opts, given, meta["vocab_size"])
+    block_size = next(iter(width_configs.values())).block_size
     # train.py's checks of the data and the memory, before anything is allocated
     data.check_length(meta, block_size)
     # no evaluation windows: the coord check reads activations, not a validation loss
     sizes = SimpleNamespace(batch_size=opts.batch_size, dtype="float32", eval_iters=0)
-    runtime.check_memory(configs[max(configs)], sizes, "cpu", machine)
+    runtime.check_memory(width_configs[max(width_configs)], sizes, "cpu", machine)
     generator = torch.Generator().manual_seed(opts.seed)
     batches = [data.get_batch(folder, "train", opts.batch_size, block_size, generator, "cpu")
                for _ in range(opts.steps + 1)]
     rows = []
-    for width, cfg in configs.items():
+    for width, cfg in width_configs.items():
         torch.manual_seed(opts.seed)
         rows += [{"width": width, **row} for row in coord_check(GPT(cfg), batches, opts.lr)]
         print(f"width {width}: done")

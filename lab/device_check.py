@@ -26,12 +26,10 @@ from dataclasses import dataclass
 import torch
 
 import configs
-from configs import TrainConfig
 from engine import files
 from engine import run_reader
 from engine.flags import UsageError, build, fail, help_of, parse, print_help, wants_help
 from lab.bench import VARIANTS, NormVariant, Variant, synchronize
-from model import GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # GPT-2 small (124M parameters with the padded vocabulary), nanoGPT's shape, at batch 16
@@ -237,9 +235,10 @@ def markdown(env, results):
 def profile_norms():
     """The CUDA kernels of one compiled forward and backward of layernorm and of powernorm (norm modules as the
     model builds them, GPT-2 small's activations, bf16 autocast), with their total time over 10 calls."""
-    tc = TrainConfig(batch_size=16, device="cuda", dtype="bfloat16", compile=True)
     for kind in ("layernorm", "powernorm"):
-        variant = NormVariant(GPTConfig(n_embd=768, block_size=1024, norm=kind), tc, "cuda", torch.bfloat16)
+        model_cfg, tc, device, _ = configs.resolve({"n_embd": 768, "block_size": 1024, "norm": kind, "batch_size": 16,
+                                                    "device": "cuda", "dtype": "bfloat16", "compile": True})
+        variant = NormVariant(model_cfg, tc, device, torch.bfloat16)
         kernels, total = profiled(variant, 10)
         print(f"norm={kind}: {total * 1e3:.0f} us a forward and backward, {len(kernels)} kernels")
         for e in kernels[:8]:
@@ -251,11 +250,10 @@ def profile_steps(device="cuda", shape=GPT2_SMALL, compile=True):
     """Where one compiled training step of GPT-2 small (batch 16, bf16) goes, for the headline variants: its wall
     time beside the time its CUDA kernels take (the rest is the GPU waiting on the host), those kernels by kind, and
     the ones that take the most time."""
-    tc = TrainConfig(batch_size=16, device=device, dtype="bfloat16", compile=compile)
     calls = 5  # steps profiled, then as many timed
-    given = configs.parse_flags(shape)
+    given = {**configs.parse_flags(shape), "batch_size": 16, "device": device, "dtype": "bfloat16", "compile": compile}
     for name, flags in VARIANTS["headline"].items():
-        model_cfg = configs.build_configs({**flags, **given})[0]
+        model_cfg, tc, device, _ = configs.resolve({**flags, **given})
         variant = Variant(model_cfg, tc, device, torch.bfloat16, name)
         kernels, total = profiled(variant, calls, device)
         start = time.perf_counter()

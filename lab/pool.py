@@ -20,7 +20,7 @@ from engine import files
 from engine import runtime
 from engine import signals
 from engine.files import WriteError
-from lab.summary import Run, is_finished
+from lab.runs import Run, is_finished
 
 
 def job_env(slot, jobs):

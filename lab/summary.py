@@ -1,7 +1,7 @@
 """
 A sweep's results from its runs' log.jsonl and exit codes: one record per run, the summary rows of its mode, the
 comparisons of each variant with its reference (lab/stats.py's tests), a recipe's claims (lab/claims.py), and
-summary.json, summary.csv and the Markdown tables on stdout. sweep.py's docstring says what each mode summarizes.
+summary.json, summary.csv and the Markdown tables on stdout. docs/instruments.md says what each mode summarizes.
 """
 
 import contextlib
@@ -12,12 +12,9 @@ import json
 import math
 import os
 import platform
-import re
 import statistics
-import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
 
 import torch
 
@@ -32,60 +29,14 @@ from lab.claims import PLATEAU, RATIO_STEPS
 from lab import recipes
 from lab import schema
 from lab import stats
+from lab.runs import exit_code, read_events
 from lab.tables import claims_table, side_text, value_text
 
 SWEEP_LOCK = "sweep.lock"  # held while a summary is made (sweep_lock)
-FINISHED_CODES = (0, 3)  # train.py: 0 finished, 3 diverged
 METRICS = {"ramp": ("steps_survived", "peak_lr"), "lr": ("final_loss", "spikes", "attn_logit_max", "log_z")}
 # a summary.json that sweep.py cannot read back is left as it is, not overwritten
 REBUILD = ("this summary.json is not a summary sweep.py wrote: move it away and run again to rebuild it from the "
            "runs' logs")
-
-
-@dataclass
-class Run:
-    """One (variant, LR, seed) of a sweep's grid and its run folder."""
-    variant: str
-    lr: str  # as written in --lrs: it names the folder
-    seed: int
-    dir: str
-
-
-def read_events(run_dir):
-    """The events of a run's log.jsonl ([] if none) through run_reader.read_log: a last line cut short by a killed
-    run is left out with a note on stderr; any other damage is a UsageError naming the file and line."""
-    events, note = run_reader.read_log(run_reader.log_path(run_dir))
-    if note:
-        print(f"sweep.py: {note}", file=sys.stderr)
-    return events
-
-
-def exit_code(run):
-    """The exit code sweep.py recorded for the run's last attempt, or None: none recorded, or an empty file (sweep.py
-    was killed while writing it). A negative one is the signal that killed the run (subprocess's -N: the OOM killer,
-    kill -9), which leaves it unfinished. Anything else that is not a number is a UsageError naming the file."""
-    path = run.dir + ".exit"
-    problem = files.not_a_file(path)
-    if problem:
-        raise UsageError(f"{path} is {problem}; sweep.py writes a run's exit code there")
-    if not os.path.exists(path):
-        return None
-    with open(path, "rb") as f:
-        text = f.read().strip()
-    if not text:
-        return None
-    if not re.fullmatch(rb"-?[0-9]{1,4}", text):
-        shown = text[:20].decode("utf-8", "replace")
-        raise UsageError(f"{path}: {shown!r} is not an exit code; sweep.py writes a number there (remove the file "
-                         "to let the run's log decide)")
-    return int(text)
-
-
-def is_finished(run):
-    """The run's end from its log and checkpoint (run_reader.end_state: a run started by --dry_run's commands has no
-    .exit, and one stopped between its final checkpoint and its "done" line has finished), or the exit code 0 or 3
-    recorded beside it."""
-    return run_reader.end_state(run.dir, read_events(run.dir)) is not None or exit_code(run) in FINISHED_CODES
 
 
 def median_summary(values):
@@ -494,7 +445,7 @@ def recipe_record(sweep):
     """The recipe as the results page reads it, with the flags this sweep ran (extra train.py flags may follow the
     recipe's) and its design (lab/claims.design)."""
     record = {**recipes.describe(sweep.recipe, sweep.scale, sweep.jobs), "train_argv": sweep.train_argv}
-    model_cfg, tc = configs.build_configs(configs.parse_flags(sweep.train_argv))
+    model_cfg, tc, _, _ = configs.resolve(configs.parse_flags(sweep.train_argv), machine=False)
     return {**record, "design": claims_lib.design(record, model_cfg, tc)}
 
 

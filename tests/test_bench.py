@@ -10,8 +10,7 @@ import torch
 
 from lab import bench
 import configs
-import train
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, configure_optimizer
 import norms
 from norms import NORMS
 from conftest import folder_snapshot, refused
@@ -108,7 +107,7 @@ def test_bench_headline_times_the_baseline_normformer_and_powernorm(capsys):
     """The three the README's GPU runs time, in one run: GPT-2 as it is, NormFormer's three additions, and PowerNorm."""
     models = bench.parse(["--variants=headline"])[0]
     baseline, normformer, powernorm = models.values()
-    assert baseline == GPTConfig()
+    assert baseline == configs.resolve({}).model  # the quickstart's model, as train.py resolves it
     changed = {k for k, v in vars(normformer).items() if v != getattr(baseline, k)}
     assert changed == {"scale_attn", "scale_fc", "scale_heads"} and normformer.scale_heads is True
     assert (powernorm.norm, powernorm.pn_group_scaling) == ("powernorm", True)
@@ -178,7 +177,8 @@ def test_plain_gpt_is_the_default_model(bias):
 def training_step_ops(model):
     """The aten ops of one training step (forward, backward, fused AdamW), counted by name, after a first step
     that created the optimizer's states."""
-    optimizer = train.configure_optimizer(model, configs.TrainConfig(), "cpu")
+    tc = configs.TrainConfig()
+    optimizer = configure_optimizer(model, tc.weight_decay, tc.lr, (tc.beta1, tc.beta2), "cpu")
     idx, targets = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
 
     def step():

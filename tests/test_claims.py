@@ -10,6 +10,7 @@ import os
 
 import pytest
 
+import lab.runs
 import lab.summary
 from lab import claims
 from lab import stats
@@ -45,7 +46,7 @@ def write_run(folder, events, entropy=None, vocab=256, variant="v", seed=0):
     if data:
         config = {"model": {}, "train": {}, "data": data}  # as train.py writes it
         (folder / "config.json").write_text(json.dumps(config))
-    return lab.summary.Run(variant, "1e-2", seed, str(folder))
+    return lab.runs.Run(variant, "1e-2", seed, str(folder))
 
 
 def test_gradient_ratios_from_a_hand_made_telemetry_log(tmp_path):

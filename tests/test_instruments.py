@@ -178,7 +178,7 @@ def test_watching_keeps_the_pre_step_buffers_and_leaves_no_hook_behind():
     torch.manual_seed(0)
     gpt = model.GPT(model.GPTConfig(n_layer=1, n_embd=16, n_head=2, block_size=8, vocab_size=32, norm="batchnorm"))
     tc = configs.TrainConfig(fp16_overflow_fails=True, compile=False)
-    instruments = Instruments(gpt, tc, os.devnull, False, torch.autocast("cpu", enabled=False), "cpu")
+    instruments = Instruments(gpt, tc, lambda event: None, False, torch.autocast("cpu", enabled=False), "cpu")
     before = {name: buffer.clone() for name, buffer in gpt.named_buffers()}
     x = torch.randint(0, 32, (2, 8))
     with instruments.watching(0):

@@ -65,3 +65,25 @@ def test_imports_run_down_the_layers_and_data_and_plot_load_without_torch():
 def test_model_imports_nothing_of_the_house_but_norms():
     """model.py is read as the model alone: its flags' ranges are its own declarations, not the command line's."""
     assert imported_layers(os.path.join(ROOT, "model.py")) == {"norms"}
+
+
+def imported_modules(path):
+    """The dotted names of the modules the file at path imports (from X import Y counts X)."""
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_arrows_go_by_meaning():
+    """What two layers share lives in the lower one: the benchmark times model.py's optimizer, not train.py's; the
+    pool of runs and the sweep read a run from lab/runs.py, not from the summary; the instruments log through the
+    logger train.py hands them, not by writing the run folder themselves."""
+    assert "train" not in imported_modules(os.path.join(ROOT, "lab", "bench.py"))
+    assert "lab.summary" not in imported_modules(os.path.join(ROOT, "lab", "pool.py"))
+    assert "engine.run_folder" not in imported_modules(os.path.join(ROOT, "diagnostics", "instruments.py"))

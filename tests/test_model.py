@@ -1240,9 +1240,9 @@ def test_powernorm_context_puts_the_compared_norm_in_every_slot(preset, statisti
 
 @pytest.mark.parametrize("schedule, expected", [("ramp", 0), ("cosine", 2 * 50)])
 def test_powernorm_warmup_follows_the_lr_schedule(schedule, expected):
-    from configs import TrainConfig, fit_to_tokenizer
+    from configs import TrainConfig, derive_model_flags
     tc = TrainConfig(lr_schedule=schedule, warmup_iters=50, grad_accum=2)
-    cfg = fit_to_tokenizer(GPTConfig(norm="powernorm"), tc, given={}, resumed=False)
+    cfg = derive_model_flags(GPTConfig(norm="powernorm"), tc, given={}, resumed=False)
     assert cfg.pn_warmup == expected
 
 

@@ -23,6 +23,7 @@ import data
 import lab.claims
 import lab.recipes
 import lab.stats
+import lab.runs
 import lab.summary
 import sweep
 import configs
@@ -72,7 +73,7 @@ def test_ramp_summary_from_logs(tmp_path):
                         "rank_spread": 0.0},
                 {"event": "done", "step": 200, "val_loss": 2.1}],
             3: [start, diverged(150, 0.075, "fc2", 1)]}
-    runs = [lab.summary.Run("baseline", "0.1", seed, str(tmp_path / "baseline" / "0.1" / str(seed))) for seed in logs]
+    runs = [lab.runs.Run("baseline", "0.1", seed, str(tmp_path / "baseline" / "0.1" / str(seed))) for seed in logs]
     for run in runs:
         write_log(run.dir, logs[run.seed])
     [row] = lab.summary.ramp_rows([lab.summary.run_record(run) for run in runs])
@@ -94,7 +95,7 @@ def test_ramp_rows_name_the_op_that_grew_the_most_where_none_crossed(tmp_path):
                                                           "to": ratio, "ratio": ratio, "steps": 9}}
 
     logs = {0: grew("logits", None, 3.0), 1: grew("fc2", 16, 40.0), 2: grew("logits", None, 7.5)}
-    runs = [lab.summary.Run("dn", "1.5", seed, str(tmp_path / "dn" / "1.5" / str(seed))) for seed in logs]
+    runs = [lab.runs.Run("dn", "1.5", seed, str(tmp_path / "dn" / "1.5" / str(seed))) for seed in logs]
     for run in runs:
         write_log(run.dir, [start, logs[run.seed]])
     records = [lab.summary.run_record(run) for run in runs]
@@ -116,7 +117,7 @@ def test_lr_summary_from_logs(tmp_path):
     finals = {("1e-2", 0): 2.0, ("1e-2", 1): 2.4, ("1e-1", 0): 3.0, ("1e-1", 1): None}
     runs = []
     for (lr, seed), final in finals.items():
-        run = lab.summary.Run("norm=rmsnorm", lr, seed, str(tmp_path / "v" / lr / str(seed)))
+        run = lab.runs.Run("norm=rmsnorm", lr, seed, str(tmp_path / "v" / lr / str(seed)))
         start = {"event": "eval", "step": 0, "train_loss": 5.0, "val_loss": 5.0 + seed, "lr": 0.0, "rank_spread": 0.0}
         end = ([{"event": "eval", "step": 10, "train_loss": final, "val_loss": final, "lr": float(lr),
                  "rank_spread": 0.0}, {"event": "done", "step": 10, "val_loss": final}]
@@ -224,7 +225,7 @@ def snapshot(run_dir):
 
 
 def steps_of(run_dir, kind):
-    return [e["step"] for e in lab.summary.read_events(run_dir) if e["event"] == kind]
+    return [e["step"] for e in lab.runs.read_events(run_dir) if e["event"] == kind]
 
 
 @pytest.mark.slow
@@ -253,7 +254,7 @@ def test_skip_and_resume_a_half_finished_sweep(corpus, tmp_path, capsys):
         pass
     finally:
         run_folder.save_checkpoint = real_save
-    assert steps_of(interrupted.dir, "eval") == [0, 2] and not lab.summary.is_finished(interrupted)
+    assert steps_of(interrupted.dir, "eval") == [0, 2] and not lab.runs.is_finished(interrupted)
     interrupted_before = snapshot(interrupted.dir)[1]
     assert "--resume" in sweep.train_flags(interrupted, args)
 
@@ -264,7 +265,7 @@ def test_skip_and_resume_a_half_finished_sweep(corpus, tmp_path, capsys):
     for run in (done, interrupted, fresh):
         assert steps_of(run.dir, "eval") == [0, 2, 4]
         assert steps_of(run.dir, "train") == [1, 2, 3, 4]
-        assert lab.summary.is_finished(run) and lab.summary.exit_code(run) == 0
+        assert lab.runs.is_finished(run) and lab.runs.exit_code(run) == 0
     after = [snapshot(run.dir) for run in (done, interrupted, fresh)]
     assert sweep.main(["--variants=baseline,norm=rmsnorm,postln", *common]) == 0
     assert "0 to run" in capsys.readouterr().out
@@ -542,7 +543,7 @@ def test_a_run_that_diverged_without_an_exit_file_counts_as_finished_from_its_lo
     start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
     write_log(ended.dir, [start, diverged(3, 0.01, "fc2", 0)])
     write_config(ended, argv)
-    assert lab.summary.is_finished(ended) and not os.path.exists(ended.dir + ".exit")
+    assert lab.runs.is_finished(ended) and not os.path.exists(ended.dir + ".exit")
     assert sweep.main([*argv, "--dry_run"]) == 0
     commands = capsys.readouterr().out.splitlines()
     assert len(commands) == 1 and f"--out_dir={fresh.dir}" in commands[0]
@@ -558,7 +559,7 @@ def test_torn_and_foreign_logs_exit_files_and_summaries(corpus, tmp_path, capsys
     write_log(first.dir, [start, diverged(3, 0.01, "fc2", 0)])
     with open(os.path.join(first.dir, "log.jsonl"), "a") as f:
         f.write('{"event": "tra')  # a SIGKILL mid-write
-    assert lab.summary.is_finished(first)
+    assert lab.runs.is_finished(first)
     assert "the last line was cut short" in capsys.readouterr().err
     os.remove(os.path.join(first.dir, "log.jsonl"))  # whole again, so that each line below is the one error
     os.rmdir(first.dir)
@@ -582,7 +583,7 @@ def test_torn_and_foreign_logs_exit_files_and_summaries(corpus, tmp_path, capsys
 
     with open(second.dir + ".exit", "w") as f:
         f.write("")  # sweep.py killed while writing it: no exit code recorded
-    assert lab.summary.exit_code(second) is None
+    assert lab.runs.exit_code(second) is None
     with open(second.dir + ".exit", "w") as f:
         f.write("garbage\n")
     refused("is not an exit code")
@@ -625,16 +626,16 @@ def test_a_held_run_folder_is_left_to_its_holder_and_reported_as_running(corpus,
         assert "2 runs, 0 finished already, 1 running elsewhere, 1 to run" in captured.out
         assert "1 of 2 runs did not finish (1 of them still running in another process" in captured.out
         assert sorted(os.listdir(held.dir)) == ["run.lock"] and not os.path.exists(held.dir + ".exit")
-        assert lab.summary.exit_code(free) == 0
+        assert lab.runs.exit_code(free) == 0
     finally:
         holder.kill()
         holder.wait()
     assert sweep.main(argv) == 0  # the holder is gone: now it runs
-    assert lab.summary.exit_code(held) == 0 and "0 of 2" not in capsys.readouterr().out
+    assert lab.runs.exit_code(held) == 0 and "0 of 2" not in capsys.readouterr().out
 
 
 def events_of(run_dir):
-    return lab.summary.read_events(run_dir) if os.path.isfile(os.path.join(run_dir, "log.jsonl")) else []
+    return lab.runs.read_events(run_dir) if os.path.isfile(os.path.join(run_dir, "log.jsonl")) else []
 
 
 @pytest.mark.slow
@@ -669,7 +670,7 @@ def test_sigterm_to_a_sweep_stops_its_runs_with_a_checkpoint_and_a_rerun_resumes
     assert process.returncode == 128 + signal.SIGTERM, err
     assert "stopped by SIGTERM" in err and err.count("\n") == 1
     for run in runs:
-        assert lab.summary.exit_code(run) == 130 and os.path.exists(os.path.join(run.dir, "ckpt.pt"))
+        assert lab.runs.exit_code(run) == 130 and os.path.exists(os.path.join(run.dir, "ckpt.pt"))
         assert files.held_by(run.dir) is None
         assert "--resume" in sweep.train_flags(run, sweep.parse_args(argv))
 
@@ -728,7 +729,7 @@ def resolved_configs(run, argv):
     """The run's configs for the flags of sweep argv, as train.py resolves them before it writes config.json, less
     what the machine decides (configs.resolve)."""
     flags = [f for f in sweep.train_flags(run, sweep.parse_args(argv)) if f not in ("--resume", "--overwrite")]
-    model_cfg, tc, _ = configs.resolve(configs.parse_flags(flags), machine=False)
+    model_cfg, tc, _, _ = configs.resolve(configs.parse_flags(flags), machine=False)
     return model_cfg, tc
 
 
@@ -823,7 +824,7 @@ def test_a_run_killed_by_a_signal_is_unfinished_and_the_stop_message_says_what_i
     for run, code in ((killed, -9), (resumable, -2)):
         with open(run.dir + ".exit", "w") as f:
             f.write(f"{code}\n")
-    assert lab.summary.exit_code(killed) == -9 and not lab.summary.is_finished(killed)
+    assert lab.runs.exit_code(killed) == -9 and not lab.runs.is_finished(killed)
     assert lab.summary.run_record(killed)["status"] == "unfinished"
     assert sweep.main([*argv, "--dry_run"]) == 0
     first, second = capsys.readouterr().out.splitlines()
@@ -904,7 +905,7 @@ def test_a_run_stopped_between_its_final_checkpoint_and_its_done_line_is_finishe
     tc = stopped_before_done(finished, argv, checkpoint_step=4)
     assert tc.max_iters == 4
     stopped_before_done(resumable, argv, checkpoint_step=2)
-    assert lab.summary.is_finished(finished) and not lab.summary.is_finished(resumable)
+    assert lab.runs.is_finished(finished) and not lab.runs.is_finished(resumable)
     record = lab.summary.run_record(finished)
     assert (record["status"], record["final_loss"]) == ("done", 2.0)
     assert lab.summary.run_record(resumable)["status"] == "unfinished"
@@ -916,7 +917,7 @@ def test_a_run_stopped_between_its_final_checkpoint_and_its_done_line_is_finishe
         first_line = f.readline()
     with open(os.path.join(finished.dir, "log.jsonl"), "w") as f:
         f.write(first_line)
-    assert not lab.summary.is_finished(finished)
+    assert not lab.runs.is_finished(finished)
 
 
 @pytest.mark.parametrize("event, says", [

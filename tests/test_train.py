@@ -335,7 +335,8 @@ torch.manual_seed(0)
 # mmap threshold rises to, so by default every step maps them afresh. The quickstart's own blocks (1-8 MiB) fault
 # too, but how often depends on the order of frees that moved the threshold (476 to 5,700 a step measured).
 gpt = model.GPT(model.GPTConfig(vocab_size=8192, n_layer=1))
-optimizer = train.configure_optimizer(gpt, configs.TrainConfig(), "cpu")
+tc = configs.TrainConfig()
+optimizer = model.configure_optimizer(gpt, tc.weight_decay, tc.lr, (tc.beta1, tc.beta2), "cpu")
 x = torch.randint(0, 8192, (16, gpt.config.block_size))
 def step():
     gpt(x, x)[1].backward()
@@ -503,7 +504,7 @@ def test_weight_decay_on_weight_matrices_only(tie):
                     qkv_norm=True, embed_norm=True, ffn_out_norm=True)
     gpt = GPT(cfg)
     tc = configs.TrainConfig(weight_decay=0.07, lr=3e-4, beta1=0.8, beta2=0.95)
-    optimizer = train.configure_optimizer(gpt, tc, "cpu")
+    optimizer = model.configure_optimizer(gpt, tc.weight_decay, tc.lr, (tc.beta1, tc.beta2), "cpu")
     # the decision from the module a parameter belongs to, not from its shape
     decayed, names = {}, {}
     for module_name, module in gpt.named_modules():

@@ -1,0 +1,62 @@
+"""
+One run of a sweep's grid, as the sweep, its pool of processes and its summary see it: its folder, the exit code
+sweep.py recorded beside it, its log's events and whether it has finished. Below lab/pool.py and lab/summary.py,
+which both read it.
+"""
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+
+from engine import files
+from engine import run_reader
+from engine.flags import UsageError
+
+FINISHED_CODES = (0, 3)  # train.py: 0 finished, 3 diverged
+
+
+@dataclass
+class Run:
+    """One (variant, LR, seed) of a sweep's grid and its run folder."""
+    variant: str
+    lr: str  # as written in --lrs: it names the folder
+    seed: int
+    dir: str
+
+
+def read_events(run_dir):
+    """The events of a run's log.jsonl ([] if none) through run_reader.read_log: a last line cut short by a killed
+    run is left out with a note on stderr; any other damage is a UsageError naming the file and line."""
+    events, note = run_reader.read_log(run_reader.log_path(run_dir))
+    if note:
+        print(f"sweep.py: {note}", file=sys.stderr)
+    return events
+
+
+def exit_code(run):
+    """The exit code sweep.py recorded for the run's last attempt, or None: none recorded, or an empty file (sweep.py
+    was killed while writing it). A negative one is the signal that killed the run (subprocess's -N: the OOM killer,
+    kill -9), which leaves it unfinished. Anything else that is not a number is a UsageError naming the file."""
+    path = run.dir + ".exit"
+    problem = files.not_a_file(path)
+    if problem:
+        raise UsageError(f"{path} is {problem}; sweep.py writes a run's exit code there")
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        text = f.read().strip()
+    if not text:
+        return None
+    if not re.fullmatch(rb"-?[0-9]{1,4}", text):
+        shown = text[:20].decode("utf-8", "replace")
+        raise UsageError(f"{path}: {shown!r} is not an exit code; sweep.py writes a number there (remove the file "
+                         "to let the run's log decide)")
+    return int(text)
+
+
+def is_finished(run):
+    """The run's end from its log and checkpoint (run_reader.end_state: a run started by --dry_run's commands has no
+    .exit, and one stopped between its final checkpoint and its "done" line has finished), or the exit code 0 or 3
+    recorded beside it."""
+    return run_reader.end_state(run.dir, read_events(run.dir)) is not None or exit_code(run) in FINISHED_CODES
