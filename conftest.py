@@ -1,6 +1,7 @@
 """The tests' shared fixtures and helpers (pytest reads this file for test_norms.py and every file in tests/; a test
 file imports a plain helper as `from conftest import ROOT`). A test file never imports another test file."""
 import builtins
+import functools
 import json
 import os
 import random
@@ -10,8 +11,11 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.abspath(__file__))  # the repository root: scripts run from here
-# GPT-2's BPE ranks, offline: tests never reach the network (the README's test command sets nothing).
-os.environ.setdefault("TIKTOKEN_CACHE_DIR", os.path.join(os.path.dirname(ROOT), "shared", "tiktoken"))
+# GPT-2's BPE ranks where a developer's checkout has them beside it (../shared/tiktoken); elsewhere tiktoken's own
+# cache. Only the tests marked by the gpt2_ranks fixture need them: the rest make their own tokenizer (small_bpe).
+SHARED_TIKTOKEN = os.path.join(os.path.dirname(ROOT), "shared", "tiktoken")
+if os.path.isdir(SHARED_TIKTOKEN):
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", SHARED_TIKTOKEN)
 # cuBLAS is deterministic only with a fixed workspace, set before its first use in the process (CUDA's docs,
 # "Results reproducibility"): the exact-resume test on CUDA needs it; CPU runs ignore it.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -247,3 +251,87 @@ def saved(state, f, *args, **kwargs):
 Instruments.judge, run_folder.log_event, torch.save = judged, logged, saved
 sys.exit(train.main(sys.argv[1:]))
 """
+
+
+@functools.lru_cache(maxsize=None)
+def reachable(url, timeout=5):
+    """Whether url answers at all within timeout seconds (asked once a session)."""
+    import urllib.request
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout).close()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture
+def gpt2_ranks():
+    """For the few tests about GPT-2's real BPE (its ids, its 50,257 tokens): skipped with a one-line reason where the
+    ranks are neither in tiktoken's cache nor downloadable. CI has the cache, so there the skip is a failure."""
+    import data
+    cache = data.tiktoken_cache_file(data.GPT2_RANKS_URL)
+    if (cache is None or not os.path.exists(cache)) and not reachable(data.GPT2_RANKS_URL):
+        reason = ("GPT-2's BPE ranks are neither in tiktoken's cache nor downloadable: set TIKTOKEN_CACHE_DIR to a "
+                  "folder holding them")
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason} (CI must run the GPT-2 tests)")
+        pytest.skip(reason)
+
+
+# The text small_bpe learns its merges from: English and Python, as the tests' corpora are
+BPE_TEXT = ("the norm of the layer normalizes the tokens of the batch; the model learns the norm's gain.\n"
+            "def norm(x):\n    return (x - x.mean()) / x.std()  # the layer norm of x\n") * 20
+
+
+def learn_bpe(text, n_ranks, pat_str):
+    """Byte-pair merges as GPT-2 learns them (Sennrich et al. 2016): start from the 256 bytes, then repeatedly make
+    the most frequent adjacent pair inside a pre-tokenized piece one token, until there are n_ranks tokens."""
+    import regex
+    ranks = {bytes([i]): i for i in range(256)}
+    pieces = {}
+    for piece in regex.findall(pat_str, text):
+        key = tuple(bytes([b]) for b in piece.encode("utf-8"))
+        pieces[key] = pieces.get(key, 0) + 1
+    while len(ranks) < n_ranks:
+        pairs = {}
+        for parts, count in pieces.items():
+            for pair in zip(parts, parts[1:]):
+                pairs[pair] = pairs.get(pair, 0) + count
+        best = max(pairs, key=lambda pair: (pairs[pair], pair))  # ties broken by the bytes: the same ranks each run
+        ranks.setdefault(best[0] + best[1], len(ranks))
+        pieces = {merged(parts, best): count for parts, count in pieces.items()}
+    return ranks
+
+
+def merged(parts, pair):
+    """parts with every adjacent occurrence of pair made one token, left to right."""
+    out, i = [], 0
+    while i < len(parts):
+        if parts[i:i + 2] == pair:
+            out.append(pair[0] + pair[1])
+            i += 2
+        else:
+            out.append(parts[i])
+            i += 1
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=None)
+def small_bpe_encoding():
+    """A BPE tokenizer of 300 ranks and <|endoftext|> (301 tokens: a vocab padded to 320), GPT-2's split pattern."""
+    import tiktoken
+    from tiktoken_ext.openai_public import r50k_pat_str
+    ranks = learn_bpe(BPE_TEXT, 300, r50k_pat_str)
+    return tiktoken.Encoding(name="small_bpe", pat_str=r50k_pat_str, mergeable_ranks=ranks,
+                             special_tokens={"<|endoftext|>": len(ranks)})
+
+
+@pytest.fixture
+def small_bpe(monkeypatch):
+    """--tokenizer=gpt2 as a small BPE made here, for the tests of nanonorm's own logic around a BPE tokenizer
+    (padding the vocabulary, ids past it, meta checks, sampling with the run's tokenizer): no download needed."""
+    import data
+    enc = small_bpe_encoding()
+    monkeypatch.setattr(data, "load_gpt2", lambda: enc)
+    monkeypatch.setitem(data.VOCAB_SIZES, "gpt2", enc.n_vocab)
+    return enc

@@ -20,6 +20,7 @@ import re
 import shutil
 import sys
 import sysconfig
+import tempfile
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
@@ -51,20 +52,47 @@ class DataError(Exception):
     """A problem with the data that a person can fix; the message is one line saying what and how."""
 
 
+# GPT-2's BPE ranks, the one file tiktoken's r50k_base encoding downloads (tiktoken_ext/openai_public.py)
+GPT2_RANKS_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
+GPT2_RANKS_SIZE = "0.8 MB"  # 835,554 bytes
+
+
+def tiktoken_cache_file(url):
+    """Where tiktoken keeps a file it downloads (tiktoken/load.py, read_file_cached): in TIKTOKEN_CACHE_DIR, else
+    DATA_GYM_CACHE_DIR, else <temp>/data-gym-cache, named by the SHA-1 of its URL; None where caching is off (an
+    empty TIKTOKEN_CACHE_DIR)."""
+    folder = os.environ.get("TIKTOKEN_CACHE_DIR", os.environ.get("DATA_GYM_CACHE_DIR"))
+    if folder is None:
+        folder = os.path.join(tempfile.gettempdir(), "data-gym-cache")
+    return os.path.join(folder, hashlib.sha1(url.encode()).hexdigest()) if folder else None
+
+
+def load_gpt2():
+    """GPT-2's BPE: tiktoken's r50k_base (GPT-2's ranks, split pattern and <|endoftext|> = 50256, stored as one
+    .tiktoken file; the "gpt2" name needs two other files). tiktoken downloads the ranks on first use and caches
+    them: that first use says so in one line on stderr."""
+    cache = tiktoken_cache_file(GPT2_RANKS_URL)
+    cached = cache is not None and os.path.exists(cache)
+    try:
+        enc = tiktoken.get_encoding("r50k_base")
+    except Exception as e:
+        fetch = "" if cached else f", whose ranks ({GPT2_RANKS_SIZE}) it downloads once"
+        raise DataError(f"could not load the gpt2 tokenizer{fetch} ({type(e).__name__}); offline, set "
+                        "TIKTOKEN_CACHE_DIR to a folder holding GPT-2's cached ranks (tiktoken's cache; "
+                        "docs/scale.md: GPT-2's BPE)") from e
+    if not cached:
+        where = f"cached in {os.path.dirname(cache)}" if cache else "not cached: TIKTOKEN_CACHE_DIR is empty"
+        print(f"downloaded GPT-2's BPE ranks (r50k_base, {GPT2_RANKS_SIZE}) once; {where}", file=sys.stderr)
+    return enc
+
+
 def get_tokenizer(name):
     if name == "byte":
         # 256 single-byte ranks and no merges: each UTF-8 byte is its own token and its id is the byte
         return tiktoken.Encoding(name="byte", pat_str=r50k_pat_str, special_tokens={},
                                  mergeable_ranks={bytes([i]): i for i in range(256)})
     if name == "gpt2":
-        try:
-            # r50k_base is GPT-2's BPE (same ranks, split pattern and <|endoftext|> = 50256) stored as one
-            # .tiktoken file; the "gpt2" name needs two other files, which the shared offline cache lacks
-            return tiktoken.get_encoding("r50k_base")
-        except Exception as e:
-            raise DataError(f"could not load the gpt2 tokenizer ({type(e).__name__}); offline, set "
-                            "TIKTOKEN_CACHE_DIR to a folder holding GPT-2's cached ranks (tiktoken's cache), "
-                            "(see README: GPT-2's BPE)") from e
+        return load_gpt2()
     raise DataError(f"--tokenizer={name} is not a tokenizer; choose one of {', '.join(TOKENIZERS)}")
 
 

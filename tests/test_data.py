@@ -9,6 +9,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -19,19 +20,9 @@ import tiktoken
 import torch
 
 import data
-from conftest import ROOT, refused
+from conftest import BPE_TEXT, ROOT, refused, small_bpe_encoding
 
-SHARED_TIKTOKEN = Path(ROOT).parent / "shared" / "tiktoken"
 TEXT = "Héllo, wörld — 日本語 🙂\n\tdef f(x):\n    return x ** 2  # <|endoftext|> stays plain text\r\n"
-
-
-@pytest.fixture
-def gpt2_ranks(monkeypatch):
-    # CI sets TIKTOKEN_CACHE_DIR; a developer's checkout has the same ranks at ../shared/tiktoken
-    if "TIKTOKEN_CACHE_DIR" not in os.environ:
-        if not SHARED_TIKTOKEN.is_dir():
-            pytest.skip("no GPT-2 ranks: set TIKTOKEN_CACHE_DIR to tiktoken's cache")
-        monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(SHARED_TIKTOKEN))
 
 
 def entropy_by_hand(tokens):
@@ -88,6 +79,48 @@ def test_gpt2_without_ranks_is_a_data_error(tmp_path, monkeypatch):
     assert downloads  # the cache was missed and the download was the stub, not the network
 
 
+@pytest.mark.parametrize("variable", ["TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR", None])
+def test_the_cache_file_is_where_tiktoken_reads_it(tmp_path, monkeypatch, variable):
+    """data.tiktoken_cache_file names the file tiktoken's own cached read returns, for each way of setting it."""
+    monkeypatch.delenv("TIKTOKEN_CACHE_DIR", raising=False)
+    monkeypatch.delenv("DATA_GYM_CACHE_DIR", raising=False)
+    if variable:
+        monkeypatch.setenv(variable, str(tmp_path))
+    else:
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    path = Path(data.tiktoken_cache_file(data.GPT2_RANKS_URL))
+    assert tmp_path in path.parents
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"what the cache holds")
+    monkeypatch.setattr(tiktoken.load, "read_file", lambda blobpath: b"the network, which the cache spares")
+    assert tiktoken.load.read_file_cached(data.GPT2_RANKS_URL) == b"what the cache holds"
+
+
+def test_the_first_gpt2_use_says_in_one_line_what_it_downloads_and_where(tmp_path, monkeypatch, capsys):
+    """The download is tiktoken's (stood in for here: it fills the cache and returns a small BPE); data.py says it in
+    one line on stderr the first time, and nothing once the ranks are cached."""
+    def download_and_cache(name):
+        assert name == "r50k_base"
+        Path(data.tiktoken_cache_file(data.GPT2_RANKS_URL)).write_bytes(b"ranks")
+        return small_bpe_encoding()
+
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tiktoken, "get_encoding", download_and_cache)
+    assert data.get_tokenizer("gpt2") is small_bpe_encoding()
+    assert capsys.readouterr().err == f"downloaded GPT-2's BPE ranks (r50k_base, 0.8 MB) once; cached in {tmp_path}\n"
+    assert data.get_tokenizer("gpt2") is small_bpe_encoding()
+    assert capsys.readouterr().err == ""
+
+
+def test_small_bpe_merges_bytes_and_round_trips():
+    """The tests' stand-in for GPT-2's BPE is a real byte-pair encoding: merges shorten its own text, and any text,
+    bytes it never saw included, decodes back."""
+    enc = small_bpe_encoding()
+    assert enc.n_vocab == 301 and enc.encode("<|endoftext|>", allowed_special="all") == [300]
+    assert len(enc.encode_ordinary(BPE_TEXT)) < len(BPE_TEXT.encode()) / 2
+    assert enc.decode(enc.encode_ordinary(TEXT)) == TEXT
+
+
 def test_unknown_tokenizer_lists_the_choices():
     with pytest.raises(data.DataError, match="byte, gpt2"):
         data.get_tokenizer("sentencepiece")
@@ -137,15 +170,15 @@ def test_prepare_file(tmp_path):
     assert data.load_meta(folder) == meta
 
 
-def test_prepare_file_gpt2(tmp_path, gpt2_ranks):
+def test_prepare_file_gpt2(tmp_path, small_bpe):
     src = tmp_path / "corpus.txt"
     src.write_text(TEXT * 30, encoding="utf-8")
     folder = data.prepare(str(src), "gpt2", data_dir=str(tmp_path / "data"))
     meta = data.load_meta(folder)
-    assert meta["vocab_size"] == 50257 and meta["dtype"] == "uint16"
+    assert meta["vocab_size"] == small_bpe.n_vocab and meta["dtype"] == "uint16"
     train = read_bin(Path(folder) / "train.bin", np.uint16)
     val = read_bin(Path(folder) / "val.bin", np.uint16)
-    assert tiktoken.get_encoding("r50k_base").decode(train + val) == TEXT * 30
+    assert train + val == small_bpe.encode_ordinary(TEXT * 30) and small_bpe.decode(train + val) == TEXT * 30
     assert meta["train_tokens"] == len(train) and meta["val_tokens"] == len(val)
     assert len(train) == (len(train) + len(val)) * 9 // 10
     assert meta["unigram_entropy"] == pytest.approx(entropy_by_hand(val), rel=1e-12)
@@ -310,15 +343,13 @@ def test_ctrl_c_during_preparation_leaves_no_folder_and_no_temporary_file(tmp_pa
 
 
 @pytest.mark.slow
-def test_ctrl_c_in_data_py_is_one_line(tmp_path):
+def test_ctrl_c_in_data_py_is_one_line(tmp_path, gpt2_ranks):
     """A real SIGINT to python data.py while it tokenizes: no traceback, exit code 130, nothing prepared. The child
     gets SIGINT's default action back: a suite started in the background by a shell without job control ignores
     SIGINT, and its children would inherit that (Python then never raises KeyboardInterrupt)."""
     (tmp_path / "big.txt").write_bytes(b"a corpus that takes GPT-2's BPE some seconds to tokenize\n" * 400_000)
     process = subprocess.Popen([sys.executable, os.path.join(ROOT, "data.py"), "--dataset=big.txt", "--tokenizer=gpt2",
                                 "--data_dir=data"], cwd=tmp_path, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "TIKTOKEN_CACHE_DIR": os.environ.get("TIKTOKEN_CACHE_DIR",
-                                                                                       str(SHARED_TIKTOKEN))},
                                preexec_fn=functools.partial(signal.signal, signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     while not list(tmp_path.glob("data/*.lock")) and time.time() < deadline:  # taken just before tokenizing

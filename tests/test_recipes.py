@@ -46,7 +46,7 @@ PAPERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.mark.skipif(not os.path.isdir(PAPERS), reason="the papers' text is in ../shared/papers")
-def test_the_bytes_per_token_and_word_the_targets_are_converted_with_are_measured():
+def test_the_bytes_per_token_and_word_the_targets_are_converted_with_are_measured(gpt2_ranks):
     """recipes.BYTES_PER_GPT2_TOKEN and BYTES_PER_WORD, measured again: GPT-2's BPE (r50k_base) on NormFormer's two
     versions, whitespace-separated words on all five papers."""
     import data

@@ -17,14 +17,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 TINY = tiny(n_layer=1, eval_iters=1, log_interval=10, warmup_iters=None, lr=None, max_iters=20, eval_interval=10)
 
 
-def gpt2_ranks(monkeypatch):
-    """TIKTOKEN_CACHE_DIR set to GPT-2's cached BPE ranks (as test_train.py finds them), or the test skipped."""
-    shared = os.path.join(ROOT, "..", "shared", "tiktoken")
-    if not os.environ.get("TIKTOKEN_CACHE_DIR") and not os.path.isdir(shared):
-        pytest.skip("GPT-2's BPE ranks are not available offline (set TIKTOKEN_CACHE_DIR)")
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", os.environ.get("TIKTOKEN_CACHE_DIR") or shared)
-
-
 def trained_run(corpus, folder, *flags):
     """A tiny run's out_dir, trained by train.main in this process."""
     code = run_train(corpus, folder / "data", folder / "out", *TINY, *flags)
@@ -103,15 +95,14 @@ def test_a_compiled_models_checkpoint_loads(out_dir, capsys, tmp_path):
 
 
 @pytest.mark.slow
-def test_batch_statistic_norms_and_gpt2_tokens_sample_with_the_runs_tokenizer(corpus, tmp_path, capsys,
-                                                                              monkeypatch):
-    """A PowerNorm run with sinusoidal positions and the GPT-2 tokenizer (vocab padded to 50304): greedy samples
-    are the argmax loop's tokens decoded with GPT-2's BPE, which the byte tokenizer would not give."""
-    gpt2_ranks(monkeypatch)
+def test_batch_statistic_norms_and_gpt2_tokens_sample_with_the_runs_tokenizer(corpus, tmp_path, capsys, small_bpe):
+    """A PowerNorm run with sinusoidal positions and a BPE tokenizer (a small one standing in for GPT-2's: 301 tokens,
+    vocab padded to 320): greedy samples are the argmax loop's tokens decoded with that BPE, which the byte tokenizer
+    would not give."""
     out = trained_run(corpus, tmp_path, "--norm=powernorm", "--pn_warmup=5", "--pos=sinusoidal", "--tokenizer=gpt2",
                       "--max_iters=10", "--eval_interval=10")
     model, tokenizer = sample.load_model(str(out))
-    assert tokenizer == "gpt2" and model.config.vocab_size == 50304
+    assert tokenizer == "gpt2" and model.config.vocab_size == 320
     enc = data.get_tokenizer("gpt2")
     idx = torch.tensor(data.encode(enc, "norm layer").astype("int64"))[None]
     expected = data.decode(enc, greedy_by_hand(model, idx, 12)[0].tolist())
@@ -119,12 +110,12 @@ def test_batch_statistic_norms_and_gpt2_tokens_sample_with_the_runs_tokenizer(co
     assert text == expected and text.startswith("norm layer")
 
 
-def test_ids_past_the_tokenizer_decode_to_replacement_characters(monkeypatch):
-    """train.py pads GPT-2's 50257 tokens to a vocab of 50304; the 47 extra ids are no text."""
-    gpt2_ranks(monkeypatch)
+def test_ids_past_the_tokenizer_decode_to_replacement_characters(small_bpe):
+    """train.py pads a BPE's tokens to a multiple of 64 (GPT-2's 50257 to 50304, the small BPE's 301 to 320); the
+    extra ids are no text."""
     enc = data.get_tokenizer("gpt2")
     ids = data.encode(enc, "norm layer").tolist()
-    assert data.decode(enc, ids + [50256, 50303, 50257] + ids) == "norm layer<|endoftext|>\ufffd\ufffdnorm layer"
+    assert data.decode(enc, ids + [300, 319, 301] + ids) == "norm layer<|endoftext|>\ufffd\ufffdnorm layer"
     assert data.decode(data.get_tokenizer("byte"), [110, 0xE2, 0x98, 0x83, 0xE2, 110]) == "n\u2603\ufffdn"
 
 
@@ -201,15 +192,14 @@ def test_bad_checkpoints_are_one_line_and_exit_code_2(out_dir, capsys, tmp_path,
     assert printed.err.startswith("sample.py: ") and expected in printed.err
 
 
-def test_a_model_smaller_than_its_tokenizer_is_refused(out_dir, capsys, tmp_path, monkeypatch):
-    """A byte-level model said to be GPT-2's: GPT-2's token ids would run past its embedding table."""
-    gpt2_ranks(monkeypatch)
+def test_a_model_smaller_than_its_tokenizer_is_refused(out_dir, capsys, tmp_path, small_bpe):
+    """A byte-level model said to be a BPE's: the BPE's token ids would run past its embedding table."""
     write(tmp_path / "out", edited(train_config=lambda c: {**c, "tokenizer": "gpt2"})(
         torch.load(out_dir / "ckpt.pt", weights_only=True)))
     assert sample.main([f"--out_dir={tmp_path / 'out'}", "--device=cpu"]) == 2
     printed = capsys.readouterr()
     assert printed.out == "" and printed.err.count("\n") == 1
-    assert "vocab_size=256 is smaller than its tokenizer's (gpt2, 50257)" in printed.err
+    assert "vocab_size=256 is smaller than its tokenizer's (gpt2, 301)" in printed.err
 
 
 @pytest.mark.slow
