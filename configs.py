@@ -55,6 +55,7 @@ class TrainConfig:
     seed: int = 1337
     overwrite: bool = False  # start afresh in an out_dir that holds a run
     keep_checkpoints: int = 1  # ckpt-<step>.pt of the last K checkpoints, and of the best
+    tensorboard: bool = False  # TensorBoard event files beside log.jsonl, a view of it (engine/tensorboard_view.py)
     # loss-spike instruments (probes.py) and mitigations
     diverge_loss: Optional[float] = None  # diverged above this loss 3 steps in a row; None: first loss + 1
     diverge_gap: float = 1.5  # diverged when the 10-step mean loss is this far above its best; 0: off
@@ -315,7 +316,7 @@ RESUME = {
     "eval_iters": KEPT,  # the windows every val loss so far, and the best one, were measured on
     "log_interval": EXTENDS, "always_save_checkpoint": EXTENDS, "resume": BOOKKEEPING, "preset": KEPT,
     "seed": KEPT,  # the initial weights and every batch
-    "overwrite": BOOKKEEPING, "keep_checkpoints": EXTENDS,
+    "overwrite": BOOKKEEPING, "keep_checkpoints": EXTENDS, "tensorboard": EXTENDS,
     # the divergence and spike bounds judge the steps from the resumed one on (docs/guarantees.md)
     "diverge_loss": EXTENDS, "diverge_gap": EXTENDS, "spike_window": EXTENDS, "spike_z": EXTENDS,
     "skip_spikes": KEPT,  # which updates the steps so far skipped

@@ -78,6 +78,7 @@ from engine import flags
 from engine import run_reader
 from engine import runtime
 from engine import signals
+from engine import tensorboard_view
 from lab import pool
 from lab import recipes
 from lab.summary import Run, exit_code, is_finished, previous_summary, write_summary
@@ -86,7 +87,7 @@ from engine.flags import UsageError, help_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SET_BY_SWEEP = ("lr", "seed", "out_dir", "resume", "overwrite")  # per run; the user gives --lrs, --seeds instead
-BOOKKEEPING = ("out_dir", "resume", "overwrite")  # where and how a run starts, not what it trains
+BOOKKEEPING = ("out_dir", "resume", "overwrite", "tensorboard")  # where and how a run starts or shows, not what it does
 # a variant is a folder name inside --out_dir: no separator, no other character a shell or file system treats apart
 FOLDER_NAME = re.compile(r"[A-Za-z0-9_.=+-]+")
 MAX_COUNT = 10_000  # --seeds, --jobs and the runs of a sweep: larger is a typo, and 1e11 threads would hang the machine
@@ -336,6 +337,7 @@ def run_configs(run, plan, machine):
         if not plan.dry_run:
             device, here = runtime.resolve_device(tc)
             runtime.check_memory(model_cfg, here, device, machine)
+            tensorboard_view.check_installed(tc.tensorboard)
     except UsageError as e:
         raise UsageError(f"variant {run.variant}: {e}") from None
     return model_cfg, tc

@@ -32,6 +32,7 @@ from engine import files
 from engine import flags
 from engine import runtime
 from engine import signals
+from engine import tensorboard_view
 from diagnostics.instruments import Instruments
 from diagnostics.leakage import Leakage
 from model import GPT, flops_per_token
@@ -65,6 +66,8 @@ def train(model_cfg, tc, machine, checkpoint, events, changes, folder, meta, sto
         instruments.load_state_dict(checkpoint)  # a resumed run flags, skips and diverges where the whole one would
     log_path = run_folder.start_run(model_cfg, tc, machine, raw_model, step if checkpoint else None, events, changes,
                                      folder, meta)
+    if machine.master:
+        tensorboard_view.start(tc.out_dir, log_path, tc.tensorboard)
     model = torch.compile(raw_model) if tc.compile else raw_model
     if machine.ddp:
         model = DDP(model, device_ids=[int(machine.device.split(":")[1])] if machine.device_type == "cuda" else None)
@@ -262,6 +265,7 @@ def setup(argv, machine):
     checkpoint, notes = (run_folder.newest_checkpoint(flag_tc.out_dir, configs.damaged_configs) if flag_tc.resume
                          else (None, []))
     model_cfg, tc, device = configs.resolve(given, checkpoint, machine.world_size)
+    tensorboard_view.check_installed(tc.tensorboard)
     events, log_notes = run_folder.past_events(tc.out_dir) if checkpoint else ([], [])
     # what this resume changed of the run's settings (those it may change: configs.RESUME), logged and said
     changes = configs.resume_changes(checkpoint["train_config"], tc) if checkpoint else {}
@@ -335,6 +339,7 @@ def main(argv):
         return signals.exit_code(sig)
     finally:
         signals.restore({**handlers, **before})
+        tensorboard_view.close_all()
         if lock:
             lock.close()
         if dist.is_initialized():
