@@ -26,6 +26,7 @@ import glob
 import json
 import os
 import re
+import sys
 
 from engine import run_folder
 from engine import run_reader
@@ -69,14 +70,24 @@ def close_all():
 
 
 class View:
-    """A run's event files, written by torch's SummaryWriter: each event at its step (show)."""
+    """A run's event files, written by torch's SummaryWriter: each event at its step (show). A write that fails
+    (a full disk) ends the view with one note, not the run: log.jsonl holds every event."""
 
     def __init__(self, out_dir):
         from torch.utils.tensorboard import SummaryWriter  # here: nanonorm without --tensorboard never needs it
+        self.out_dir = out_dir
         self.writer = SummaryWriter(out_dir, purge_step=0, flush_secs=FLUSH_SECS, filename_suffix=SUFFIX)
         self.figures = set()  # the per-layer figures charted so far (custom scalars)
 
     def show(self, event):
+        if self.writer is None:
+            return
+        try:
+            self.write(event)
+        except OSError as e:
+            self.stop(e, f"at step {event['step']}")
+
+    def write(self, event):
         step = event["step"]
         figures = set()
         for tag, value in scalars(event):
@@ -90,7 +101,18 @@ class View:
             self.writer.add_custom_scalars(layout(self.figures))
 
     def close(self):
-        self.writer.close()
+        if self.writer is None:
+            return
+        try:
+            self.writer.close()
+        except OSError as e:
+            self.stop(e, "at the end")
+        self.writer = None
+
+    def stop(self, error, where):
+        print(f"train.py: note: --tensorboard: cannot write the event files in {self.out_dir} "
+              f"({error.strerror or error}); the view ends {where}, log.jsonl holds every event", file=sys.stderr)
+        self.writer = None
 
 
 def scalars(event):

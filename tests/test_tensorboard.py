@@ -3,6 +3,7 @@ log.jsonl's steps and values, each step once after a resume; a sweep's runs are 
 TensorBoard itself serves them; and nanonorm without tensorboard installed trains, and refuses --tensorboard in one
 line."""
 
+import errno
 import glob
 import json
 import math
@@ -18,12 +19,14 @@ import numpy as np
 import pytest
 
 from diagnostics import probes
-from conftest import ROOT, SWEEP_TINY, events, prepared, run, tiny
+import sweep
+from conftest import ROOT, SWEEP_TINY, events, prepared, run, tiny, torchrun, train_argv
 
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.backend.event_processing import event_multiplexer
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from tensorboard.plugins.custom_scalar import layout_pb2
+from torch.utils.tensorboard import SummaryWriter
 
 EVERYTHING = {event_accumulator.SCALARS: 0, event_accumulator.TENSORS: 0}  # keep every point, sample none
 
@@ -138,8 +141,21 @@ def test_per_layer_figures_are_one_tag_per_layer_and_one_chart_per_figure(watche
     layout = layout_pb2.Layout()
     layout.ParseFromString(acc.Tensors("custom_scalars__config__")[-1].tensor_proto.string_val[0])
     charts = {chart.title: chart.multiline.tag for category in layout.category for chart in category.chart}
-    [pattern] = charts["telemetry.acts.std/fc2"]
-    assert [t for t in scalars if re.search(pattern, t)] == [f"telemetry.acts.std/fc2/layer_{i}" for i in layers]
+    assert {"telemetry.acts.std/fc2", "telemetry.acts.std/q", "telemetry.acts.std/q@k"} <= set(charts)
+    for title, [pattern] in charts.items():  # the chart of q draws q's layers, not those of q@k
+        assert sorted(t for t in scalars if re.search(pattern, t)) == [f"{title}/layer_{i}" for i in layers], title
+
+
+def test_a_view_that_cannot_be_written_ends_with_a_note_and_the_run_goes_on(corpus, tmp_path, monkeypatch, capsys):
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(SummaryWriter, "add_scalar", full)
+    assert run(corpus, tmp_path, *tiny(max_iters=2), "--tensorboard") == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "--tensorboard" in line]
+    assert notes == [f"train.py: note: --tensorboard: cannot write the event files in {tmp_path / 'out'} (No space "
+                     "left on device); the view ends at step 0, log.jsonl holds every event"]
+    assert [e["step"] for e in events(tmp_path / "out", "train")] == [1, 2]
 
 
 def scalar_points(out_dir):
@@ -176,14 +192,25 @@ def test_a_resumed_run_has_each_step_once(corpus, tmp_path):
     assert glob.glob(str(out / "events.out.tfevents.*")) == [str(foreign)]
 
 
+@pytest.mark.slow
+def test_only_process_0_writes(corpus, tmp_path):
+    result = torchrun(2, *train_argv(corpus, prepared(corpus), tmp_path / "out", *tiny(max_iters=2), "--tensorboard"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    [path] = glob.glob(str(tmp_path / "out" / "events.out.tfevents.*"))
+    assert [step for step, _ in curve(accumulator(tmp_path / "out"), "train/loss")] == [1, 2]
+
+
+def sweep_argv(out, corpus):
+    """A sweep of 2 variants x 2 LRs x 2 seeds."""
+    return ["--variants=baseline,norm=rmsnorm", "--lrs=1e-3,1e-2", "--seeds=2", "--jobs=2", f"--out_dir={out}",
+            f"--dataset={corpus}", f"--data_dir={prepared(corpus)}", *SWEEP_TINY]
+
+
 @pytest.fixture(scope="module")
 def sweep_tree(corpus, tmp_path_factory):
-    """A sweep of 2 variants x 2 LRs x 2 seeds with --tensorboard."""
-    import sweep  # here: its import is a module's, not every test file's
+    """sweep_argv's sweep with --tensorboard."""
     out = tmp_path_factory.mktemp("sweep") / "sweep"
-    assert sweep.main(["--variants=baseline,norm=rmsnorm", "--lrs=1e-3,1e-2", "--seeds=2", "--jobs=2",
-                       f"--out_dir={out}", f"--dataset={corpus}", f"--data_dir={prepared(corpus)}", *SWEEP_TINY,
-                       "--tensorboard"]) == 0
+    assert sweep.main([*sweep_argv(out, corpus), "--tensorboard"]) == 0
     return out
 
 
@@ -192,13 +219,18 @@ RUNS = {f"{variant}/{lr}/{seed}" for variant in ("baseline", "norm=rmsnorm") for
 
 
 @pytest.mark.slow
-def test_a_sweeps_runs_are_one_tree_of_variant_lr_seed(sweep_tree):
+def test_a_sweeps_runs_are_one_tree_of_variant_lr_seed(sweep_tree, corpus, capsys):
+    """One TensorBoard run per variant/LR/seed, each with its curves; the same sweep without --tensorboard finds
+    its runs finished (watching a run is no setting of it)."""
     runs = event_multiplexer.EventMultiplexer().AddRunsFromDirectory(str(sweep_tree)).Reload()
     assert set(runs.Runs()) == RUNS
     for name in RUNS:
         assert [step for step, _ in curve(runs.GetAccumulator(name), "train/loss")] == [1, 2, 3, 4]
     # TensorBoard's run filter is a regular expression: ^norm=rmsnorm/ is one arm, /1e-2/ one LR
     assert len([r for r in RUNS if re.search("^norm=rmsnorm/", r)]) == len([r for r in RUNS if "/1e-2/" in r]) == 4
+    capsys.readouterr()
+    assert sweep.main(sweep_argv(sweep_tree, corpus)) == 0
+    assert "8 runs, 8 finished already" in capsys.readouterr().out
 
 
 def free_port():
