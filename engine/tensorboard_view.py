@@ -21,7 +21,6 @@ in the files, and in a TensorBoard that read the older ones, as the new file beg
 step it had (purge_step=0). Only process 0 calls start, so only process 0 writes.
 """
 
-import contextlib
 import glob
 import json
 import os
@@ -51,12 +50,23 @@ def check_installed(enabled):
 def start(out_dir, log_path, enabled):
     """The run's view at the start of a run, on process 0: the folder's nanonorm event files removed, and with
     enabled a new one that shows the events log.jsonl holds now and, from here on, each event logged to log_path."""
+    failed = None
     for path in glob.glob(os.path.join(glob.escape(out_dir), "events.out.tfevents.*" + SUFFIX)):
-        with contextlib.suppress(FileNotFoundError):
+        try:
             os.remove(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            failed = e  # the others are removed still: each one left would show its steps beside the new ones
     if not enabled:
         return
-    view = View(out_dir)
+    try:
+        if failed:
+            raise failed
+        view = View(out_dir)
+    except OSError as e:
+        stopped(out_dir, e, "before it began")
+        return
     for event in run_reader.read_log(log_path)[0]:
         view.show(event)
     run_folder.VIEWS[log_path] = view
@@ -110,9 +120,14 @@ class View:
         self.writer = None
 
     def stop(self, error, where):
-        print(f"train.py: note: --tensorboard: cannot write the event files in {self.out_dir} "
-              f"({error.strerror or error}); the view ends {where}, log.jsonl holds every event", file=sys.stderr)
+        stopped(self.out_dir, error, where)
         self.writer = None
+
+
+def stopped(out_dir, error, where):
+    """The one note of a view whose event files cannot be written or removed (a full disk, a folder in the way)."""
+    print(f"train.py: note: --tensorboard: cannot write the event files in {out_dir} ({error.strerror or error}); "
+          f"the view ends {where}, log.jsonl holds every event", file=sys.stderr)
 
 
 def scalars(event):

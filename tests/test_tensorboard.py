@@ -156,6 +156,14 @@ def test_a_view_that_cannot_be_written_ends_with_a_note_and_the_run_goes_on(corp
     assert notes == [f"train.py: note: --tensorboard: cannot write the event files in {tmp_path / 'out'} (No space "
                      "left on device); the view ends at step 0, log.jsonl holds every event"]
     assert [e["step"] for e in events(tmp_path / "out", "train")] == [1, 2]
+    # an event file of an earlier start that cannot be removed (a folder in its place): no new view, the same note
+    monkeypatch.undo()
+    (tmp_path / "out" / "events.out.tfevents.0.host.1.0.nanonorm").mkdir()
+    assert run(corpus, tmp_path, *tiny(max_iters=2), "--tensorboard", "--overwrite") == 0
+    [note] = [line for line in capsys.readouterr().err.splitlines() if "--tensorboard" in line]
+    assert note.endswith("the view ends before it began, log.jsonl holds every event")
+    assert glob.glob(str(tmp_path / "out" / "events.out.tfevents.*")) == [
+        str(tmp_path / "out" / "events.out.tfevents.0.host.1.0.nanonorm")]
 
 
 def scalar_points(out_dir):
