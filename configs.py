@@ -79,6 +79,8 @@ class TrainConfig:
                                        "Curse of Depth; OLMo 2; Magneto; DyT; Gemma 2")
     seed: int = flag(1337, "seeds the init, the batches and dropout", "nanoGPT", Range(0, 2 ** 63, high_in=False))
     overwrite: bool = flag(False, "start afresh in an out_dir that holds a run (deletes it)", "nanonorm")
+    tensorboard: bool = flag(False, "TensorBoard event files beside log.jsonl, a view of it (never read back)",
+                             "torch.utils.tensorboard")
     keep_checkpoints: int = flag(1, "keep ckpt-<step>.pt of the last K checkpoints and of the best", "nanonorm",
                                  POSITIVE)
     # loss-spike instruments (diagnostics/instruments.py) and mitigations. Diverged: a non-finite loss or gradient
@@ -362,7 +364,7 @@ RESUME = {
     "eval_iters": KEPT,  # the windows every val loss so far, and the best one, were measured on
     "log_interval": EXTENDS, "always_save_checkpoint": EXTENDS, "resume": BOOKKEEPING, "preset": KEPT,
     "seed": KEPT,  # the initial weights and every batch
-    "overwrite": BOOKKEEPING, "keep_checkpoints": EXTENDS,
+    "overwrite": BOOKKEEPING, "keep_checkpoints": EXTENDS, "tensorboard": EXTENDS,
     # the divergence and spike bounds judge the steps from the resumed one on (docs/guarantees.md)
     "diverge_loss": EXTENDS, "diverge_gap": EXTENDS, "spike_window": EXTENDS, "spike_z": EXTENDS,
     "skip_spikes": KEPT,  # which updates the steps so far skipped

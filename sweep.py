@@ -37,6 +37,7 @@ from engine import flags
 from engine import run_reader
 from engine import runtime
 from engine import signals
+from engine import tensorboard_view
 from lab import pool
 from lab import recipes
 from lab.runs import Run, exit_code, is_finished
@@ -46,7 +47,7 @@ from engine.flags import UsageError, help_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SET_BY_SWEEP = ("lr", "seed", "out_dir", "resume", "overwrite")  # per run; the user gives --lrs, --seeds instead
-BOOKKEEPING = ("out_dir", "resume", "overwrite")  # where and how a run starts, not what it trains
+BOOKKEEPING = ("out_dir", "resume", "overwrite", "tensorboard")  # where and how a run starts or shows, not what it does
 # a variant is a folder name inside --out_dir: no separator, no other character a shell or file system treats apart
 FOLDER_NAME = re.compile(r"[A-Za-z0-9_.=+-]+")
 MAX_COUNT = 10_000  # --seeds, --jobs and the runs of a sweep: larger is a typo, and 1e11 threads would hang the machine
@@ -298,6 +299,7 @@ def run_configs(run, plan, machine):
         model_cfg, tc, device, _ = configs.resolve(given, machine=not plan.dry_run)
         if not plan.dry_run:
             runtime.check_memory(model_cfg, tc, device, machine)
+            tensorboard_view.check_installed(tc.tensorboard)
     except UsageError as e:
         raise UsageError(f"variant {run.variant}: {e}") from None
     return model_cfg, configs.machine_free(tc, given)

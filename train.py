@@ -34,6 +34,7 @@ from engine import files
 from engine import flags
 from engine import runtime
 from engine import signals
+from engine import tensorboard_view
 from diagnostics.instruments import Instruments
 from diagnostics.leakage import Leakage
 from configs import TrainConfig
@@ -95,8 +96,10 @@ def train(run, stop):
     if checkpoint:
         step, best_val, best_step = run_folder.restore(checkpoint, raw_model, optimizer, scaler, tc, machine)
         instruments.load_state_dict(checkpoint)  # a resumed run flags, skips and diverges where the whole one would
-    run_folder.start_run(model_cfg, tc, machine, raw_model, step if checkpoint else None, run.past_events,
-                         run.resume_changes, run.data_folder, run.data_meta)
+    log_path = run_folder.start_run(model_cfg, tc, machine, raw_model, step if checkpoint else None,
+                                    run.past_events, run.resume_changes, run.data_folder, run.data_meta)
+    if machine.master:
+        tensorboard_view.start(tc.out_dir, log_path, tc.tensorboard)
     model = torch.compile(raw_model) if tc.compile else raw_model
     if machine.ddp:
         model = DDP(model, device_ids=[int(machine.device.split(":")[1])] if machine.device_type == "cuda" else None)
@@ -290,6 +293,7 @@ def setup(argv, machine):
         return checkpoint
 
     model_cfg, tc, device, checkpoint = configs.resolve(given, machine.world_size, checkpoint_of=checkpoint_of)
+    tensorboard_view.check_installed(tc.tensorboard)
     fresh = not tc.resume and not tc.overwrite
     past_events, log_notes = run_folder.past_events(tc.out_dir) if checkpoint else ([], [])
     # what this resume changed of the run's settings (those it may change: configs.RESUME), logged and said
@@ -363,6 +367,7 @@ def main(argv):
         return signals.exit_code(sig)
     finally:
         signals.restore({**handlers, **before})
+        tensorboard_view.close_all()
         if lock:
             lock.close()
         if dist.is_initialized():

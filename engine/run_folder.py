@@ -416,6 +416,12 @@ def interrupted(step, tc, machine, log_path):
     return 130
 
 
+# {log path: its view}: --tensorboard's event files (engine/tensorboard_view.py) show each event logged there
+VIEWS = {}
+
+
 def log_event(path, event):
-    """One line of log.jsonl, whole or not at all (files.append_line)."""
+    """One line of log.jsonl, whole or not at all (files.append_line), then shown by the log's view, if it has one."""
     files.append_line(path, json.dumps(event) + "\n")
+    if path in VIEWS:
+        VIEWS[path].show(event)
