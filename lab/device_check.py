@@ -2,19 +2,21 @@
 The one check a maintainer with a GPU runs: small runs at the GPU's speed (README command 2 end to end, the quickstart
 model's step with every instrument on, nanoGPT's own train.py beside it), GPT-2 small's headline bench, plain and as
 CUDA graphs, a sweep packed on one GPU, every recipe of the lab on it, and the whole suite.
-    python -m lab.device_check                      # quickstart, speed, headline, cudagraphs: 8 minutes, cold cache
+    python -m lab.device_check                      # quickstart, speed, headline, cudagraphs: 8.6 minutes at most
     python -m lab.device_check --nanogpt=PATH       # the same, with nanoGPT's train.py (a copy, PATH) beside it
     python -m lab.device_check --parts=pack,lab     # --jobs=1 against --jobs=16, then every recipe (9 minutes)
     python -m lab.device_check --parts=suite        # README command 1, every test, on the GPU machine
     python -m lab.device_check --parts=steps        # where a GPT-2 small step of baseline, NormFormer, PowerNorm goes
+    python -m lab.device_check --parts=host         # where the quickstart's host time goes (cProfile)
     python -m lab.device_check --parts=tests,baseline,norms,batch,profile   # the earlier figures (docs/benchmarks.md)
     python -m lab.device_check --parts=headline,multi_kernel,coordinate_descent  # compiler settings to try
     python -m lab.device_check --dry_run            # every part's commands and box, and the lab's plan; no GPU needed
 Each part is a subprocess with its own time box, so one slow part cannot eat the rest: a part past its box is
 stopped and reported as such, and the next one starts. The boxes are sized for a fresh machine, whose compile cache is
-cold. The figures go to OUT/device_check.json and OUT/device_check.md (with the GPU, torch and the commands), every
-part's output to OUT/device_check.log, and one table is printed at the end. Absolute times mean something only on a
-GPU with nothing else running.
+cold (the cudagraphs part's counts on the headline part's kernels in the cache). The figures go to
+OUT/device_check.json and OUT/device_check.md (with the GPU, torch and the commands), rewritten after every part,
+every part's output to OUT/device_check.log, and one table is printed at the end. Absolute times mean something
+only on a GPU with nothing else running.
 """
 import glob
 import importlib.util
@@ -64,7 +66,7 @@ TRIES = (
                            "--compile_mode=max-autotune-no-cudagraphs"],
      "the default model at batch 64, its matrix products autotuned (MFU)"),
 )
-# --parts=all: the figures of small runs and of the headline, in about 8 minutes on a fresh machine (the boxes)
+# --parts=all: the figures of small runs and of the headline, in 8.6 minutes at most on a fresh machine (the boxes)
 ALL = ("quickstart", "speed", "headline", "cudagraphs")
 # What a cold compile cache adds to a part that compiles GPT-2 small, per compile: on a fresh H200 the headline part
 # (three compiles) overran its 110 s box, where with the cache warm it took 62 s (2026-11-27): 45 s a compile is an
@@ -90,9 +92,9 @@ NANOGPT_FILES = ("train.py", "model.py", "configurator.py")
 class Options:
     out: str = help_of("folder for device_check.json, .md and .log (and the runs of its parts)",
                        default="out/device_check")
-    parts: str = help_of("comma-separated parts to run, in this order: tests, quickstart, speed, headline, "
+    parts: str = help_of("comma-separated parts to run, in this order: tests, quickstart, speed, host, headline, "
                          "cudagraphs, pack, lab, baseline, norms, batch, profile, steps, suite, multi_kernel, "
-                         "coordinate_descent, autotune; all: quickstart, speed, headline and cudagraphs (8 minutes)",
+                         "coordinate_descent, autotune; all: quickstart, speed, headline and cudagraphs (8.6 minutes)",
                          default="all")
     nanogpt: str = help_of("a folder holding a copy of nanoGPT's train.py, model.py and configurator.py: the speed "
                            "part runs it beside nanonorm at the quickstart's shape (skipped, and said, without it)",
@@ -134,7 +136,7 @@ def this_check(*args):
 
 
 def parts(out, suite_s=Options.suite_s, nanogpt="", lab_s=Options.lab_s):
-    """The parts in their order. Those of --parts=all have boxes that add up to about 8 minutes with a cold cache."""
+    """The parts in their order. Those of --parts=all have boxes that add up to 8.6 minutes with a cold cache."""
     # pytest-xdist where it is installed: the tests spread over 16 processes, test by test (the compiles too)
     xdist = ["-n", "16", "--dist=load"] if importlib.util.find_spec("xdist") else []
     pytest = python("-m", "pytest", "-p", "no:cacheprovider", "-rfE", *xdist)
@@ -142,11 +144,17 @@ def parts(out, suite_s=Options.suite_s, nanogpt="", lab_s=Options.lab_s):
     quickstart = python("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", "train.py",
                         f"--out_dir={os.path.join(out, 'quickstart')}", data, "--overwrite")
     # the quickstart's model and data with every instrument on, every 25 steps: telemetry, float16 headroom, and the
-    # float16 overflow criterion's forward hooks on every step
+    # float16 overflow criterion's forward hooks on every step, which see nothing inside torch.compile: eager
     instruments = python("train.py", f"--out_dir={os.path.join(out, 'speed')}", data, "--overwrite",
                          "--max_iters=400", "--eval_interval=400", "--telemetry_interval=25",
-                         "--fp16_headroom_interval=25", "--fp16_overflow_fails=True")
+                         "--fp16_headroom_interval=25", "--fp16_overflow_fails=True", "--compile=False")
+    # README command 2 without the compile: whether inductor pays for itself at this size on a GPU
+    eager = python("train.py", f"--out_dir={os.path.join(out, 'speed_eager')}", data, "--overwrite", "--compile=False")
     side = this_check("--side_by_side", f"--out={out}", *([f"--nanogpt={nanogpt}"] if nanogpt else []))
+    profile = os.path.join(out, "host.prof")
+    host = [python("-m", "cProfile", "-o", profile, "train.py", f"--out_dir={os.path.join(out, 'host')}", data,
+                   "--overwrite", "--max_iters=400", "--eval_interval=400"),
+            python("-c", f"import pstats; pstats.Stats({profile!r}).sort_stats('tottime').print_stats(30)")]
     cores = pool.Machine.here().count
     headline = ["--variants=headline", *GPT2_SMALL, "--batch_size=16", "--rounds=10"]
     return [
@@ -156,10 +164,14 @@ def parts(out, suite_s=Options.suite_s, nanogpt="", lab_s=Options.lab_s):
         # target: 25 s), and a cold compile of its small model
         Part("quickstart", 70 + COLD_SMALL_COMPILE_S, [quickstart],
              "README command 2, end to end: the default model on the built-in corpus"),
-        # 400 steps with every instrument on (the step's target: 3 ms), then nanoGPT's own train.py at the quickstart's
-        # settings, from a copy passed in (this machine may have no network to fetch it)
-        Part("speed", 40 + COLD_SMALL_COMPILE_S + (50 + COLD_SMALL_COMPILE_S if nanogpt else 0), [instruments, side],
-             "the quickstart model's step with every instrument on; nanoGPT's train.py beside it"),
+        # 400 steps with every instrument on (the step's target: 3 ms), README command 2 eager, then nanoGPT's own
+        # train.py at the quickstart's settings, from a copy passed in (this machine may have no network to fetch it)
+        Part("speed", 40 + COLD_SMALL_COMPILE_S + 40 + (50 + COLD_SMALL_COMPILE_S if nanogpt else 0),
+             [instruments, eager, side],
+             "the quickstart model's step with every instrument on, README command 2 eager, nanoGPT beside them"),
+        # where the host's time goes in 400 quickstart steps, compiled (cProfile: Python, the one device read a step,
+        # the launches)
+        Part("host", 45 + COLD_SMALL_COMPILE_S, host, "the quickstart's host time by function (cProfile)"),
         # 62 s with a warm cache on one H200, and three cold compiles of GPT-2 small
         Part("headline", 62 + 3 * COLD_COMPILE_S, [bench(*headline)],
              "GPT-2 small, bf16, compiled: baseline, NormFormer, PowerNorm"),
@@ -301,8 +313,14 @@ def figures_of(part, output, out):
     if part.name == "quickstart":
         return quickstart_figures(output, out)
     if part.name == "speed":
-        return {**quickstart_figures(output, out, "speed"),
+        instruments = quickstart_figures(output, out, "speed")
+        eager = quickstart_figures(output.split("device_check: the command took", 1)[-1], out, "speed_eager")
+        return {"instruments_ms_per_step_median": instruments.get("ms_per_step_median"),
+                "eager_ms_per_step_median": eager.get("ms_per_step_median"),
+                "eager_end_to_end_s": eager.get("end_to_end_s"), "eager_val_loss": eager.get("val_loss"),
                 "rows": [line for line in output.splitlines() if line.startswith("nanoGPT")]}
+    if part.name == "host":
+        return {"rows": [line for line in output.splitlines() if re.match(r"\s+\d+(/\d+)?\s+[\d.]+", line)]}
     if part.name == "pack":
         return pack_figures(output)
     if part.name == "lab":
@@ -527,6 +545,15 @@ def dry_run(chosen, out, lab_s):
     return 0
 
 
+def write_figures(out, env, results):
+    """OUT/device_check.json and .md with the parts run so far; returns the page."""
+    files.write_atomic(os.path.join(out, "device_check.json"),
+                       json.dumps({"environment": env, "parts": results}, indent=1).encode())
+    page = markdown(env, results)
+    files.write_atomic(os.path.join(out, "device_check.md"), page.encode())
+    return page
+
+
 def profile_norms():
     """The CUDA kernels of one compiled forward and backward of layernorm and of powernorm (norm modules as the
     model builds them, GPT-2 small's activations, bf16 autocast), with their total time over 10 calls."""
@@ -635,10 +662,7 @@ def main(argv):
             status, seconds, output = run_part(part, log)
             results.append({"part": part.name, "what": part.what, "status": status, "seconds": seconds,
                             "commands": part.commands, "figures": figures_of(part, output, out)})
-    files.write_atomic(os.path.join(out, "device_check.json"),
-                       json.dumps({"environment": env, "parts": results}, indent=1).encode())
-    page = markdown(env, results)
-    files.write_atomic(os.path.join(out, "device_check.md"), page.encode())
+            page = write_figures(out, env, results)  # after every part: a check stopped from outside keeps them
     print(page)
     return 0 if all(r["status"] == "ok" for r in results) else 1
 
