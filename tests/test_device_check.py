@@ -4,6 +4,7 @@ import glob
 import json
 import os
 import re
+import signal
 import sys
 
 import pytest
@@ -286,3 +287,19 @@ def test_the_speed_figures_are_each_runs_step_and_the_eager_runs_end_to_end(tmp_
     assert device_check.figures_of(speed, output, str(tmp_path)) == {
         "instruments_ms_per_step_median": 5.0, "eager_ms_per_step_median": 2.5, "eager_end_to_end_s": 14.5,
         "eager_val_loss": None, "rows": ["nanoGPT: 2.60 ms/iter median, val loss 1.80, 21.0 s end to end"]}
+
+
+@pytest.mark.slow
+def test_the_lab_runs_what_fits_stops_what_runs_past_its_box_and_names_what_remains(tmp_path, monkeypatch, capsys):
+    quick = [sys.executable, "-c", "print('a sweep that ends')"]
+    slow = [sys.executable, "-c", "import time; time.sleep(60)"]
+    plan = [("first", 2, 1.0, quick, True), ("second", 3, 2.0, slow, True), ("third", 5, 900.0, quick, False)]
+    monkeypatch.setattr(device_check, "lab_plan", lambda out, jobs, box_s: plan)
+    monkeypatch.setattr(device_check, "gpu_rows", lambda out, names: {("first", "a claim"): ("+1 [+0, +2]", "agrees")})
+    assert device_check.run_lab(str(tmp_path), device_check.LAB_MARGIN_S + 3) == 0
+    lines = capsys.readouterr().out.splitlines()
+    ran = [line for line in lines if line.startswith("lab ran: ")]
+    assert ran[0].startswith("lab ran: first, 2 runs in ") and ran[0].endswith("exit code 0")
+    assert ran[1].startswith("lab ran: second, 3 runs in ") and ran[1].endswith(f"exit code {-signal.SIGTERM}")
+    assert len(ran) == 2 and "lab remains: second, third" in lines
+    assert lines[-1] == "lab first: a claim: GPU agrees +1 [+0, +2]; not on the page"
