@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 import configs
+import sweep
 from configs import TrainConfig
 from engine import files
 from engine import run_reader
@@ -183,7 +184,8 @@ def parts(out, suite_s=Options.suite_s, nanogpt="", lab_s=Options.lab_s):
         # CPU recipes run)
         Part("pack", 90, [python("-c", f"import shutil; shutil.rmtree({os.path.join(out, 'pack')!r}, True)"),
                           *(pack_sweep(out, jobs, cores) for jobs in PACK_SEEDS)],
-             f"a sweep of 4 runs at --jobs=1, then 16 at --jobs={cores}: runs per minute"),
+             f"a sweep of {2 * PACK_SEEDS[1]} runs at --jobs=1, then {2 * PACK_SEEDS['cores']} at --jobs={cores}: "
+             "runs per minute"),
         Part("lab", lab_s, [this_check("--lab", f"--out={out}", f"--lab_s={lab_s}")],
              "every recipe at its CPU design on this GPU, packed; each claim's verdict beside the page's"),
         Part("baseline", 35 + 2 * COLD_COMPILE_S,
@@ -347,8 +349,8 @@ def markdown(env, results):
                      f"{', '.join(f'{k} {v}' for k, v in short.items())} |")
     for r in results:
         if r["figures"].get("rows"):
-            lines += ["", f"{r['part']}: `{' '.join(os.path.basename(a) for a in r['commands'][0])}`", "```",
-                      *r["figures"]["rows"], "```"]
+            commands = "`, `".join(" ".join(os.path.basename(a) for a in command) for command in r["commands"])
+            lines += ["", f"{r['part']}: `{commands}`", "```", *r["figures"]["rows"], "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -415,12 +417,11 @@ def lab_plan(out, jobs, box_s):
     """Every recipe at its CPU design (its seeds, LRs and flags, eager float32) as a sweep on this GPU, jobs runs at
     a time, with its estimated seconds (lab_estimate), cheapest first; the recipes whose estimates add up within
     the box, less LAB_MARGIN_S, are to run, the rest to remain. Returns [(name, runs, seconds, command, fits)]."""
-    import sweep  # sweep.py's own plan of a recipe: its runs and their flags, as the runs get them
     plan = []
     for name in recipes.RECIPES:
         argv = [f"--recipe={name}", f"--jobs={jobs}", f"--out_dir={os.path.join(out, 'lab', name)}", *ON_THE_GPU,
                 f"--data_dir={os.path.join(out, 'data')}"]
-        recipe_plan = sweep.parse_args(argv)
+        recipe_plan = sweep.parse_args(argv)  # sweep.py's own plan: its runs, and their flags as the runs get them
         runs = sweep.grid(recipe_plan)
         seconds = sum(lab_estimate(sweep.train_flags(run, recipe_plan)) for run in runs) / jobs
         plan.append((name, len(runs), seconds, python("sweep.py", *argv)))

@@ -1,5 +1,6 @@
 """lab/device_check.py as far as a machine without a GPU can check it: its time boxes, its refusals, and how it
 reads the figures out of its parts' output."""
+import dataclasses
 import glob
 import json
 import os
@@ -303,3 +304,26 @@ def test_the_lab_runs_what_fits_stops_what_runs_past_its_box_and_names_what_rema
     assert ran[1].startswith("lab ran: second, 3 runs in ") and ran[1].endswith(f"exit code {-signal.SIGTERM}")
     assert len(ran) == 2 and "lab remains: second, third" in lines
     assert lines[-1] == "lab first: a claim: GPU agrees +1 [+0, +2]; not on the page"
+
+
+@pytest.mark.slow
+def test_the_pack_part_end_to_end_on_the_cpu_writes_its_runs_a_minute(tmp_path, monkeypatch, corpus):
+    """The pack part as main runs it, its sweeps made tiny and put on this CPU: the figures file gets a row per
+    sweep with its runs and their rate."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(device_check, "environment", lambda: {"date": "today", "gpu": "none", "torch": "-",
+                                                              "cuda": "-", "python": "-", "cpu_cores": 2})
+    monkeypatch.setattr(device_check, "ON_THE_GPU", ["--device=cpu", f"--dataset={corpus}"])
+    monkeypatch.setattr(recipes, "CURVE_TRAINING", ["--max_iters=2", "--eval_interval=2", "--eval_iters=1"])
+    monkeypatch.setattr(device_check, "PACK_SEEDS", {1: 1, "cores": 1})
+    monkeypatch.setattr(device_check.pool.Machine, "here",
+                        classmethod(lambda cls: device_check.pool.Machine(None, 2, [])))
+    every = device_check.parts  # a box for a shared 2-core machine, where each run starts in seconds
+    monkeypatch.setattr(device_check, "parts", lambda *args: [dataclasses.replace(part, box_s=600)
+                                                              for part in every(*args)])
+    assert device_check.main(["--parts=pack", f"--out={tmp_path}"]) == 0
+    with open(tmp_path / "device_check.json") as f:
+        (pack,) = json.load(f)["parts"]
+    assert pack["status"] == "ok" and len(pack["figures"]["rows"]) == 2
+    assert pack["figures"]["rows"][0].startswith("--jobs=1: 2 runs in ")
+    assert pack["figures"]["rows"][1].startswith("--jobs=2: 2 runs in ")
