@@ -44,6 +44,7 @@ from engine.flags import UsageError, build, fail, help_of, parse, print_help, wa
 from lab import pool
 from lab import recipes
 from lab.bench import VARIANTS, NormVariant, Variant, synchronize
+from lab.summary import is_finished
 from model import GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -415,15 +416,17 @@ def nanogpt_line(output, seconds, code):
 
 def lab_plan(out, jobs, box_s):
     """Every recipe at its CPU design (its seeds, LRs and flags, eager float32) as a sweep on this GPU, jobs runs at
-    a time, with its estimated seconds (lab_estimate), cheapest first; the recipes whose estimates add up within
-    the box, less LAB_MARGIN_S, are to run, the rest to remain. Returns [(name, runs, seconds, command, fits)]."""
+    a time, with the estimated seconds of its unfinished runs (lab_estimate), cheapest first; the recipes whose
+    estimates add up within the box, less LAB_MARGIN_S, are to run, the rest to remain. Returns [(name, runs,
+    seconds, command, fits)]."""
     plan = []
     for name in recipes.RECIPES:
         argv = [f"--recipe={name}", f"--jobs={jobs}", f"--out_dir={os.path.join(out, 'lab', name)}", *ON_THE_GPU,
                 f"--data_dir={os.path.join(out, 'data')}"]
         recipe_plan = sweep.parse_args(argv)  # sweep.py's own plan: its runs, and their flags as the runs get them
         runs = sweep.grid(recipe_plan)
-        seconds = sum(lab_estimate(sweep.train_flags(run, recipe_plan)) for run in runs) / jobs
+        # a run an earlier lab part finished costs nothing: its sweep skips it
+        seconds = sum(lab_estimate(sweep.train_flags(run, recipe_plan)) for run in runs if not is_finished(run)) / jobs
         plan.append((name, len(runs), seconds, python("sweep.py", *argv)))
     planned, used = [], 0.0
     for name, runs, seconds, command in sorted(plan, key=lambda p: p[2]):

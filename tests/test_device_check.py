@@ -327,3 +327,18 @@ def test_the_pack_part_end_to_end_on_the_cpu_writes_its_runs_a_minute(tmp_path, 
     assert pack["status"] == "ok" and len(pack["figures"]["rows"]) == 2
     assert pack["figures"]["rows"][0].startswith("--jobs=1: 2 runs in ")
     assert pack["figures"]["rows"][1].startswith("--jobs=2: 2 runs in ")
+
+
+def test_a_run_an_earlier_lab_part_finished_is_left_out_of_the_estimate(tmp_path):
+    import sweep
+    before = {name: seconds for name, _, seconds, *_ in device_check.lab_plan(str(tmp_path), 16, 480)}
+    plan = sweep.parse_args(["--recipe=powernorm", f"--out_dir={tmp_path / 'lab' / 'powernorm'}",
+                             *device_check.ON_THE_GPU, f"--data_dir={tmp_path / 'data'}"])
+    done = sweep.grid(plan)[0]
+    os.makedirs(os.path.dirname(done.dir))
+    with open(done.dir + ".exit", "w") as f:
+        f.write("0\n")
+    after = {name: seconds for name, _, seconds, *_ in device_check.lab_plan(str(tmp_path), 16, 480)}
+    assert after["powernorm"] == pytest.approx(
+        before["powernorm"] - device_check.lab_estimate(sweep.train_flags(done, plan)) / 16)
+    assert {k: v for k, v in after.items() if k != "powernorm"} == {k: v for k, v in before.items() if k != "powernorm"}
