@@ -36,7 +36,6 @@ from dataclasses import dataclass
 import torch
 
 import configs
-import sweep
 from configs import TrainConfig
 from engine import files
 from engine import run_reader
@@ -44,7 +43,9 @@ from engine.flags import UsageError, build, fail, help_of, parse, print_help, wa
 from lab import pool
 from lab import recipes
 from lab.bench import VARIANTS, NormVariant, Variant, synchronize
-from lab.summary import is_finished
+from lab.results_page import headline_rows, variant_flags
+from lab.schema import read_summary
+from lab.summary import Run, is_finished
 from model import GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -420,14 +421,18 @@ def lab_plan(out, jobs, box_s):
     estimates add up within the box, less LAB_MARGIN_S, are to run, the rest to remain. Returns [(name, runs,
     seconds, command, fits)]."""
     plan = []
+    data = f"--data_dir={os.path.join(out, 'data')}"
     for name in recipes.RECIPES:
-        argv = [f"--recipe={name}", f"--jobs={jobs}", f"--out_dir={os.path.join(out, 'lab', name)}", *ON_THE_GPU,
-                f"--data_dir={os.path.join(out, 'data')}"]
-        recipe_plan = sweep.parse_args(argv)  # sweep.py's own plan: its runs, and their flags as the runs get them
-        runs = sweep.grid(recipe_plan)
+        recipe, folder = recipes.settings(name), os.path.join(out, "lab", name)
+        # sweep.py's grid (lab/ runs below sweep.py and cannot import it; tests/test_device_check.py holds them equal)
+        runs = [Run(variant, lr, seed, os.path.join(folder, variant, lr, str(seed)))
+                for variant in recipe["variants"] for lr in recipe["lrs"]
+                for seed in range(recipe["first_seed"], recipe["first_seed"] + recipe["seeds"])]
+        common = [*recipe["train_argv"], *ON_THE_GPU, data]
         # a run an earlier lab part finished costs nothing: its sweep skips it
-        seconds = sum(lab_estimate(sweep.train_flags(run, recipe_plan)) for run in runs if not is_finished(run)) / jobs
-        plan.append((name, len(runs), seconds, python("sweep.py", *argv)))
+        seconds = sum(lab_estimate([*common, *variant_flags(run.variant)]) for run in runs if not is_finished(run))
+        command = python("sweep.py", f"--recipe={name}", f"--jobs={jobs}", f"--out_dir={folder}", *ON_THE_GPU, data)
+        plan.append((name, len(runs), seconds / jobs, command))
     planned, used = [], 0.0
     for name, runs, seconds, command in sorted(plan, key=lambda p: p[2]):
         fits = used + seconds <= box_s - LAB_MARGIN_S
@@ -481,11 +486,9 @@ def run_lab(out, box_s):
 
 def gpu_rows(out, names):
     """The headline rows of the recipes' sweeps on this GPU, as the results page writes them."""
-    from lab import results_page  # matplotlib: only where the lab part runs
-    from lab import schema
     rows = []
     for name in names:
-        rows += results_page.headline_rows(schema.read_summary(os.path.join(out, "lab", name, "summary.json")))
+        rows += headline_rows(read_summary(os.path.join(out, "lab", name, "summary.json")))
     return headline_cells("\n".join(rows))
 
 
