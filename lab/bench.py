@@ -187,6 +187,9 @@ class Variant:
         self.step_model = compiled(self.model, tc, mode)
         # CUDA graphs reuse their memory from one replay to the next: each step tells them a new one begins
         self.new_graph_step = tc.compile and mode in ("reduce-overhead", "max-autotune")
+        # each buffer and the tensor that holds it between steps (see keep_buffers)
+        self.homes = [(module, name, buffer) for module in self.model.modules()
+                      for name, buffer in module._buffers.items() if buffer is not None]
         device_type = device.split(":")[0]
         self.optimizer = configure_optimizer(self.model, tc.weight_decay, tc.lr, (tc.beta1, tc.beta2), device_type)
         shape = (tc.batch_size, model_cfg.block_size)
@@ -206,6 +209,21 @@ class Variant:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.new_graph_step:
+            self.keep_buffers()
+
+    def keep_buffers(self):
+        """A replay's outputs live in the CUDA graphs' memory until the next step begins, when they are overwritten.
+        A buffer the forward replaces with a new tensor (PowerNorm's running_psi2 and calls) is such an output, and
+        the next step's forward reads it: "accessing tensor output of CUDAGraphs that has been overwritten by a
+        subsequent run". So each replaced buffer's value is copied back into the tensor it replaced, which is not
+        the graphs' and keeps its address from step to step, and that tensor is the buffer again."""
+        replaced = [(module, name, home) for module, name, home in self.homes if module._buffers[name] is not home]
+        if replaced:
+            values = [module._buffers[name] for module, name, _ in replaced]
+            torch._foreach_copy_([home for *_, home in replaced], values)
+            for module, name, home in replaced:
+                module._buffers[name] = home
 
 
 class AtenOps(torch.utils._python_dispatch.TorchDispatchMode):

@@ -337,3 +337,53 @@ def test_bench_bad_input(tmp_path, monkeypatch, capsys, args, says):
 @pytest.mark.slow
 def test_bench_bad_input_from_the_shell(tmp_path):
     assert "unknown flag --bogus" in refused(tmp_path, "bench.py", [*HUGE, "--bogus=1"])
+
+
+class FakeCudaGraphs:
+    """torch.compile(mode="reduce-overhead") as a CPU can stand in for it: like CUDA graph trees, a call's outputs
+    (what it returns, and the buffers it gave the module) are overwritten once a new step begins
+    (torch.compiler.cudagraph_mark_step_begin), and a later call that reads one fails with CUDA graphs' error."""
+    ERROR = "Error: accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run."
+
+    def __init__(self, model):
+        self.model, self.outputs, self.overwritten = model, [], []
+
+    def step_begins(self):
+        self.overwritten, self.outputs = self.overwritten + self.outputs, []
+
+    def __call__(self, *args):
+        if any(buffer is old for buffer in self.model.buffers() for old in self.overwritten):
+            raise RuntimeError(self.ERROR)
+        before = set(map(id, self.model.buffers()))
+        out = self.model(*args)
+        self.outputs += [b for b in self.model.buffers() if id(b) not in before] + [t for t in out if t is not None]
+        return out
+
+
+def test_under_cuda_graphs_a_step_keeps_no_tensor_the_next_replay_overwrites(monkeypatch, capsys):
+    """The headline with --compile_mode=reduce-overhead, whose cudagraphs part failed on the GPU: PowerNorm's
+    forward gives its module new running_psi2 and calls tensors, the graphs' outputs, which the next step's forward
+    read after they were overwritten. Each step copies them back into buffers of its own, with the same values."""
+    fakes = []
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None: fakes.append(FakeCudaGraphs(model)) or fakes[-1])
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: [f.step_begins() for f in fakes])
+    argv = ["--variants=headline", "--compile=True", "--compile_mode=reduce-overhead", "--rounds=3", *TINY]
+    assert bench.main(argv) == 0
+    assert "norm=powernorm" in capsys.readouterr().out
+    assert any(fake.overwritten for fake in fakes)  # the stand-in did overwrite outputs
+
+    # the kept buffers hold what eager steps give them
+    models, _, device, tc = bench.parse(["--variants=headline", *TINY])
+    steps = []
+    for graphs in (False, True):
+        fakes.clear()
+        variant = bench.Variant(models["norm=powernorm"], tc, device, torch.float32, "norm=powernorm")
+        if graphs:
+            variant.step_model, variant.new_graph_step = FakeCudaGraphs(variant.model), True
+            fakes.append(variant.step_model)
+        for _ in range(4):
+            variant.step()
+        steps.append({name: b.clone() for name, b in variant.model.named_buffers()})
+    assert steps[0].keys() == steps[1].keys() and any("running_psi2" in name for name in steps[0])
+    assert all(torch.equal(steps[0][name], steps[1][name]) for name in steps[0])
+    assert steps[1]["blocks.0.attn_norm.calls"].item() == 4
