@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lab import pool
-from lab.summary import Run
+from lab.runs import Run
 
 ONE_GPU_16_CORES = pool.Machine(cores=list(range(100, 116)), count=16, gpus=["0"])
 
