@@ -289,10 +289,10 @@ def check_runs(runs, plan, metas, machine):
 
 
 def run_configs(run, plan, machine):
-    """A run's model and train configs as train.py resolves them for a fresh run (configs.resolve), less what the
-    machine decides (configs.MACHINE_SETTINGS: --dry_run's commands may be meant for another machine, a GPU node);
-    where the runs run on this machine, train.py's device and memory checks pass here, with the device and dtype it
-    will pick (runtime.resolve_device). Bad input is one line naming the variant."""
+    """A run's model and train configs as train.py resolves them for a fresh run (configs.resolve, once), less what
+    the machine decides (configs.machine_free: --dry_run's commands may be meant for another machine, a GPU node);
+    where the runs run on this machine, train.py's memory check passes here, with the device and dtype the
+    resolution picks on it. Bad input is one line naming the variant."""
     flags = [f for f in train_flags(run, plan) if f not in ("--resume", "--overwrite")]
     try:
         given = configs.parse_flags(flags)

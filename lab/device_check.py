@@ -563,8 +563,9 @@ def profile_norms():
     """The CUDA kernels of one compiled forward and backward of layernorm and of powernorm (norm modules as the
     model builds them, GPT-2 small's activations, bf16 autocast), with their total time over 10 calls."""
     for kind in ("layernorm", "powernorm"):
-        model_cfg, tc, device, _ = configs.resolve({"n_embd": 768, "block_size": 1024, "norm": kind, "batch_size": 16,
-                                                    "device": "cuda", "dtype": "bfloat16", "compile": True})
+        given = {"n_embd": 768, "block_size": 1024, "norm": kind, "batch_size": 16, "device": "cuda",
+                 "dtype": "bfloat16", "compile": True}
+        model_cfg, tc, device, _ = configs.resolve(given, random_tokens=True)
         variant = NormVariant(model_cfg, tc, device, torch.bfloat16)
         kernels, total = profiled(variant, 10)
         print(f"norm={kind}: {total * 1e3:.0f} us a forward and backward, {len(kernels)} kernels")
@@ -580,7 +581,7 @@ def profile_steps(device="cuda", shape=GPT2_SMALL, compile=True):
     calls = 5  # steps profiled, then as many timed
     given = {**configs.parse_flags(shape), "batch_size": 16, "device": device, "dtype": "bfloat16", "compile": compile}
     for name, flags in VARIANTS["headline"].items():
-        model_cfg, tc, device, _ = configs.resolve({**flags, **given})
+        model_cfg, tc, device, _ = configs.resolve({**flags, **given}, random_tokens=True)
         variant = Variant(model_cfg, tc, device, torch.bfloat16, name)
         kernels, total = profiled(variant, calls, device)
         start = time.perf_counter()

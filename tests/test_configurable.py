@@ -80,6 +80,35 @@ def test_norm_flags_have_an_effect_only_with_the_norms_that_read_them():
         kind for kind in norms.NORMS if kind not in ("dyt", "none"))
 
 
+# where each flag that is not a norm's has an effect at all, as the papers and the schedule define it
+GATES = {"mix_ln_ratio": ("layout", ("mix",)), "head_scale_at": "scale_heads", "scale_resids_init": "scale_resids",
+         "layer_scale_init": "layer_scale", "embed_scale_learned": "embed_scale",
+         "min_lr": ("lr_schedule", ("cosine", "linear")), "lr_decay_iters": ("lr_schedule", ("cosine", "linear")),
+         "warmup_iters": ("lr_schedule", ("cosine", "linear", "constant")), "seq_warmup_start": "seq_warmup_iters"}
+UNMET = {"layout": "pre", "scale_heads": False, "scale_resids": False, "layer_scale": False, "embed_scale": False,
+         "lr_schedule": "ramp", "seq_warmup_iters": 0}
+VALUES = {"mix_ln_ratio": 0.5, "head_scale_at": "after_proj", "scale_resids_init": 2.0, "layer_scale_init": 0.1,
+          "embed_scale_learned": True, "min_lr": 0.0, "lr_decay_iters": 100, "warmup_iters": 10,
+          "seq_warmup_start": 4}
+
+
+def test_each_gated_flag_warns_where_its_gate_is_shut_and_not_where_it_is_open():
+    """A declaration's `needs` is the no-effect warning: given where the gate is shut, it says so in one line naming
+    the gate; where it is open, nothing."""
+    declared_gates = {name: f.metadata["needs"] for name, f, _ in declared(*CONFIGS)
+                      if f.metadata["needs"] and name not in norms.NORM_FLAGS}
+    assert declared_gates == GATES
+    for name, gate in GATES.items():
+        other = gate[0] if isinstance(gate, tuple) else gate
+        opened = {other: gate[1][0] if isinstance(gate, tuple) else 8 if other == "seq_warmup_iters" else True}
+        for setting, warns in ((UNMET, True), (opened, False)):
+            given = {other: setting[other], name: VALUES[name]}
+            model_cfg, tc, _, _ = configs.resolve(given, machine=False)
+            said = configs.no_effect_warnings(given, model_cfg, tc)
+            assert said == ([f"train.py: warning: --{name} has no effect with --{other}={setting[other]}"]
+                            if warns else []), (name, said)
+
+
 @pytest.mark.parametrize("name", sorted(RANGES))
 def test_every_ranged_flag_is_refused_outside_its_range_and_taken_at_its_ends(name):
     """Each end of each range, and a value just past it, through the one resolution of the flags (configs.resolve):
