@@ -235,7 +235,7 @@ def no_effect_warnings(given, m, tc):
 
 
 def damaged_configs(checkpoint):
-    """What is wrong with a checkpoint's model_config or train_config ("train_config.lr=-5.0 must be in (0, 1000]"),
+    """What is wrong with a checkpoint's model_config or train_config ("train_config.lr=-5.0 must be in [1e-07, 1000]"),
     or None: every value has its flag's type, and the configs pass the checks a command line's flags pass
     (GPTConfig's, check_train_config, fit_to_tokenizer's), with each flag named as the checkpoint's field, not as a
     flag the user never gave. run_folder.read_checkpoint asks it, so a damaged checkpoint is passed over as one

@@ -208,45 +208,65 @@ FLOAT_RANGES = {
     "dropout": Range(0, 1, high_in=False),
     "mix_ln_ratio": Range(0, 1, why=" (the share of Post-LN layers)"),
     # DyT (Zhu et al. 2025) uses alpha0 from 0.2 to 0.8 (LLaMA) and 0.5 elsewhere: past 10 tanh(alpha0 x) of an
-    # activation of scale 1 is a sign function
-    "dyt_alpha": Range(0, 10, low_in=False, why=" (past 10, tanh(alpha x) is a sign function)"),
-    "dyt_alpha_attn": Range(0, 10, low_in=False, why=" (past 10, tanh(alpha x) is a sign function)"),
+    # activation of scale 1 is a sign function; below 1e-7 the branch it starts, about alpha in size, is lost in
+    # float32 beside a residual of about 1 (2^-24 = 6e-8 of it)
+    "dyt_alpha": Range(1e-7, 10, why=" (below 1e-7 its branch is lost in float32 beside the residual; past 10 "
+                                     "tanh(alpha x) is a sign function)"),
+    "dyt_alpha_attn": Range(1e-7, 10, why=" (below 1e-7 its branch is lost in float32 beside the residual; past 10 "
+                                          "tanh(alpha x) is a sign function)"),
     # eps guards a variance that is about 1 at init (Ba et al. 2016); a larger one outweighs it, and every norm
-    # output shrinks toward 0 (1e300 trains nothing)
-    "norm_eps": Range(0, 1, low_in=False, why=" (eps guards a variance of about 1; a larger one shrinks every norm "
-                                              "output toward 0)"),
-    "pn_alpha_fwd": Range(0, 1, low_in=False, high_in=False),  # PowerNorm eq. (10): an EMA factor
-    "pn_alpha_bwd": Range(0, 1, low_in=False, high_in=False),  # PowerNorm eq. (13)
+    # output shrinks toward 0 (1e300 trains nothing). BERT's 1e-12 is the smallest in common use; 1e-300 is 0 in
+    # float32, and a row (or channel) whose values are all equal is then 0 / 0
+    "norm_eps": Range(1e-12, 1, why=" (eps guards a variance of about 1; a larger one shrinks every norm output "
+                                    "toward 0, and below BERT's 1e-12 it guards nothing: 1e-300 is 0 in float32)"),
+    # PowerNorm eq. (10) and (13): EMA factors, the weight of the past; at 0 the running statistic is the last
+    # batch's (torch's BatchNorm momentum=1), at 1 it never moves
+    "pn_alpha_fwd": Range(0, 1, high_in=False, why=" (an EMA factor: 0 keeps only the last batch, 1 never moves)"),
+    "pn_alpha_bwd": Range(0, 1, high_in=False, why=" (an EMA factor: 0 keeps only the last batch, 1 never moves)"),
     # NormFormer §3 initializes ResScale's lambda at 1; CaiT's LayerScale starts near 0 (0.1 to 1e-6), so that each
-    # block starts near the identity
-    "scale_resids_init": Range(0, 10, low_in=False, why=" (ResScale's lambda scales the residual; NormFormer starts "
-                                                        "it at 1)"),
-    "layer_scale_init": Range(0, 1, low_in=False, why=" (LayerScale starts each branch small: CaiT uses 0.1 to "
-                                                       "1e-6)"),
+    # block starts near the identity. Below 1e-7 what lambda scales is lost in float32 beside the other term of
+    # the sum, of about 1 (2^-24 = 6e-8 of it): the residual, or the branch, is cut
+    "scale_resids_init": Range(1e-7, 10, why=" (ResScale's lambda scales the residual; NormFormer starts it at 1, "
+                                             "and below 1e-7 the residual is lost in float32 beside the branch)"),
+    "layer_scale_init": Range(1e-7, 1, why=" (LayerScale starts each branch small: CaiT uses 0.1 to 1e-6; below "
+                                          "1e-7 the branch is lost in float32 beside the residual)"),
     "embed_grad_scale": Range(0, 1, why=" (1 = off)"),
     # Gemma 2 §2 caps at 50 and 30: c * tanh(s / c) bounds the logits to +-c. Below 1e-3 every softmax is uniform
     # to within 0.1% (a subnormal c made s / c overflow); above 1e4 no logit of a training run reaches the cap, and
     # past float32's range c is infinite and the cap NaN
     "attn_softcap": Range(1e-3, 1e4, off=True, why=" (a cap bounds the logits to +-cap)"),
     "logit_softcap": Range(1e-3, 1e4, off=True, why=" (a cap bounds the logits to +-cap)"),
-    # a weight std past 1 makes each layer's output sqrt(d) times its input or more (GPT-2 uses 0.02)
-    "init_std": Range(0, 1, low_in=False, why=" (GPT-2 uses 0.02; past 1 every layer multiplies its input)"),
+    # a weight std past 1 makes each layer's output sqrt(d) times its input or more (GPT-2 uses 0.02); below 1e-4 a
+    # weight is under float16's smallest normal number, 6.1e-5, in a --dtype=float16 matmul (subnormal, and 0 under
+    # 6e-8), and 1e-300 is 0 in float32: every unit of a layer starts the same and the run learns nothing
+    "init_std": Range(1e-4, 1, why=" (GPT-2 uses 0.02; past 1 every layer multiplies its input, below 1e-4 a "
+                                   "weight is subnormal or 0 in float16)"),
     # training
-    "lr": Range(0, 1e3, low_in=False, why=" (AdamW moves every weight by about the LR each step)"),
-    "min_lr": Range(0, 1e3),  # and at most --lr where the schedule decays (configs.check_train_config)
+    # AdamW moves each weight by at most about the LR a step; a float32 weight of 1 (a norm's gain) moves only by
+    # more than half its spacing, 2^-24 = 6e-8, so below 1e-7 the gains never move (and 1e-300 moves nothing)
+    "lr": Range(1e-7, 1e3, why=" (AdamW moves every weight by about the LR each step; below 1e-7 a float32 norm "
+                               "gain of 1 never moves)"),
+    # 0 decays the LR to 0, a schedule of its own; at most --lr where the schedule decays (configs.check_train_config)
+    "min_lr": Range(0, 1e3, why=" (0 decays the LR to 0)"),
     # AdamW multiplies each weight by 1 - lr * weight_decay a step (0.1 is usual): past 10 it is a typo
     "weight_decay": Range(0, 10, why=" (AdamW shrinks each weight by lr x weight_decay a step; 0.1 is usual)"),
     "beta1": Range(0, 1, high_in=False),
     "beta2": Range(0, 1, high_in=False),
-    "grad_clip": Range(0, why=" (0 turns clipping off)"),
-    # a cross-entropy is > 0: a bound at or below 0 is crossed by every step
-    "diverge_loss": Range(0, low_in=False, why=" (a cross-entropy is positive: a bound at or below 0 is crossed by "
-                                               "every step)"),
+    # GPT-3 clips at 1.0. A clipped gradient's entries are about grad_clip / sqrt(N): below 1e-3, with N up to 1e9
+    # parameters, they fall to AdamW's eps (1e-8), which then shrinks every update (1e-300 makes them 0)
+    "grad_clip": Range(1e-3, off=True, why=" (0 turns clipping off; below 1e-3 the clipped gradient falls to "
+                                           "AdamW's eps of 1e-8 and the run learns little or nothing)"),
+    # a run starts near the loss of a uniform guess, ln(vocabulary) >= ln 2 (two tokens): a bound below ln 2 is
+    # crossed by the first steps of every run, which then "diverges" at step 2
+    "diverge_loss": Range(math.log(2), why=" (every run starts at about ln(vocabulary) >= ln 2, so a bound below "
+                                           "ln 2 is crossed by its first steps)"),
     "diverge_gap": Range(0, why=" (0 turns it off)"),
-    "spike_z": Range(0, low_in=False),
+    # a z-score (in float64): 0 flags every step above the window's mean; below 0 a drop would be a spike
+    "spike_z": Range(0, why=" (a z-score: below 0 a step below the window's mean would be a spike)"),
     # PaLM §5 uses 1e-4: at 1 the term weighs as much as the loss it regularizes
     "z_loss": Range(0, 1, why=" (0 turns it off; PaLM uses 1e-4)"),
-    "gpu_peak_tflops": Range(0, low_in=False),
+    # in TFLOP/s: below 1e-3 (1 GFLOP/s, slower than any GPU) it is a typo of units, and a tiny one overflows the MFU
+    "gpu_peak_tflops": Range(1e-3, why=" (in TFLOP/s: below 1e-3, 1 GFLOP/s, no GPU is that slow)"),
 }
 
 

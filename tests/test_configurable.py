@@ -81,6 +81,7 @@ def test_every_float_flag_is_refused_outside_its_range_and_taken_at_its_ends(nam
     inside = [v for v, included in zip(ends, (bounds.low_in, bounds.high_in or bounds.high == math.inf)) if included]
     outside = [v for v, included in zip(ends, (bounds.low_in, bounds.high_in)) if not included]
     outside += [bounds.low - max(abs(bounds.low), 1) / 2] + ([bounds.high * 2] if bounds.high != math.inf else [])
+    outside += [bounds.low / 2] if bounds.low > 0 else []  # just below a floor above 0 (issue 46: 1e-300 passed)
     if bounds.off:
         inside.append(0.0)
         outside = [v for v in outside if v != 0] + [bounds.low / 2]
@@ -92,6 +93,15 @@ def test_every_float_flag_is_refused_outside_its_range_and_taken_at_its_ends(nam
         with pytest.raises(flags.UsageError) as error:
             configs.resolve({**base, name: value}, machine=False)
         assert str(error.value).startswith(f"--{name}={value} must be {bounds.text()}"), str(error.value)
+
+
+@pytest.mark.parametrize("name", sorted(flags.FLOAT_RANGES))
+def test_no_float_range_is_open_at_zero(name):
+    """A range is closed at its lower end, or its floor is above 0 (issue 46): one open at 0 took 1e-300, which is 0
+    in float32 (--lr=1e-300 learned nothing, --init_std=1e-300 ended at ln 256). 0 itself is allowed only where it
+    means something (off, no decay, no memory)."""
+    bounds = flags.FLOAT_RANGES[name]
+    assert bounds.low_in, f"{name}: {bounds.text()} takes any value above {bounds.low:g}"
 
 
 def read_catalog_presets():
@@ -153,7 +163,7 @@ def test_bad_flags_are_one_clear_line(argv, expected):
     (["--n_embd=30", "--n_head=4"], "--n_embd=30 must be divisible by --n_head=4"),
     (["--layout=post", "--scale_resids"], "--scale_resids"),
     (["--init=xavier", "--init_std=0.1"], "--init_std"),
-    (["--pn_alpha_fwd=1.5"], "--pn_alpha_fwd=1.5 must be in (0, 1)"),
+    (["--pn_alpha_fwd=1.5"], "--pn_alpha_fwd=1.5 must be in [0, 1)"),
 ])
 def test_meaningless_combinations_fail_at_config_time(argv, expected):
     with pytest.raises(flags.UsageError) as error:

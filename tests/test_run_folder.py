@@ -207,7 +207,7 @@ FOREIGN = [
      "(model_config.norm is 3, not one of layernorm"),
     # a value out of its flag's range names the checkpoint's field, not a flag the user never gave
     ("a config value out of range", lambda c: {**c, "train_config": {**c["train_config"], "lr": -5.0}},
-     "(train_config.lr=-5.0 must be in (0, 1000]"),
+     "(train_config.lr=-5.0 must be in [1e-07, 1000]"),
     ("configs that do not fit", lambda c: {**c, "model_config": {**c["model_config"], "n_head": 3}},
      "(model_config.n_embd=32 must be divisible by model_config.n_head=3)"),
     # the instruments' state and the data's sha256, which a resume reads on
@@ -521,7 +521,7 @@ def test_a_refused_resume_says_one_line_not_the_checkpoint_it_would_have_taken(c
 def test_resuming_a_diverged_run_logs_one_diverged_event(corpus, tmp_path):
     out = tmp_path / "out"
     # above --diverge_loss three steps in a row: diverged at step 2, just after the step-2 checkpoint
-    diverging = flags(corpus, out, "--max_iters=4", "--eval_interval=2", "--diverge_loss=0.5")
+    diverging = flags(corpus, out, "--max_iters=4", "--eval_interval=2", "--diverge_loss=1.0")
     assert train.main(diverging) == 3
     assert [e["step"] for e in events(out, "diverged")] == [2]
     assert torch.load(out / "ckpt.pt", weights_only=True)["step"] == 2
