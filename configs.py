@@ -326,6 +326,11 @@ RESUME = {
 }
 
 
+def kept_flags():
+    """The training flags no resume changes (RESUME's KEPT): a checkpoint and its run's config.json agree on them."""
+    return [name for name, rule in RESUME.items() if rule == KEPT]
+
+
 def saved_value(saved_train, name):
     """A flag's value in the checkpoint's train_config as a resume compares it: --dataset as an absolute path,
     lr_decay_iters None as the max_iters it meant, a key an older checkpoint lacks as its default."""

@@ -20,6 +20,7 @@ import math
 import signal
 import sys
 
+import engine.starting  # noqa: F401 (first: a Ctrl-C while torch imports is one line and exit code 130)
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -263,6 +264,8 @@ def setup(argv, machine):
                          else (None, []))
     model_cfg, tc, device = configs.resolve(given, checkpoint, machine.world_size)
     events, log_notes = run_folder.past_events(tc.out_dir) if checkpoint else ([], [])
+    if checkpoint:  # the checkpoint, config.json and the log are one run's (a copied-in piece is not adopted)
+        run_folder.check_pieces(tc.out_dir, checkpoint, events, configs.kept_flags())
     # what this resume changed of the run's settings (those it may change: configs.RESUME), logged and said
     changes = configs.resume_changes(checkpoint["train_config"], tc) if checkpoint else {}
     # every process asks: data.prepare's file lock lets one process per disk tokenize while the others wait

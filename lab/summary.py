@@ -35,7 +35,6 @@ from lab import stats
 from lab.tables import claims_table, side_text, value_text
 
 SWEEP_LOCK = "sweep.lock"  # held while a summary is made (sweep_lock)
-FINISHED_CODES = (0, 3)  # train.py: 0 finished, 3 diverged
 METRICS = {"ramp": ("steps_survived", "peak_lr"), "lr": ("final_loss", "spikes", "attn_logit_max", "log_z")}
 # a summary.json that sweep.py cannot read back is left as it is, not overwritten
 REBUILD = ("this summary.json is not a summary sweep.py wrote: move it away and run again to rebuild it from the "
@@ -83,9 +82,9 @@ def exit_code(run):
 
 def is_finished(run):
     """The run's end from its log and checkpoint (run_reader.end_state: a run started by --dry_run's commands has no
-    .exit, and one stopped between its final checkpoint and its "done" line has finished), or the exit code 0 or 3
-    recorded beside it."""
-    return run_reader.end_state(run.dir, read_events(run.dir)) is not None or exit_code(run) in FINISHED_CODES
+    .exit, and one stopped between its final checkpoint and its "done" line has finished), held to the exit code
+    recorded beside it (run_reader.agreed_end: a 0 or 3 the log does not bear out is refused, not counted)."""
+    return run_reader.agreed_end(run.dir, read_events(run.dir), exit_code(run), run.dir + ".exit") is not None
 
 
 def median_summary(values):
@@ -107,7 +106,7 @@ def run_record(run):
     evals = [e for e in events if e["event"] == "eval"]
     diverged = next((e for e in events if e["event"] == "diverged"), None)
     code = exit_code(run)
-    end = run_reader.end_state(run.dir, events)
+    end = run_reader.agreed_end(run.dir, events, code, run.dir + ".exit")
     final = evals[-1]["val_loss"] if evals else None
     if end == "diverged" or code == 3 or (final is not None and not math.isfinite(final)):
         status = "diverged"
@@ -487,6 +486,9 @@ def previous_summary(out_dir):
         return {}
     summary = schema.read_summary(path, REBUILD)
     schema.check_summary(path, {"wall_s": 0.0, **summary}, {"wall_s": schema.NUMBER}, REBUILD)
+    found = schema.carried_meaning(summary)  # a NaN wall_s or a machine of "oops" would be carried into the new one
+    if found:
+        raise UsageError(f"{path}: {found}; {REBUILD}")
     return summary
 
 
