@@ -44,11 +44,14 @@ class TrainConfig:
     grad_accum: int = flag(1, "micro-steps per optimizer step on each process; global batch = batch_size x "
                               "grad_accum x processes", "nanoGPT", POSITIVE)
     # optimizer and schedule
-    lr: float = flag(4e-3, "peak learning rate", "nanoGPT", Range(0, 1e3, low_in=False, why=" (AdamW moves every "
-                     "weight by about the LR each step)"))
+    # AdamW moves each weight by about the LR a step; a float32 weight of 1 (a norm's gain) moves only by more than
+    # half its spacing, 2^-24 = 6e-8
+    lr: float = flag(4e-3, "peak learning rate", "nanoGPT",
+                     Range(1e-7, 1e3, why=" (AdamW moves every weight by about the LR each step; below 1e-7 a "
+                           "float32 norm gain of 1 never moves)"))
     # and at most --lr where the schedule decays (check_train_config)
-    min_lr: float = flag(4e-4, "learning rate at the end of the decay, at most --lr", "nanoGPT", Range(0, 1e3),
-                         needs=("lr_schedule", DECAYS))
+    min_lr: float = flag(4e-4, "learning rate at the end of the decay, at most --lr", "nanoGPT",
+                         Range(0, 1e3, why=" (0 decays the LR to 0)"), needs=("lr_schedule", DECAYS))
     warmup_iters: int = flag(50, "steps of linear warmup (a default longer than the run never ends)", "nanoGPT",
                              "int >= 0, <= max_iters when given", needs=("lr_schedule", (*DECAYS, "constant")))
     max_iters: int = flag(800, "optimizer steps of the run", "nanoGPT", POSITIVE)
@@ -64,8 +67,11 @@ class TrainConfig:
                                      "usual)"))
     beta1: float = flag(0.9, "AdamW beta1", "GPT-3", Range(0, 1, high_in=False))
     beta2: float = flag(0.99, "AdamW beta2", "nanoGPT (small models)", Range(0, 1, high_in=False))
+    # GPT-3 clips at 1.0. A clipped gradient's entries are about grad_clip / sqrt(N): below 1e-3, with N up to 1e9
+    # parameters, they fall to AdamW's eps (1e-8)
     grad_clip: float = flag(1.0, "clip the global gradient norm to this; 0: off (the norm is still logged)", "GPT-3",
-                            Range(0, why=" (0 turns clipping off)"))
+                            Range(1e-3, off=True, why=" (0 turns clipping off; below 1e-3 the clipped gradient falls "
+                                  "to AdamW's eps of 1e-8 and the run learns little or nothing)"))
     # evaluation, logging, checkpoints
     out_dir: str = flag("out", "config.json, log.jsonl and ckpt.pt go here", "nanoGPT", "path")
     eval_interval: int = flag(200, "steps between evaluations (and checkpoints)", "nanoGPT", POSITIVE)
@@ -88,14 +94,16 @@ class TrainConfig:
     # then stops before its optimizer step, keeps the last good checkpoint, logs one "diverged" event and exits 3
     diverge_loss: Optional[float] = flag(None, "diverged when the training loss is above this 3 steps in a row",
                                          "nanonorm (its own rule, not NormFormer's)",
-                                         Range(0, low_in=False, why=" (a cross-entropy is positive: a bound at or "
-                                               "below 0 is crossed by every step)"), none="first step's loss + 1")
+                                         Range(math.log(2), why=" (every run starts at about ln(vocabulary) >= ln 2, "
+                                               "so a bound below ln 2 is crossed by its first steps)"),
+                                         none="first step's loss + 1")
     diverge_gap: float = flag(1.5, "diverged when the 10-step mean loss is this far above its best; 0: off",
                               "nanonorm (a float32 run stalls, it rarely NaNs)", Range(0, why=" (0 turns it off)"))
     spike_window: int = flag(100, "steps in the spike monitor's running mean and std (z NaN before)",
                              "llm.c outlier detector; ZClip", Range(2, why=" (a standard deviation needs two values)"))
     spike_z: float = flag(5.0, "a loss or grad-norm z-score above this is a spike (a \"spike\" event)",
-                          "llm.c; llm-foundry KillLossSpike", Range(0, low_in=False))
+                          "llm.c; llm-foundry KillLossSpike",
+                          Range(0, why=" (a z-score: below 0 a step below the window's mean would be a spike)"))
     skip_spikes: bool = flag(False, "skip the optimizer step of a spike (the batch still counts)", "llm.c")
     telemetry_interval: int = flag(0, "a \"telemetry\" event every N steps (grads, acts, logits, gains, psi/nu); "
                                       "0: off", "NormFormer Fig. 3-4; Spike No More §3, Fig. 2-3",
@@ -122,7 +130,9 @@ class TrainConfig:
     compile: Optional[bool] = flag(None, "torch.compile the model", "PyTorch 2; nanoGPT",
                                    none="True on CUDA, False on CPU")
     gpu_peak_tflops: Optional[float] = flag(None, "dense bf16 peak for the MFU in the progress line (CUDA only)",
-                                            "PaLM App. B (MFU); nanoGPT #182", Range(0, low_in=False),
+                                            "PaLM App. B (MFU); nanoGPT #182",
+                                            Range(1e-3, why=" (in TFLOP/s: below 1e-3, 1 GFLOP/s, no GPU is that "
+                                                  "slow)"),
                                             none="looked up by GPU name")
 
 
@@ -284,7 +294,7 @@ def no_effect_warnings(given, m, tc):
 
 
 def damaged_configs(checkpoint):
-    """What is wrong with a checkpoint's model_config or train_config ("train_config.lr=-5.0 must be in (0, 1000]"),
+    """What is wrong with a checkpoint's model_config or train_config ("train_config.lr=-5.0 must be in [1e-07, 1000]"),
     or None: every value has its flag's type, and the configs pass the checks a command line's flags pass
     (GPTConfig's, check_train_config, derive_model_flags's), with each flag named as the checkpoint's field, not as a
     flag the user never gave. run_folder.read_checkpoint asks it, so a damaged checkpoint is passed over as one
@@ -373,6 +383,11 @@ RESUME = {
     "z_loss": KEPT, "seq_warmup_iters": KEPT, "seq_warmup_start": KEPT,  # the loss and the batches of each step
     "device": MACHINE, "dtype": MACHINE, "compile": MACHINE, "gpu_peak_tflops": EXTENDS,
 }
+
+
+def kept_flags():
+    """The training flags no resume changes (RESUME's KEPT): a checkpoint and its run's config.json agree on them."""
+    return [name for name, rule in RESUME.items() if rule == KEPT]
 
 
 def saved_value(saved_train, name):

@@ -92,8 +92,25 @@ def prepared(corpus):
 
 
 def train_argv(corpus, data_dir, out_dir, *flags):
-    """train.py's flags for a run on corpus: its data prepared in data_dir, the run in out_dir, then flags."""
-    return [f"--dataset={corpus}", f"--data_dir={data_dir}", f"--out_dir={out_dir}", *flags]
+    """train.py's flags for a run on corpus: its data prepared in data_dir, the run in out_dir, then flags, a test's
+    own after TINY's replacing them (train.py refuses a flag given twice)."""
+    return last_of_each([f"--dataset={corpus}", f"--data_dir={data_dir}", f"--out_dir={out_dir}", *flags])
+
+
+def flag_name(entry):
+    return entry[2:].partition("=")[0] if entry.startswith("--") else None
+
+
+def last_of_each(flags):
+    """flags with each --name=value kept only where it is the last of its name."""
+    names = [flag_name(f) for f in flags]
+    return [f for i, (f, name) in enumerate(zip(flags, names)) if name is None or name not in names[i + 1:]]
+
+
+def without(base, flags):
+    """base's flags less those flags set: what a test gives replaces TINY's (train.py refuses a flag given twice)."""
+    given = {flag_name(f) for f in flags}
+    return [f for f in base if flag_name(f) not in given]
 
 
 def resumed_line(step, max_iters, was):

@@ -125,6 +125,27 @@ def read_utf8(path):
     return utf8_text(Path(path).read_bytes())
 
 
+def not_utf8(path):
+    """What a file that is not UTF-8 text is, and what to do, from its first bytes: UTF-32 or UTF-16 (a byte-order
+    mark, or the NUL bytes with which they store ASCII: three of every four, or one of every two), binary (other NUL
+    bytes), or text in a one-byte encoding such as latin-1."""
+    with open(path, "rb") as f:
+        head = f.read(4096)
+
+    def mostly_nul(part):
+        return len(part) >= 2 and part.count(0) > 0.9 * len(part)
+
+    if head[:4] in (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff") or mostly_nul(head[1::4] + head[2::4]):
+        encoding = "utf-32"
+    elif head[:2] in (b"\xff\xfe", b"\xfe\xff") or mostly_nul(head[0::2]) or mostly_nul(head[1::2]):
+        encoding = "utf-16"
+    elif 0 in head:
+        return "it holds NUL bytes: a binary file, not text; give a text file"
+    else:
+        return "it is in another encoding, such as latin-1; convert it to UTF-8, e.g. iconv -f latin1 -t utf-8"
+    return f"it is {encoding.upper()} text; convert it to UTF-8, e.g. iconv -f {encoding} -t utf-8"
+
+
 def builtin_files():
     """The stdlib's own *.py files, without installed packages and tests: (root, sorted relative paths)."""
     root = Path(sysconfig.get_paths()["stdlib"])
@@ -225,8 +246,7 @@ def read_corpus(dataset, files, source):
         return "\n".join(read_text(f) for f in files), {**source, "files": len(files)}
     texts = [read_utf8(f) for f in files]
     if Path(source["path"]).is_file() and texts[0] is None:
-        raise DataError(f"--dataset={dataset}: {source['path']} is not UTF-8 text (it holds NUL bytes or is in another "
-                        "encoding, such as latin-1); convert it to UTF-8, e.g. iconv -f latin1 -t utf-8")
+        raise DataError(f"--dataset={dataset}: {source['path']} is not UTF-8 text ({not_utf8(files[0])})")
     texts = [text for text in texts if text is not None]
     return "\n".join(texts), {**source, "files": len(texts)}
 

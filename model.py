@@ -323,7 +323,11 @@ def out_of_range(config):
 
 # DyT (Zhu et al. 2025) uses alpha0 from 0.2 to 0.8 (LLaMA) and 0.5 elsewhere: past 10, tanh(alpha0 x) of an activation
 # of scale 1 is a sign function
-DYT_ALPHA = Range(0, 10, low_in=False, why=" (past 10, tanh(alpha x) is a sign function)")
+DYT_ALPHA = Range(1e-7, 10, why=" (below 1e-7 its branch is lost in float32 beside the residual; past 10 "
+                                "tanh(alpha x) is a sign function)")
+# PowerNorm eq. (10) and (13): EMA factors, the weight of the past; at 0 the running statistic is the last batch's
+# (torch's BatchNorm momentum=1), at 1 it never moves
+EMA_FACTOR = Range(0, 1, high_in=False, why=" (an EMA factor: 0 keeps only the last batch, 1 never moves)")
 # Gemma 2 §2 caps at 50 and 30: c * tanh(s / c) bounds the logits to +-c. Below 1e-3 every softmax is uniform to within
 # 0.1% (a subnormal c made s / c overflow); above 1e4 no logit of a training run reaches the cap, and past float32's
 # range c is infinite and the cap NaN
@@ -366,19 +370,19 @@ class GPTConfig:
                                            "DyT (Zhu et al. 2025), LLaMA setting", DYT_ALPHA, none="dyt_alpha",
                                            needs=("norm", readers("dyt_alpha_attn")))
     # eps guards a variance that is about 1 at init (Ba et al. 2016); a larger one outweighs it, and every norm output
-    # shrinks toward 0 (1e300 trains nothing)
-    norm_eps: float = flag(1e-5, "eps inside the square root of every norm", "Ba et al. 2016; nanonorm in PowerNorm "
-                           "too (its eq. (8) has none)", Range(0, 1, low_in=False, why=" (eps guards a variance of "
-                           "about 1; a larger one shrinks every norm output toward 0)"),
+    # shrinks toward 0 (1e300 trains nothing). BERT's 1e-12 is the smallest in common use
+    norm_eps: float = flag(1e-5, "eps inside the square root of every norm",
+                           "Ba et al. 2016; nanonorm in PowerNorm too (its eq. (8) has none)",
+                           Range(1e-12, 1, why=" (eps guards a variance of about 1: a larger one shrinks every norm "
+                                 "output toward 0; below BERT's 1e-12 it guards nothing, 1e-300 is 0 in float32)"),
                            needs=("norm", readers("norm_eps")))
     norm_affine: Literal[AFFINE] = flag("both", "which of gain g and bias b the norms learn",
                                         "NormFormer Table 8 rows 15-17, 25, 27, 28",
                                         needs=("norm", readers("norm_affine")))
     pn_alpha_fwd: float = flag(0.9, "EMA factor of the running quadratic mean (and running stats)",
-                               "PowerNorm eq. (10)", Range(0, 1, low_in=False, high_in=False),
-                               needs=("norm", readers("pn_alpha_fwd")))
+                               "PowerNorm eq. (10)", EMA_FACTOR, needs=("norm", readers("pn_alpha_fwd")))
     pn_alpha_bwd: float = flag(0.9, "EMA factor of nu in the approximate backward", "PowerNorm eq. (13)",
-                               Range(0, 1, low_in=False, high_in=False), needs=("norm", readers("pn_alpha_bwd")))
+                               EMA_FACTOR, needs=("norm", readers("pn_alpha_bwd")))
     pn_warmup: Optional[int] = flag(None, "training forward calls that run as PN-V before the running stats",
                                     "PowerNorm App. A.1 (warmup)", Range(0),
                                     none="warmup_iters x micro-steps; 0 in a ramp (configs.derive_model_flags)",
@@ -397,10 +401,12 @@ class GPTConfig:
     scale_resids: bool = flag(False, "ResScale: lambda * x + FFN(LN(x)), lambda per channel (pre only)",
                               "NormFormer §3, §6.1")
     # NormFormer §3 initializes ResScale's lambda at 1; CaiT's LayerScale starts near 0 (0.1 to 1e-6), so that each
-    # block starts near the identity
+    # block starts near the identity. Below 1e-7 what lambda scales is lost in float32 (2^-24 = 6e-8) beside the sum's
+    # other term, of about 1
     scale_resids_init: float = flag(1.0, "initial value of ResScale's lambda", "NormFormer §3",
-                                    Range(0, 10, low_in=False, why=" (ResScale's lambda scales the residual; "
-                                          "NormFormer starts it at 1)"), needs="scale_resids")
+                                    Range(1e-7, 10, why=" (ResScale's lambda scales the residual: NormFormer starts "
+                                          "it at 1, and below 1e-7 the residual is lost in float32 beside the "
+                                          "branch)"), needs="scale_resids")
     ffn_out_norm: bool = flag(False, "a norm on the FFN output, before the residual add",
                               "CogView sandwich-LN; NormFormer Table 8")
     qkv_norm: bool = flag(False, "a norm on each of q, k and v", "NormFormer Table 4/5 (+3 More LN)")
@@ -409,8 +415,9 @@ class GPTConfig:
     layer_scale: bool = flag(False, "x + diag(lambda) * Branch(x) on both branches", "LayerScale (CaiT); NormFormer "
                              "Table 8")
     layer_scale_init: float = flag(1e-5, "initial value of LayerScale's lambda", "CaiT",
-                                   Range(0, 1, low_in=False, why=" (LayerScale starts each branch small: CaiT uses "
-                                         "0.1 to 1e-6)"), needs="layer_scale")
+                                   Range(1e-7, 1, why=" (LayerScale starts each branch small, CaiT at 0.1 to 1e-6; "
+                                         "below 1e-7 the branch is lost in float32 beside the residual)"),
+                                   needs="layer_scale")
     # embeddings (Spike No More §3.2, §4.2; NormFormer (final) §4)
     pos: Literal["learned", "sinusoidal"] = flag("learned", "position embeddings", "GPT-2; NormFormer §4")
     embed_scale: bool = flag(False, "token embeddings times sqrt(d) before adding positions",
@@ -435,10 +442,13 @@ class GPTConfig:
     # initialization (GPT-2 §2.3; Spike No More §2.2; DeepNet)
     init: Literal["gpt2", "plain", "scaled", "wang", "xavier"] = flag(
         "gpt2", "initialization scheme of all weight matrices", "GPT-2 §2.3; Spike No More §2.2; DeepNet")
-    # a weight std past 1 makes each layer's output sqrt(d) times its input or more (GPT-2 uses 0.02)
+    # a weight std past 1 makes each layer's output sqrt(d) times its input or more (GPT-2 uses 0.02); below 1e-4 a
+    # weight is under float16's smallest normal number, 6.1e-5, in a --dtype=float16 matmul
     init_std: Optional[float] = flag(None, "overrides sigma (not with xavier); wang's W_O and W_2 keep 2 / (N sqrt(d))",
-                                     "GPT-2 §2.3; Spike No More §2.2", Range(0, 1, low_in=False, why=" (GPT-2 uses "
-                                     "0.02; past 1 every layer multiplies its input)"), none="the scheme's sigma")
+                                     "GPT-2 §2.3; Spike No More §2.2",
+                                     Range(1e-4, 1, why=" (GPT-2 uses 0.02; past 1 every layer multiplies its input, "
+                                           "below 1e-4 a weight is subnormal or 0 in float16)"),
+                                     none="the scheme's sigma")
     init_depth_scale: bool = flag(False, "DeepInit: block l's weights times 1/sqrt(l)", "NormFormer Table 8 rows 3-4")
 
     def __post_init__(self):

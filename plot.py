@@ -80,6 +80,9 @@ def find_runs(paths):
         # include_hidden: a run in a folder whose name starts with a dot (--lrs=.01 names one .01/) is a run too
         logs = sorted(glob.glob(run_reader.log_path(os.path.join(glob.escape(path), "**")), recursive=True,
                                 include_hidden=True))
+        if not logs and started(path):
+            raise UsageError(f"{path} holds no log.jsonl yet: its runs have started but logged nothing; plot it once "
+                             "they have")
         if not logs:
             raise UsageError(f"{path} holds no log.jsonl; pass run folders (train.py --out_dir) or sweep folders")
         for log in logs:
@@ -91,6 +94,14 @@ def find_runs(paths):
         if os.path.lexists(summary):  # lexists: a broken symlink in its place is refused, not passed over
             sweeps.append((path, sweep_summary(summary)))
     return runs, sweeps
+
+
+def started(path):
+    """Whether a folder without a log holds a run or a sweep that has started: what train.py writes before its first
+    line (run.lock, config.json) or sweep.py beside each run it starts (<seed>.out)."""
+    names = ("run.lock", run_reader.CONFIG, "*.out")
+    return any(glob.glob(os.path.join(glob.escape(path), "**", name), recursive=True, include_hidden=True)
+               for name in names)
 
 
 def of_kind(events, kind):

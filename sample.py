@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
+import engine.starting  # noqa: F401 (first: a Ctrl-C while torch imports is one line and exit code 130)
 import torch
 
 import configs

@@ -19,6 +19,7 @@ where runs failed (crashed, or were refused by train.py: not a divergence, which
 failed write, 128 + N stopped by signal N.
 """
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -30,6 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal, Optional
 
+import engine.starting  # noqa: F401 (first: a Ctrl-C while torch imports is one line and exit code 130)
 import configs
 import data
 from engine import files
@@ -47,6 +49,7 @@ from engine.flags import UsageError, help_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SET_BY_SWEEP = ("lr", "seed", "out_dir", "resume", "overwrite")  # per run; the user gives --lrs, --seeds instead
+RUNNING = "sweep.running.lock"  # held by the sweep running in --out_dir, for its whole life (files.claim)
 BOOKKEEPING = ("out_dir", "resume", "overwrite", "tensorboard")  # where and how a run starts or shows, not what it does
 # a variant is a folder name inside --out_dir: no separator, no other character a shell or file system treats apart
 FOLDER_NAME = re.compile(r"[A-Za-z0-9_.=+-]+")
@@ -102,6 +105,12 @@ def parse_args(argv):
         check_scale(plan, shared)
     elif "scale" in given:
         raise UsageError("--scale sizes a recipe; give --recipe=NAME too")
+    else:
+        overridden = variant_settings(plan.variants).keys() & configs.parse_flags(plan.train_argv).keys()
+        if overridden:  # the variant's value would replace the command line's in its runs
+            name = sorted(overridden)[0]
+            raise UsageError(f"--{name} is set by the variant {variant_settings(plan.variants)[name]} too; give it "
+                             "in the variants or on the command line, not both")
     variants, lrs = plan.variants, plan.lrs
     if not variants or not lrs:
         raise UsageError("--variants and --lrs are required; e.g. --variants=baseline,norm=powernorm --lrs=3e-3,1e-2")
@@ -167,6 +176,11 @@ def check_out_dir(out_dir):
     if what:
         where = "is" if path == os.path.abspath(out_dir) else f"is inside {path}, which is"
         raise UsageError(f"--out_dir={out_dir} {where} {what}; give the sweep's folder")
+    held = [n for n in sorted(os.listdir(path)) if run_reader.is_run_file(n) or n == files.LOCK] \
+        if path == os.path.abspath(out_dir) else []
+    if held:  # a sweep's runs go in folders below it, and train.py's files would be taken for a sweep's
+        raise UsageError(f"--out_dir={out_dir} is a train.py run's folder (it holds {', '.join(held)}); give the "
+                         "sweep a folder of its own")
 
 
 def part_flag(part):
@@ -181,8 +195,8 @@ def variant_flags(variant):
 
 def apply_recipe(plan, given, shared):
     """The plan of --recipe=NAME: the recipe's variants, LRs, seeds, mode, reference, claims and every run's flags
-    (recipes.settings, --scale=gpu for the GPU-sized ones); the command line's own train.py flags come after the
-    recipe's, so they win, and one its variants set is refused (theirs would win without a word). --out_dir defaults
+    (recipes.settings, --scale=gpu for the GPU-sized ones); the command line's own train.py flags replace the
+    recipe's of the same name, and one its variants set is refused (theirs would win without a word). --out_dir defaults
     to sweeps/NAME (sweeps/NAME_gpu). Its seeds are part of its design, fixed before the runs: --seeds and
     --first_seed are refused. given: the sweep options the command line set; shared: its flags for every run.
     Returns the plan and the flags every run gets, the recipe's and the command line's."""
@@ -201,8 +215,9 @@ def apply_recipe(plan, given, shared):
                          "without it, or run its variants yourself without --recipe")
     out_dir = plan.out_dir if "out_dir" in given else os.path.join(
         "sweeps", plan.recipe + ("_gpu" if plan.scale == "gpu" else ""))
-    plan = dataclasses.replace(plan, **{**recipe, "out_dir": out_dir,
-                                        "train_argv": [*recipe["train_argv"], *plan.train_argv]})
+    # the command line's flags replace the recipe's of the same name (train.py refuses a flag given twice)
+    kept = [f for f in recipe["train_argv"] if f[2:].partition("=")[0] not in shared]
+    plan = dataclasses.replace(plan, **{**recipe, "out_dir": out_dir, "train_argv": [*kept, *plan.train_argv]})
     return plan, {**configs.parse_flags(recipe["train_argv"]), **shared}
 
 
@@ -240,9 +255,12 @@ def grid(plan):
 
 
 def train_flags(run, plan):
-    """The flags of one run: the common ones, the variant's (they win), then what the sweep sets per run."""
-    flags = [*plan.train_argv, *variant_flags(run.variant), f"--lr={run.lr}", f"--seed={run.seed}",
-             f"--out_dir={run.dir}"]
+    """The flags of one run: the common ones less those the variant sets (a recipe's base flags; the command line's
+    are refused where a variant sets them), the variant's, then what the sweep sets per run: each flag once, as
+    train.py takes them."""
+    own = {part_flag(part) for part in run.variant.split("+")}
+    common = [f for f in plan.train_argv if f[2:].partition("=")[0] not in own]
+    flags = [*common, *variant_flags(run.variant), f"--lr={run.lr}", f"--seed={run.seed}", f"--out_dir={run.dir}"]
     if plan.mode == "ramp":
         flags.append("--lr_schedule=ramp")
     if run_reader.has_checkpoint(run.dir):
@@ -393,8 +411,10 @@ def main(argv):
         metas = {}
         check_runs(runs, plan, metas, machine)
         previous_summary(plan.out_dir)  # a damaged one is refused now, not after hours of runs
-        todo = [run for run in runs if not is_finished(run)]
-        return run_sweep(plan, runs, todo, metas, machine)
+        # the same sweep started twice at once would start the same runs twice: the second is refused
+        with contextlib.nullcontext() if plan.dry_run else files.claim(plan.out_dir, RUNNING, "another sweep"):
+            todo = [run for run in runs if not is_finished(run)]
+            return run_sweep(plan, runs, todo, metas, machine)
     except UsageError as e:
         return flags.fail("sweep.py", e)
     except WriteError as e:

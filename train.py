@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
+import engine.starting  # noqa: F401 (first: a Ctrl-C while torch imports is one line and exit code 130)
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -296,6 +297,8 @@ def setup(argv, machine):
     tensorboard_view.check_installed(tc.tensorboard)
     fresh = not tc.resume and not tc.overwrite
     past_events, log_notes = run_folder.past_events(tc.out_dir) if checkpoint else ([], [])
+    if checkpoint:  # the checkpoint, config.json and the log are one run's (a copied-in piece is not adopted)
+        run_folder.check_pieces(tc.out_dir, checkpoint, past_events, configs.kept_flags())
     # what this resume changed of the run's settings (those it may change: configs.RESUME), logged and said
     resume_changes = configs.resume_changes(checkpoint["train_config"], tc) if checkpoint else {}
     # every process asks: data.prepare's file lock lets one process per disk tokenize while the others wait

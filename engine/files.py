@@ -220,8 +220,8 @@ def holder(lock):
     return f"PID {pid} on {host}" if pid.isdigit() else "a process that has not written its PID yet"
 
 
-def in_use(out_dir, who):
-    return UsageError(f"--out_dir={out_dir} is in use by a run ({who}); wait for it to end or stop it, or choose "
+def in_use(out_dir, who, user="a run"):
+    return UsageError(f"--out_dir={out_dir} is in use by {user} ({who}); wait for it to end or stop it, or choose "
                       "another --out_dir")
 
 
@@ -240,12 +240,12 @@ def held_by(out_dir):
     return None
 
 
-def claim(out_dir):
+def claim(out_dir, name=LOCK, user="a run"):
     """out_dir's lock for this process, or a UsageError naming the process that holds it. Keep the returned file
     open for the life of the run: the lock is the kernel's (flock), released when the process ends, however it
     ends (kill -9 included), so no run is ever blocked by one that is gone. The holder's PID and host are written
-    into the lock file for held_by."""
-    path = os.path.join(out_dir, LOCK)
+    into the lock file for held_by. name, user: the lock file and who holds it (a sweep's folder has its own)."""
+    path = os.path.join(out_dir, name)
     try:
         os.makedirs(out_dir, exist_ok=True)
         lock = open(path, "a+", opener=open_own)  # not truncated until it is ours: the holder's PID stays readable
@@ -256,7 +256,7 @@ def claim(out_dir):
     except BlockingIOError:
         who = holder(lock)
         lock.close()
-        raise in_use(out_dir, who) from None
+        raise in_use(out_dir, who, user) from None
     try:
         lock.truncate(0)
         lock.write(f"{os.getpid()} {socket.gethostname()}\n")

@@ -154,11 +154,15 @@ def parse(argv, *classes, choices=None, positional=None):
     folders); without it an argument that is not a flag is bad input."""
     types = field_types(*classes)
     given = {positional: []} if positional else {}
+    typed = {}  # the entries each flag came from, to name both where one is given twice
     for name, text, entries in items(argv, types):
         if name is None:
             if not positional:
                 raise UsageError(f"unexpected argument {text!r}; flags look like --key=value")
             given[positional].append(text)
+        elif name in typed:  # the last would win without a word (--lr=1e-3 --lr=2e-3 ran at 2e-3)
+            raise UsageError(f"--{name} is given twice ({' '.join(typed[name])}, then {' '.join(entries)}); give each "
+                             "flag once")
         elif name not in types:
             close = difflib.get_close_matches(name, list(types), n=3)
             hint = f"; did you mean {', '.join('--' + c for c in close)}?" if close else ""
@@ -169,6 +173,8 @@ def parse(argv, *classes, choices=None, positional=None):
             raise UsageError(f"--{name} needs a value (--{name}=VALUE)")
         else:
             given[name] = convert(name, text, types[name], choices)
+        if name is not None:
+            typed[name] = entries
     return given
 
 

@@ -6,7 +6,8 @@ crash or kill -9 at any moment leaves the old checkpoint or the new one, never h
 In the order a run meets them: before any work, `check_out_dir` refuses a folder that cannot be written, that
 another run is using, that has a folder where the run writes a file, or that holds another run (unless --resume
 or --overwrite), and on --resume `newest_checkpoint` finds the newest checkpoint that loads and `past_events` reads
-its log (run_reader.read_log), each with notes for the caller to say once the resume goes ahead. Once every input
+its log (run_reader.read_log), each with notes for the caller to say once the resume goes ahead, and `check_pieces`
+holds the checkpoint, config.json and the log to each other (one run's, or the resume is refused). Once every input
 is checked, `claim` takes the folder's lock (files.claim) for all the run's processes. `restore` puts the
 checkpoint's state back into the model, optimizer, GradScaler and RNGs, and `start_run` writes config.json and
 log.jsonl (a resumed run keeps the events up to its checkpoint). In the loop, `log_event` appends one JSON line per
@@ -83,9 +84,13 @@ def folder_in_the_way(out_dir):
 
 
 def refuse_a_run(out_dir):
-    if holds_a_run(out_dir):
-        raise UsageError(f"--out_dir={out_dir} holds a run ({', '.join(holds_a_run(out_dir))}); continue it with "
-                         "--resume, replace it with --overwrite, or choose another --out_dir")
+    held = holds_a_run(out_dir)
+    if held and not any(name.endswith(".pt") for name in held):  # --resume would find nothing to continue
+        raise UsageError(f"--out_dir={out_dir} holds a run's files but no checkpoint ({', '.join(held)}), so --resume "
+                         "has nothing to continue; replace them with --overwrite, or choose another --out_dir")
+    if held:
+        raise UsageError(f"--out_dir={out_dir} holds a run ({', '.join(held)}); continue it with --resume, replace "
+                         "it with --overwrite, or choose another --out_dir")
 
 
 def run_files(out_dir):
@@ -166,6 +171,10 @@ def write_checkpoint(path, state):
     run folder's lock writes it, and a killed run's partial write is written over by the next save, not left
     behind."""
     writes = []
+    # what is left: the run's newest checkpoint, or (the first one failed) none, and then --resume has nothing to
+    # continue: the run starts again with --overwrite
+    kept = ("the previous checkpoint is kept" if os.path.exists(run_reader.checkpoint_path(os.path.dirname(path)))
+            else "the run has no checkpoint yet: once the file can be written, start it again with --overwrite")
 
     def save(f):
         writes.append(RecordedWrites(f))
@@ -174,11 +183,11 @@ def write_checkpoint(path, state):
     try:
         files.write_atomic(path, save, tmp=path + ".tmp")
     except WriteError as e:
-        raise WriteError(f"{e}; the previous checkpoint is kept") from None
+        raise WriteError(f"{e}; {kept}") from None
     except RuntimeError as e:  # torch.save's report of a failed write: the OSError behind it says why
         error = writes[0].error if writes and writes[0].error else None
         cause = error.strerror if error else str(e).splitlines()[0]
-        raise WriteError(f"cannot write {path} ({cause}); the previous checkpoint is kept") from None
+        raise WriteError(f"cannot write {path} ({cause}); {kept}") from None
 
 
 def save_checkpoint(out_dir, state, keep):
@@ -260,7 +269,21 @@ def damaged_value(checkpoint, check_configs=None):
     rng = checkpoint["rng"]
     if not (isinstance(rng, list) and rng and all(isinstance(state, dict) and "cpu" in state for state in rng)):
         return "rng is not a list of each process's RNG states"
-    return damaged_optional(checkpoint) or (check_configs(checkpoint) if check_configs else None)
+    optimizer = checkpoint["optimizer"]
+    if not (isinstance(optimizer.get("state"), dict) and isinstance(optimizer.get("param_groups"), list)
+            and optimizer["param_groups"] and all(isinstance(g, dict) for g in optimizer["param_groups"])):
+        return "optimizer is not AdamW's state (a dict of state and a list of param_groups)"
+    return (damaged_optional(checkpoint) or non_finite(checkpoint["model"])
+            or (check_configs(checkpoint) if check_configs else None))
+
+
+def non_finite(weights):
+    """"it holds non-finite weights (name)" where a floating tensor of the model's state holds NaN or inf, or None. A
+    run never saves one: divergence is judged before the update that would make it (diagnostics/instruments.py), so
+    such a checkpoint is damaged, not a diverged run's, and a resume of it would "diverge" at once."""
+    broken = [name for name, value in weights.items()
+              if isinstance(value, torch.Tensor) and value.is_floating_point() and not torch.isfinite(value).all()]
+    return f"it holds non-finite weights ({broken[0]}{' and others' if broken[1:] else ''})" if broken else None
 
 
 def damaged_optional(checkpoint):
@@ -293,7 +316,9 @@ def newest_checkpoint(out_dir, check_configs=None):
     numbered = [(step, path) for step, path in sorted(run_reader.numbered_checkpoints(out_dir).items(), reverse=True)
                 if not same_file(path, newest)]
     if not numbered and not os.path.lexists(newest):
-        raise UsageError(f"--resume: no checkpoint in {out_dir} (start without --resume to train from scratch)")
+        again = ("its run stopped before its first checkpoint: start it again with --overwrite" if holds_a_run(out_dir)
+                 else "start without --resume to train from scratch")
+        raise UsageError(f"--resume: no checkpoint in {out_dir} ({again})")
     problems = []
     main = loadable(newest, problems, check_configs) if os.path.lexists(newest) else None
     chosen = (newest, main) if main else None
@@ -333,7 +358,7 @@ def restore(checkpoint, model, optimizer, scaler, tc, machine):
         if "cuda" in rng and machine.device_type == "cuda":
             torch.cuda.set_rng_state(rng["cuda"])
     except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
-        raise UsageError(f"--resume: the checkpoint does not fit its own model ({str(e).splitlines()[0]})") from None
+        raise UsageError(f"--resume: the checkpoint does not fit its own model ({load_error(e)})") from None
     saved_dtype = checkpoint["train_config"].get("dtype")
     if scaler.is_enabled() and checkpoint["scaler"]:
         scaler.load_state_dict(checkpoint["scaler"])
@@ -343,6 +368,57 @@ def restore(checkpoint, model, optimizer, scaler, tc, machine):
         print(f"train.py: note: the checkpoint was trained in {saved_dtype}, this run uses {tc.dtype}{fresh_scaler}; "
               "not an exact continuation", file=sys.stderr)
     return checkpoint["step"], checkpoint["best_val"], checkpoint.get("best_step", checkpoint["step"])
+
+
+def load_error(error):
+    """torch's error of a load_state_dict as one line that names the key: its first line is only "Error(s) in loading
+    state_dict for GPT:", and a KeyError's text is the key alone ('param_groups')."""
+    if isinstance(error, KeyError):
+        return f"{type(error).__name__}: no {error.args[0]!r} in it" if error.args else type(error).__name__
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    text = " ".join(lines[:2]) or type(error).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def check_pieces(out_dir, checkpoint, events, kept):
+    """The run folder's pieces agree, before a resume trusts any of them (a checkpoint or a log copied in from another
+    run would be adopted: config.json rewritten, the other run's steps kept): the checkpoint is the run whose
+    config.json is there (its whole model config, the training flags `kept` that no resume changes, its data's
+    sha256), and the log is the checkpoint's run's (its evaluation at the checkpoint's best step logged the
+    checkpoint's best val loss, the same float). A missing config.json or log says nothing against them (each is
+    rewritten). A UsageError of one line where they do not agree; nothing is written."""
+    config = run_reader.read_config(out_dir)
+    if config:
+        differs = differing_setting(checkpoint, config, kept)
+        if differs:
+            raise UsageError(f"--resume: the checkpoint at step {checkpoint['step']} is not the run of "
+                             f"{run_reader.config_path(out_dir)}: {differs}; put the run's own checkpoint back, or "
+                             "start a new run in another --out_dir (or --overwrite)")
+    best_val, best_step = checkpoint["best_val"], checkpoint.get("best_step", checkpoint["step"])
+    if events and math.isfinite(best_val):
+        logged = [e["val_loss"] for e in events if e["event"] == "eval" and e["step"] == best_step]
+        if best_val not in logged:
+            found = f"val loss {logged[-1]!r} there" if logged else "no evaluation there"
+            raise UsageError(f"--resume: {run_reader.log_path(out_dir)} is not the checkpoint's run: the checkpoint's "
+                             f"best val loss is {best_val!r} at step {best_step}, the log has {found}; put the run's "
+                             "own log back, or remove it (the resumed log then starts at the checkpoint's step)")
+
+
+def differing_setting(checkpoint, config, kept):
+    """The first setting in which a checkpoint and a config.json differ ("model_config.norm is 'rmsnorm', config.json
+    says 'layernorm'"), among those both hold, or None."""
+    pairs = [("model_config", checkpoint["model_config"], config["model"], None),
+             ("train_config", checkpoint["train_config"], config["train"], kept)]
+    for section, saved, said, names in pairs:
+        for name in saved if names is None else names:
+            if name in saved and name in said and json.loads(json.dumps(saved[name])) != said[name]:
+                return f"its {section}.{name} is {saved[name]!r:.40}, config.json says {said[name]!r:.40}"
+    data = config.get("data")
+    source = data.get("source") if isinstance(data, dict) else None
+    sha, said = checkpoint.get("data_sha256"), source.get("sha256") if isinstance(source, dict) else None
+    if sha and said is not None and said != sha:
+        return f"it trained on text sha256 {sha[:12]}, config.json says {str(said)[:12]}"
+    return None
 
 
 def past_events(out_dir):

@@ -83,6 +83,29 @@ def end_state(run_dir, events):
     return "done" if evaluated and max(numbered_checkpoints(run_dir), default=None) == last else None
 
 
+EXIT_ENDS = {0: "done", 3: "diverged"}  # train.py's exit code after each end event, and only after it
+
+
+def agreed_end(run_dir, events, code, exit_path):
+    """end_state, held to the exit code recorded for the run in exit_path (code; None where none is): train.py exits
+    with 0 only once its "done" line is written and with 3 only once its "diverged" line is, so a 0 or 3 beside a
+    log that says otherwise (an .exit edited, a log removed or another run's, a run folder deleted) is a UsageError
+    of one line naming both, not a result. Another code (a signal's, a refusal's) says nothing about the log."""
+    end = end_state(run_dir, events)
+    said = EXIT_ENDS.get(code)
+    if said and end != said:
+        if not os.path.isdir(run_dir):
+            found = f"the run's folder {run_dir} is gone"
+        elif not os.path.lexists(log_path(run_dir)):
+            found = f"{log_path(run_dir)} is gone"
+        else:
+            found = f"{log_path(run_dir)} " + (f"ends in {end}" if end else "has no end")
+        raise UsageError(f"{exit_path} records exit code {code} ({said}), but {found}; they are not one run's: "
+                         f"remove {exit_path} to let the log decide, or remove the run (its folder, .exit and .out) "
+                         "to run it again")
+    return end
+
+
 NUMBER = (int, float)
 # where an op is: a block's index, or null outside the blocks (the embeddings, the logits)
 LAYER = (int, type(None))
@@ -191,5 +214,11 @@ def read_log(path):
         damage = damaged_field(event)
         if damage:
             raise UsageError(f"{path}:{number}: {event['event']} event: {damage}; it is not a log nanonorm wrote")
+    for number, (before, event) in enumerate(zip(events, events[1:]), 2):
+        # train.py logs in step order, and a resume cuts the log back to its step: a step that goes back is two logs
+        # pasted together, or an edited one
+        if event["step"] < before["step"]:
+            raise UsageError(f"{path}:{number}: step {event['step']} after step {before['step']}; a run's log goes "
+                             "forward in steps, so this is not one run's log")
     note = f"{path}:{len(lines) + 1}: the last line was cut short (a killed run); left out" if torn else ""
     return events, note

@@ -106,6 +106,13 @@ def torchrun_counts(environ):
     if counts["LOCAL_WORLD_SIZE"] > counts["WORLD_SIZE"]:
         raise UsageError(f"LOCAL_WORLD_SIZE={counts['LOCAL_WORLD_SIZE']} with WORLD_SIZE={counts['WORLD_SIZE']} in "
                          f"the environment: a node runs at most the run's processes; {RUN_ONE}")
+    port = environ["MASTER_PORT"]
+    # a TCP port; torch's rendezvous fails on another with a traceback of its own
+    if not (re.fullmatch(r"[0-9]{1,5}", port) and 1 <= int(port) <= 65535):
+        raise UsageError(f"MASTER_PORT={port[:20]} in the environment is not a TCP port (an integer from 1 to 65535); "
+                         f"torchrun sets it from --master_port (--standalone picks a free one); {RUN_ONE}")
+    if not environ["MASTER_ADDR"].strip():
+        raise UsageError(f"MASTER_ADDR is empty in the environment; torchrun sets it from --master_addr; {RUN_ONE}")
     return counts
 
 

@@ -71,6 +71,8 @@ GUARD = 1.05
 # probability 2 / 2^n (all n on one side), at most 5% from n = 6 on; with fewer the table shows no interval
 MIN_ROUNDS = 6
 NO_INTERVAL = f" (too few for a 95% interval: it takes {MIN_ROUNDS} rounds)"
+# --rounds and --steps at most this: 45 rounds of 1 step are the default, and a typo of a billion ran for years
+MAX_COUNT = 10_000
 
 
 @dataclass
@@ -96,8 +98,9 @@ def parse(argv):
     if opts.part == "norm" and opts.variants != "norms":
         raise UsageError(f"--part=norm times the norms of --variants=norms, not --variants={opts.variants}")
     for name in ("rounds", "steps"):
-        if getattr(opts, name) < 1:
-            raise UsageError(f"--{name}={getattr(opts, name)} must be a positive integer")
+        if not 1 <= getattr(opts, name) <= MAX_COUNT:
+            raise UsageError(f"--{name}={getattr(opts, name)} must be an integer from 1 to {MAX_COUNT:,} (a bench of "
+                             f"{MAX_COUNT:,} rounds of {MAX_COUNT:,} steps already runs for days)")
     given = configs.parse_flags(rest)
     # each variant is a run of train.py's flags, resolved as train.py resolves one; they set model flags only, so
     # they share one TrainConfig and device

@@ -13,7 +13,6 @@ from engine import files
 from engine import run_reader
 from engine.flags import UsageError
 
-FINISHED_CODES = (0, 3)  # train.py: 0 finished, 3 diverged
 
 
 @dataclass
@@ -57,6 +56,6 @@ def exit_code(run):
 
 def is_finished(run):
     """The run's end from its log and checkpoint (run_reader.end_state: a run started by --dry_run's commands has no
-    .exit, and one stopped between its final checkpoint and its "done" line has finished), or the exit code 0 or 3
-    recorded beside it."""
-    return run_reader.end_state(run.dir, read_events(run.dir)) is not None or exit_code(run) in FINISHED_CODES
+    .exit, and one stopped between its final checkpoint and its "done" line has finished), held to the exit code
+    recorded beside it (run_reader.agreed_end: a 0 or 3 the log does not bear out is refused, not counted)."""
+    return run_reader.agreed_end(run.dir, read_events(run.dir), exit_code(run), run.dir + ".exit") is not None

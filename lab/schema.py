@@ -5,7 +5,8 @@ before anything is summed or drawn: the shapes of the events plot.py draws (trai
 readers rely on), and read_summary(), the one reader of a summary.json.
 
 A shape is what engine/run_reader.mismatch reads (a dict: an object with at least these keys, and so on).
-check_values() holds a summary's runs to what a shape cannot say (an LR is a number, a finished run has a loss), and
+check_values() holds a summary to what a shape cannot say (an LR is a number, a finished run has a loss, a wall time
+is finite, a claim's n is a count, its metric one of lab/recipes.py's, the page's text one line), and
 check_recipe_name() a recipe's name to a plain name, as the results page names files after it.
 """
 
@@ -17,6 +18,7 @@ from engine import files
 from engine import flags
 from engine.flags import UsageError
 from engine.run_reader import JSON_NAMES, mismatch  # the one shape checker, shared with the log's reader
+from lab import recipes
 
 NUMBER = (int, float)
 MAYBE_NUMBER = (int, float, type(None))
@@ -67,7 +69,8 @@ RECIPE_SUMMARY = {
 # named key -> what it needs
 ENDED_ROW = {"criterion": {"criterion_count": int, "runs": int}, "failed_op": {"failed_op_count": int},
              "grew_most": {"grew_most_count": int}}
-SUMMARY_ALLOWED = "plot.py reads the summary.json that sweep.py writes (the sweep's command again rewrites it)"
+SUMMARY_ALLOWED = ("plot.py reads the summary.json that sweep.py writes; move it away and run the sweep's command "
+                   "again to rebuild it from the runs' logs")
 
 
 def read_summary(path, advice=SUMMARY_ALLOWED):
@@ -118,6 +121,95 @@ def check_values(path, summary, advice=SUMMARY_ALLOWED):
                 found = mismatch(row[key], NUMBER, f"variants[{i}].{key}")
             if found:
                 raise UsageError(f"{path}: {found[:80]}; {advice}")
+    found = carried_meaning(summary) or (recipe_meaning(summary) if summary.get("recipe") else None)
+    if found:
+        raise UsageError(f"{path}: {found}; {advice}")
+
+
+def carried_meaning(summary):
+    """What is wrong with the fields a re-run carries over from a summary (its wall time and machine: summary.
+    previous_summary), or None: wall_s a finite number >= 0, the machine an object whose load is one. Fields a
+    summary does not hold are not asked for, and fields beyond these are left to their readers."""
+    wall = summary.get("wall_s", 0.0)
+    if not (type(wall) in NUMBER and math.isfinite(wall) and wall >= 0):
+        return f"wall_s is {json.dumps(wall)[:40]}, not a finite number of seconds >= 0"
+    machine = summary.get("machine")
+    if machine is None:
+        return None
+    found = mismatch(machine, {"hardware": str, "load": NUMBER, "torch": str, "date": str}, "machine")
+    if found:
+        return found
+    if not (math.isfinite(machine["load"]) and machine["load"] >= 0):
+        return f"machine.load is {machine['load']}, not a finite number >= 0"
+    return None
+
+
+def recipe_meaning(summary):
+    """What a recipe's summary.json says that its shape allows and its meaning does not, or None: what the results
+    page would index, look up, plot or print from it (lab/results_page.py), checked before anything is written."""
+    recipe, claims = summary["recipe"], summary["claims"]
+    design = recipe["design"]
+    for key in ("variants", "lrs", "seeds"):
+        if not design[key]:
+            return f"recipe.design.{key} is empty; a recipe's design has at least one"
+    if not recipe["claims"] and recipe["figure"] in ("metric", "depth"):
+        return f"recipe.claims is empty, and its figure ({recipe['figure']}) plots its first claim's metric"
+    named = [(f"recipe.claims[{i}]", c) for i, c in enumerate(recipe["claims"])]
+    for where, claim in named + [(f"claims[{i}]", c) for i, c in enumerate(claims)]:
+        found = metric_meaning(claim["metric"])
+        if found:
+            return f"{where}.metric is {json.dumps(claim['metric'])[:40]}: {found}"
+    for i, claim in enumerate(claims):
+        found = claim_meaning(claim)
+        if found:
+            return f"claims[{i}].{found}"
+    for i, run in enumerate(summary["runs"]):
+        if summary["mode"] == "ramp" and run["status"] == "diverged":
+            for key in ("peak_lr", "steps_survived"):  # the ramp figure plots where each diverged run stopped
+                if type(run[key]) not in NUMBER:
+                    return f"runs[{i}] diverged in a ramp without its {key}"
+    return printed_text(recipe, "recipe") or next(
+        (found for i, claim in enumerate(claims) if (found := printed_text(claim, f"claims[{i}]"))), None)
+
+
+def metric_meaning(metric):
+    """What is wrong with a claim's metric (name@lr, or a name alone), or None."""
+    name, at, lr = metric.partition("@")
+    if name not in recipes.BETTER:
+        return f"no metric of lab/recipes.py (one of {', '.join(recipes.BETTER)})"
+    if at and not is_lr(lr):
+        return f"{json.dumps(lr)[:20]} is not an LR"
+    return None
+
+
+def claim_meaning(claim):
+    """What is wrong with a judged claim's numbers, or None: n is a count, p-values and power are probabilities,
+    the MDE a size, each interval two numbers in order."""
+    if claim["n"] < 0:
+        return f"n is {claim['n']}, not a number of pairs >= 0"
+    for key in ("p", "p_holm", "power"):
+        value = claim[key]
+        if value is not None and not 0 <= value <= 1:
+            return f"{key} is {value}, not a probability in [0, 1]"
+    if claim["mde"] is not None and not claim["mde"] >= 0:
+        return f"mde is {claim['mde']}, not a size >= 0"
+    for key in ("effect_ci", "difference_ci"):
+        interval = claim[key]
+        if interval is None:
+            continue
+        found = mismatch(interval, [NUMBER, NUMBER], key)
+        if found or not interval[0] <= interval[1]:
+            return found or f"{key} is {interval}, not an interval [low, high]"
+    return None
+
+
+def printed_text(record, where):
+    """What is wrong with a string the page prints from a record, or None: each is one line of printable text, so
+    that none adds a heading, a table row or a list item of its own to the page ("# ..." after a newline)."""
+    for key, value in record.items():
+        if isinstance(value, str) and not value.isprintable():
+            return f"{where}.{key} is {json.dumps(value)[:40]}, not one line of printable text"
+    return None
 
 
 def check_recipe_name(path, summary, advice=SUMMARY_ALLOWED):

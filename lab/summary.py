@@ -58,7 +58,7 @@ def run_record(run):
     evals = [e for e in events if e["event"] == "eval"]
     diverged = next((e for e in events if e["event"] == "diverged"), None)
     code = exit_code(run)
-    end = run_reader.end_state(run.dir, events)
+    end = run_reader.agreed_end(run.dir, events, code, run.dir + ".exit")
     final = evals[-1]["val_loss"] if evals else None
     if end == "diverged" or code == 3 or (final is not None and not math.isfinite(final)):
         status = "diverged"
@@ -438,6 +438,9 @@ def previous_summary(out_dir):
         return {}
     summary = schema.read_summary(path, REBUILD)
     schema.check_summary(path, {"wall_s": 0.0, **summary}, {"wall_s": schema.NUMBER}, REBUILD)
+    found = schema.carried_meaning(summary)  # a NaN wall_s or a machine of "oops" would be carried into the new one
+    if found:
+        raise UsageError(f"{path}: {found}; {REBUILD}")
     return summary
 
 

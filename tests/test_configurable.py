@@ -122,6 +122,7 @@ def test_every_ranged_flag_is_refused_outside_its_range_and_taken_at_its_ends(na
     outside = [v for v, included in zip(ends, (bounds.low_in, bounds.high_in)) if not included]
     outside += [bounds.low - max(abs(bounds.low), 1) / 2 if kind is float else bounds.low - 1]
     outside += [bounds.high * 2] if bounds.high != math.inf else []
+    outside += [bounds.low / 2] if kind is float and bounds.low > 0 else []  # below a floor above 0 (1e-300 passed)
     if bounds.off:
         inside.append(0.0)
         outside = [v for v in outside if v != 0] + [bounds.low / 2]
@@ -137,6 +138,18 @@ def test_every_ranged_flag_is_refused_outside_its_range_and_taken_at_its_ends(na
         with pytest.raises(flags.UsageError) as error:
             configs.resolve({**base, name: value}, machine=False)
         assert str(error.value).startswith(f"--{name}={value} must be {bounds.said or bounds.text()}"), str(error.value)
+
+
+FLOAT_RANGES = sorted(n for n in RANGES if flags.plain_type(flags.field_types(*CONFIGS)[n])[0] is float)
+
+
+@pytest.mark.parametrize("name", FLOAT_RANGES)
+def test_no_float_range_is_open_at_zero(name):
+    """A range is closed at its lower end, or its floor is above 0: one open at 0 took 1e-300, which is 0 in float32
+    (--lr=1e-300 learned nothing, --init_std=1e-300 ended at ln 256). 0 itself is allowed only where it means
+    something (off, no decay, no memory)."""
+    bounds = RANGES[name]
+    assert bounds.low_in, f"{name}: {bounds.text()} takes any value above {bounds.low:g}"
 
 
 def test_every_preset_names_real_flags():
@@ -179,7 +192,7 @@ def test_bad_flags_are_one_clear_line(argv, expected):
     (["--n_embd=30", "--n_head=4"], "--n_embd=30 must be divisible by --n_head=4"),
     (["--layout=post", "--scale_resids"], "--scale_resids"),
     (["--init=xavier", "--init_std=0.1"], "--init_std"),
-    (["--pn_alpha_fwd=1.5"], "--pn_alpha_fwd=1.5 must be in (0, 1)"),
+    (["--pn_alpha_fwd=1.5"], "--pn_alpha_fwd=1.5 must be in [0, 1)"),
 ])
 def test_meaningless_combinations_fail_at_config_time(argv, expected):
     with pytest.raises(flags.UsageError) as error:

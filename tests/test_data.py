@@ -249,6 +249,22 @@ def test_a_single_file_must_be_utf8_text(tmp_path):
     assert not (tmp_path / "data").exists()  # a bad corpus writes nothing, not even the lock file
 
 
+@pytest.mark.parametrize("encoding, advice", [
+    ("utf-16", "it is UTF-16 text; convert it to UTF-8, e.g. iconv -f utf-16 -t utf-8"),
+    ("utf-16-be", "it is UTF-16 text; convert it to UTF-8, e.g. iconv -f utf-16 -t utf-8"),
+    ("utf-32", "it is UTF-32 text; convert it to UTF-8, e.g. iconv -f utf-32 -t utf-8"),
+    ("latin-1", "it is in another encoding, such as latin-1; convert it to UTF-8, e.g. iconv -f latin1 -t utf-8"),
+    (None, "it holds NUL bytes: a binary file, not text; give a text file"),
+])
+def test_a_file_that_is_not_utf8_is_told_what_it_is(tmp_path, encoding, advice):
+    """Issue 46: a UTF-16 corpus was told to use iconv -f latin1, which would turn its NUL bytes into text."""
+    path = tmp_path / "corpus.txt"
+    path.write_bytes("Café au lait\n".encode(encoding) * 20 if encoding else bytes(range(256)) * 4)
+    with pytest.raises(data.DataError) as error:
+        data.prepare(str(path), data_dir=str(tmp_path / "data"))
+    assert str(error.value) == f"--dataset={path}: {path} is not UTF-8 text ({advice})"
+
+
 def test_load_meta_checks_the_bin_sizes_and_changes_nothing(letters):
     folder, corpus = letters
     train_bin = Path(folder) / "train.bin"

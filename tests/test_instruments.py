@@ -27,11 +27,11 @@ def test_ramp_schedule_values():
 
 
 def test_loss_bound_stops_before_the_first_update(corpus, tmp_path, capsys):
-    assert run(corpus, tmp_path, *TINY, "--max_iters=6", "--eval_interval=2", "--diverge_loss=0.5") == 3
+    assert run(corpus, tmp_path, *TINY, "--max_iters=6", "--eval_interval=2", "--diverge_loss=1.0") == 3
     out = tmp_path / "out"
     [event] = events(out, "diverged")  # above the bound on 3 steps in a row: steps 0, 1 and 2
-    assert event["step"] == 2 and event["steps_survived"] == 2 and "above the bound 0.5000" in event["reason"]
-    assert len(event["loss_tail"]) == 3 and min(event["loss_tail"]) > 0.5
+    assert event["step"] == 2 and event["steps_survived"] == 2 and "above the bound 1.0000" in event["reason"]
+    assert len(event["loss_tail"]) == 3 and min(event["loss_tail"]) > 1.0
     assert "q@k needs --attn_impl=manual" in event["note"]
     assert [n for n in os.listdir(out) if n.startswith("ckpt")] == ["ckpt-2.pt", "ckpt.pt"] or \
         sorted(n for n in os.listdir(out) if n.startswith("ckpt")) == ["ckpt.pt"]
@@ -69,7 +69,7 @@ def plant(factor, where):
 ])
 def test_forensics_names_the_planted_op_and_layer(corpus, tmp_path, monkeypatch, factor, where, expected):
     monkeypatch.setattr(model.GPT, "init_weights", plant(factor, where))
-    assert run(corpus, tmp_path, *TINY, "--max_iters=4", "--attn_impl=manual", "--diverge_loss=0.01") == 3
+    assert run(corpus, tmp_path, *TINY, "--max_iters=4", "--attn_impl=manual", "--diverge_loss=1.0") == 3
     [event] = events(tmp_path / "out", "diverged")
     failed = event["failed_op"]
     assert (failed["op"], failed["layer"], failed["pass"]) == (*expected, "forward")

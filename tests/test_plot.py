@@ -15,6 +15,7 @@ import lab.summary
 import plot
 from lab import figures
 from lab import recipes
+from lab import schema
 import sweep
 import configs
 import train
@@ -120,6 +121,20 @@ def test_bad_input_is_one_line(tmp_path, capsys, make, expected):
     assert plot.main([*make(tmp_path), f"--out={tmp_path / 'png'}"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("plot.py: ") and expected in err and err.count("\n") == 1
+    assert not os.path.exists(tmp_path / "png")
+
+
+@pytest.mark.parametrize("started", ["sweep/baseline/1e-2/0.out", "run/config.json", "run/run.lock"])
+def test_a_folder_whose_runs_have_not_logged_yet_is_told_so(tmp_path, capsys, started):
+    """Issue 46: plot.py on a sweep that had just started said it "holds no log.jsonl; pass run folders ... or sweep
+    folders", which it is: it says that its runs have not logged yet."""
+    path = tmp_path / started
+    os.makedirs(path.parent)
+    path.write_text("")
+    given = tmp_path / started.split("/")[0]
+    assert plot.main([str(given), f"--out={tmp_path / 'png'}"]) == 2
+    assert capsys.readouterr().err == (f"plot.py: {given} holds no log.jsonl yet: its runs have started but logged "
+                                       "nothing; plot it once they have\n")
     assert not os.path.exists(tmp_path / "png")
 
 
@@ -322,6 +337,54 @@ def test_a_malformed_summary_is_one_line_before_anything_is_drawn(tmp_path, caps
     assert plot.main([*args, f"--out={tmp_path / 'png'}"]) == 2
     assert_one_line(capsys, f"plot.py: {tmp_path / 'sweep' / 'summary.json'}: {expected}")
     assert not os.path.exists(tmp_path / "png")
+
+
+# issue 46: values a summary's shape allows and its meaning does not; each was a traceback (IndexError, KeyError,
+# TypeError, ValueError) after docs/ was made, or text on the page (a heading, "n pairs -3")
+MEANINGLESS = {
+    "no claim for a metric figure": (lambda s: s["recipe"].update(figure="metric", claims=[]),
+                                     "recipe.claims is empty, and its figure (metric) plots its first claim's metric"),
+    "a metric no recipe has": (lambda s: s["claims"][0].update(metric="bogus@1.0"),
+                               'claims[0].metric is "bogus@1.0": no metric of lab/recipes.py'),
+    "a metric at no LR": (lambda s: s["recipe"]["claims"][0].update(metric="steps_survived@fast"),
+                          'recipe.claims[0].metric is "steps_survived@fast": "fast" is not an LR'),
+    "no seeds": (lambda s: s["recipe"]["design"].update(seeds=[]), "recipe.design.seeds is empty"),
+    "an interval of words": (lambda s: s["claims"][0].update(effect_ci=["a", "b"]),
+                             "claims[0].effect_ci[0] is a string, not a number"),
+    "an interval upside down": (lambda s: s["claims"][0].update(effect_ci=[0.5, -0.5]),
+                                "claims[0].effect_ci is [0.5, -0.5], not an interval [low, high]"),
+    "a diverged ramp run without its LR": (lambda s: s["runs"][0].update(peak_lr=None),
+                                           "runs[0] diverged in a ramp without its peak_lr"),
+    "a heading in the title": (lambda s: s["recipe"].update(title="a tiny ramp\n# Injected"),
+                               'recipe.title is "a tiny ramp\\n# Injected", not one line of printable text'),
+    "a negative count of pairs": (lambda s: s["claims"][0].update(n=-3),
+                                  "claims[0].n is -3, not a number of pairs >= 0"),
+    "a p-value past 1": (lambda s: s["claims"][0].update(p_holm=1.5), "claims[0].p_holm is 1.5, not a probability"),
+    "a machine of a word": (lambda s: s.update(machine="oops"), "machine is a string, not an object"),
+    "a NaN wall time": (lambda s: s.update(wall_s=math.nan), "wall_s is NaN, not a finite number of seconds >= 0"),
+    "a negative load": (lambda s: s["machine"].update(load=-1), "machine.load is -1, not a finite number >= 0"),
+}
+
+
+@pytest.mark.parametrize("damage", list(MEANINGLESS))
+def test_a_summary_whose_values_mean_nothing_is_one_line_before_anything_is_written(tmp_path, capsys, damage):
+    summary = recipe_summary()
+    edit, expected = MEANINGLESS[damage]
+    edit(summary)
+    write_json(tmp_path / "sweeps" / "tiny" / "summary.json", summary)
+    assert plot.main([f"--experiments={tmp_path / 'sweeps'}", f"--out={tmp_path / 'docs'}"]) == 2
+    assert_one_line(capsys, f"plot.py: {tmp_path / 'sweeps' / 'tiny' / 'summary.json'}: {expected}",
+                    "move it away and run the sweep's command again to rebuild it from the runs' logs")
+    assert not os.path.exists(tmp_path / "docs")
+
+
+def test_a_summary_with_fields_beyond_the_readers_is_read():
+    """The checks hold the fields the readers read and leave any other (a newer sweep.py's) alone."""
+    summary = recipe_summary()
+    summary.update(design_hash="abc", pilot={"seeds": [10]}, per_seed=[[1, 2]])
+    summary["recipe"]["design"]["pilot"] = {"n": 2}
+    summary["claims"][0]["per_seed"] = {"0": 1.0}
+    assert schema.check_values("summary.json", summary) is None
 
 
 @pytest.mark.parametrize("name", ["../../x", "a/b", "..", ""])

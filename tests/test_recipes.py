@@ -20,7 +20,7 @@ import sweep
 import configs
 import train
 from presets import PRESETS
-from conftest import SWEEP_TINY, check_png
+from conftest import SWEEP_TINY, check_png, last_of_each
 
 
 def test_every_recipe_can_reach_significance_at_holms_first_step():
@@ -129,8 +129,8 @@ def tiny_experiments(corpus, tmp_path_factory):  # noqa: F811 (the fixture impor
                                               reference="baseline+n_layer=2",
                                               minus=("norm=rmsnorm+n_layer=1", "baseline+n_layer=1"))]),
         "tiny_ratio": tiny_recipe("lr", "grad_ratio", ["baseline", "norm=rmsnorm"],
-                                  [*common, "--n_layer=2", "--max_iters=12", "--eval_interval=12",
-                                   "--telemetry_interval=5"],
+                                  last_of_each([*common, "--n_layer=2", "--max_iters=12", "--eval_interval=12",
+                                                "--telemetry_interval=5"]),
                                   [tiny_claim("norm=rmsnorm", "grad_ratio@1e-2"),
                                    tiny_claim("norm=rmsnorm", "fc2_grad_ratio@1e-2")], lrs=("1e-2",))}
     patch = pytest.MonkeyPatch()

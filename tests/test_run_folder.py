@@ -2,6 +2,7 @@
 resumes, and exact resume under torchrun with gradient accumulation and dropout."""
 
 import dataclasses
+import errno
 import json
 import os
 import shlex
@@ -190,7 +191,9 @@ FOREIGN = [
     ("weights only", lambda c: c["model"], "is not a nanonorm checkpoint (it lacks model, optimizer"),
     ("no optimizer", drop("optimizer"), "is not a nanonorm checkpoint (it lacks optimizer)"),
     ("no model_config", drop("model_config"), "(it lacks model_config)"),
-    ("other shapes", other_shapes, "the checkpoint does not fit its own model"),
+    # torch's error names the key (its first line alone said "Error(s) in loading state_dict for GPT:")
+    ("other shapes", other_shapes, "the checkpoint does not fit its own model (Error(s) in loading state_dict for "
+     "GPT: size mismatch for "),
     ("foreign model_config", lambda c: {**c, "model_config": {**c["model_config"], "n_expert": 8}},
      "(model_config.n_expert is not a flag of this model.py)"),
     ("a list", lambda c: [1, 2, 3], "is not a nanonorm checkpoint"),
@@ -207,7 +210,7 @@ FOREIGN = [
      "(model_config.norm is 3, not one of layernorm"),
     # a value out of its flag's range names the checkpoint's field, not a flag the user never gave
     ("a config value out of range", lambda c: {**c, "train_config": {**c["train_config"], "lr": -5.0}},
-     "(train_config.lr=-5.0 must be in (0, 1000]"),
+     "(train_config.lr=-5.0 must be in [1e-07, 1000]"),
     ("configs that do not fit", lambda c: {**c, "model_config": {**c["model_config"], "n_head": 3}},
      "(model_config.n_embd=32 must be divisible by model_config.n_head=3)"),
     # the instruments' state and the data's sha256, which a resume reads on
@@ -215,6 +218,13 @@ FOREIGN = [
     ("an empty divergence state", lambda c: {**c, "divergence": {}}, "(divergence.max_loss is missing)"),
     ("a tensor in the spike window", lambda c: {**c, "spike_monitor": {**c["spike_monitor"], "losses": [
         torch.tensor(1.0)]}}, "(spike_monitor.losses[0] is a Tensor, not a number)"),
+    # issue 46: NaN weights were a run that "diverged" (exit code 3, which a sweep counts as a result), and an empty
+    # optimizer state was "('param_groups')"
+    ("NaN weights", lambda c: {**c, "model": {k: v * float("nan") if v.is_floating_point() else v
+                                              for k, v in c["model"].items()}},
+     "is not a nanonorm checkpoint (it holds non-finite weights (wte.weight and others)); it is damaged"),
+    ("an empty optimizer state", lambda c: {**c, "optimizer": {}},
+     "(optimizer is not AdamW's state (a dict of state and a list of param_groups))"),
     ("data_sha256 as a number", lambda c: {**c, "data_sha256": 5},
      "(data_sha256 is 5, not the sha256 of a text (64 hex digits))"),
 ]
@@ -521,7 +531,7 @@ def test_a_refused_resume_says_one_line_not_the_checkpoint_it_would_have_taken(c
 def test_resuming_a_diverged_run_logs_one_diverged_event(corpus, tmp_path):
     out = tmp_path / "out"
     # above --diverge_loss three steps in a row: diverged at step 2, just after the step-2 checkpoint
-    diverging = flags(corpus, out, "--max_iters=4", "--eval_interval=2", "--diverge_loss=0.5")
+    diverging = flags(corpus, out, "--max_iters=4", "--eval_interval=2", "--diverge_loss=1.0")
     assert train.main(diverging) == 3
     assert [e["step"] for e in events(out, "diverged")] == [2]
     assert torch.load(out / "ckpt.pt", weights_only=True)["step"] == 2
@@ -554,3 +564,80 @@ def test_a_log_line_with_damaged_fields_is_refused_in_one_line(corpus, checkpoin
     err = capsys.readouterr().err
     assert err == f"train.py: {log}:2: {says}; it is not a log nanonorm wrote\n"
     assert {p.name: p.read_bytes() for p in checkpointed.iterdir() if p.is_file()} == before
+
+
+def run_files_of(out):
+    return {p.name: p.read_bytes() for p in out.iterdir() if p.name != "run.lock"}
+
+
+@pytest.fixture
+def two_runs(corpus, tmp_path):
+    """Two finished 2-step runs that a resume could extend: a layernorm one, and one of another norm or seed."""
+    def make(*more):
+        mine, other = tmp_path / "mine", tmp_path / "other"
+        assert train.main(flags(corpus, mine, "--max_iters=2", "--eval_interval=2")) == 0
+        assert train.main(flags(corpus, other, "--max_iters=2", "--eval_interval=2", *more)) == 0
+        return mine, other
+    return make
+
+
+def test_a_checkpoint_of_another_run_is_not_adopted(corpus, two_runs, capsys):
+    """Issue 46: a --norm=rmsnorm run's ckpt.pt copied into a layernorm run's folder (its numbered checkpoint
+    removed) was resumed: exit 0, config.json rewritten to rmsnorm, the log keeping the layernorm run's steps. The
+    checkpoint is held to config.json first: one line, exit code 2, nothing written."""
+    mine, other = two_runs("--norm=rmsnorm")
+    shutil.copy(other / "ckpt.pt", mine / "ckpt.pt")
+    os.remove(mine / "ckpt-2.pt")
+    before = run_files_of(mine)
+    capsys.readouterr()
+    assert train.main(flags(corpus, mine, "--resume", "--max_iters=4")) == 2
+    err = capsys.readouterr().err
+    assert err == (f"train.py: --resume: the checkpoint at step 2 is not the run of {mine}/config.json: its "
+                   "model_config.norm is 'rmsnorm', config.json says 'layernorm'; put the run's own checkpoint back, "
+                   "or start a new run in another --out_dir (or --overwrite)\n"), err
+    assert run_files_of(mine) == before
+
+
+def test_a_log_of_another_run_is_not_adopted(corpus, two_runs, capsys):
+    """Issue 46: another run's log.jsonl copied in was continued. The log's evaluation at the checkpoint's best step
+    must have logged the checkpoint's best val loss; a missing log is still a note, not a refusal."""
+    mine, other = two_runs("--seed=7")
+    shutil.copy(other / "log.jsonl", mine / "log.jsonl")
+    before = run_files_of(mine)
+    capsys.readouterr()
+    assert train.main(flags(corpus, mine, "--resume", "--max_iters=4")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"train.py: --resume: {mine}/log.jsonl is not the checkpoint's run: the checkpoint's "
+                          "best val loss is ") and "at step 2, the log has val loss " in err, err
+    assert err.count("\n") == 1
+    assert run_files_of(mine) == before
+    os.remove(mine / "log.jsonl")
+    assert train.main(flags(corpus, mine, "--resume", "--max_iters=4")) == 0
+    assert f"{mine}/log.jsonl is missing" in capsys.readouterr().err
+
+
+def test_a_run_whose_first_checkpoint_failed_is_told_to_start_again_with_overwrite(corpus, tmp_path, monkeypatch,
+                                                                                     capsys):
+    """Issue 46: with a capped file size (ulimit -f) the first checkpoint failed with "the previous checkpoint is
+    kept" (there was none); the same command then said "continue it with --resume", and --resume "start without
+    --resume": a circle that never named --overwrite. Each line now says what the folder holds and what works."""
+    out = tmp_path / "out"
+    real_save = torch.save
+
+    def too_large(*args, **kwargs):
+        raise OSError(errno.EFBIG, "File too large")
+
+    monkeypatch.setattr(torch, "save", too_large)
+    assert train.main(flags(corpus, out, "--max_iters=2", "--eval_interval=2")) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"train.py: cannot write {out / 'ckpt.pt'} (File too large); the run has no checkpoint yet: once the file can "
+        "be written, start it again with --overwrite")
+    monkeypatch.setattr(torch, "save", real_save)
+    assert train.main(flags(corpus, out, "--max_iters=2", "--eval_interval=2")) == 2
+    assert capsys.readouterr().err == (f"train.py: --out_dir={out} holds a run's files but no checkpoint "
+                                       "(config.json, log.jsonl), so --resume has nothing to continue; replace them "
+                                       "with --overwrite, or choose another --out_dir\n")
+    assert train.main(flags(corpus, out, "--max_iters=2", "--eval_interval=2", "--resume")) == 2
+    assert capsys.readouterr().err == (f"train.py: --resume: no checkpoint in {out} (its run stopped before its first "
+                                       "checkpoint: start it again with --overwrite)\n")
+    assert train.main(flags(corpus, out, "--max_iters=2", "--eval_interval=2", "--overwrite")) == 0

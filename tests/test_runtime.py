@@ -35,6 +35,12 @@ BAD_ENV = [
     ({**TORCHRUN, "RANK": "2"}, "RANK=2 with WORLD_SIZE=2 in the environment: a RANK goes from 0 to WORLD_SIZE - 1"),
     ({**TORCHRUN, "LOCAL_RANK": "2"}, "LOCAL_RANK=2 with LOCAL_WORLD_SIZE=2 in the environment"),
     ({**TORCHRUN, "LOCAL_WORLD_SIZE": "4"}, "LOCAL_WORLD_SIZE=4 with WORLD_SIZE=2 in the environment"),
+    # issue 46: each was a torch traceback from the rendezvous
+    ({**TORCHRUN, "MASTER_PORT": "abc"}, "MASTER_PORT=abc in the environment is not a TCP port (an integer from 1 to "
+     "65535)"),
+    ({**TORCHRUN, "MASTER_PORT": "99999"}, "MASTER_PORT=99999 in the environment is not a TCP port"),
+    ({**TORCHRUN, "MASTER_PORT": "0"}, "MASTER_PORT=0 in the environment is not a TCP port"),
+    ({**TORCHRUN, "MASTER_ADDR": ""}, "MASTER_ADDR is empty in the environment"),
 ]
 IDS = [" ".join(f"{k}={v}" for k, v in env.items()) for env, _ in BAD_ENV]
 
@@ -104,3 +110,17 @@ def test_world_size_2_without_torchrun_writes_nothing_and_the_same_command_says_
         assert result.returncode == 2
         one_line(result.stderr, "train.py", "WORLD_SIZE=2 is set in the environment but RANK is not")
         assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["train.py", "sweep.py", "sample.py"])
+def test_a_ctrl_c_while_torch_imports_is_one_line_and_130(tmp_path, script):
+    """Issue 46: a Ctrl-C in the first seconds (while torch imports) printed a KeyboardInterrupt traceback and exited
+    with -2. A stand-in torch sends the Ctrl-C from inside its import, every time."""
+    fake = tmp_path / "fake" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(30)\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "fake")}
+    done = subprocess.run([sys.executable, os.path.join(ROOT, script), "--help"], env=env, capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path)
+    assert (done.returncode, done.stderr) == (130, f"{script}: stopped by Ctrl-C while starting; nothing was written\n")

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -18,6 +19,8 @@ import typing
 import pytest
 
 from engine import run_folder
+from engine import run_reader
+from engine.flags import UsageError as flags_error
 from engine import files
 import data
 import lab.claims
@@ -28,7 +31,7 @@ import lab.summary
 import sweep
 import configs
 import train
-from conftest import FailingWrites, ROOT, SWEEP_TINY, prepared
+from conftest import FailingWrites, ROOT, SWEEP_TINY, last_of_each, prepared, without
 
 HAS_RAMP = "ramp" in typing.get_args(configs.TrainConfig.__annotations__["lr_schedule"])
 LN_V = math.log(256)  # the failure loss of the byte tokenizer (lab/claims.FAILURE_RULE)
@@ -165,14 +168,16 @@ def test_dry_run_commands_parse_with_train_parser(tmp_path, capsys, mode):
 ])
 def test_the_runs_flags_pass_train_checks_before_anything_starts(tmp_path, capsys, flags, expected):
     """What train.py would refuse at its start is refused for every run before the first starts, --dry_run too."""
-    assert sweep.main(["--variants=baseline", "--lrs=1e-2", *flags, "--dry_run", f"--out_dir={tmp_path / 's'}"]) == 2
+    assert sweep.main([*without(["--variants=baseline", "--lrs=1e-2"], flags), *flags, "--dry_run",
+                       f"--out_dir={tmp_path / 's'}"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("sweep.py: ") and expected in err and err.count("\n") == 1, err
 
 
 @pytest.mark.skipif(sweep.runtime.torch.cuda.is_available(), reason="a machine with a GPU runs --device=cuda")
 def test_a_device_this_machine_lacks_is_refused_unless_the_commands_are_for_another(tmp_path, capsys):
-    argv = ["--variants=baseline", "--lrs=1e-2", f"--out_dir={tmp_path / 's'}", *SWEEP_TINY, "--device=cuda"]
+    argv = ["--variants=baseline", "--lrs=1e-2", f"--out_dir={tmp_path / 's'}", *without(SWEEP_TINY, ["--device"]),
+            "--device=cuda"]
     assert sweep.main(argv) == 2
     assert "--device=cuda: CUDA is not available here" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "s")
@@ -209,7 +214,7 @@ def test_a_device_this_machine_lacks_is_refused_unless_the_commands_are_for_anot
     (["--variants=baseline,dataset=/tmp/c.txt", "--lrs=1e-2", "--dry_run"], "give a path as a flag to every run"),
     (["--variants=norm=rmsnorm,norm=rmsnorm+bias=True", "--lrs=1e-2", "--dry_run"],
      "norm=rmsnorm and norm=rmsnorm+bias=True are the same runs"),
-    (["--variants=baseline,preset=baseline+n_layer=4", "--lrs=1e-2", "--dry_run", "--n_layer=4"], "are the same runs"),
+    (["--variants=baseline,preset=baseline+n_layer=4", "--lrs=1e-2", "--dry_run"], "are the same runs"),  # 4: default
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, flags, expected):
     assert sweep.main([*flags, f"--out_dir={tmp_path / 'sweep'}"]) == 2
@@ -333,8 +338,10 @@ def test_a_run_train_py_would_refuse_is_refused_before_any_run_starts(corpus, tm
     train.py refuses before it trains, for any run of the grid (the last one too), is one line and exit code 2
     before the first run starts or the sweep folder is made."""
     monkeypatch.setattr(sweep.pool, "run_all", lambda *args: pytest.fail("a run was started"))
-    argv = ["--variants=baseline", "--lrs=1e-2", f"--out_dir={tmp_path / 'sweep'}", f"--dataset={corpus}",
-            f"--data_dir={prepared(corpus)}", *SWEEP_TINY, *flags(tmp_path)]
+    extra = flags(tmp_path)
+    variants = [part for e in extra if e.startswith("--variants=") for v in e[11:].split(",") for part in v.split("+")]
+    argv = [*without(["--variants=baseline", "--lrs=1e-2", f"--out_dir={tmp_path / 'sweep'}", f"--dataset={corpus}",
+                      f"--data_dir={prepared(corpus)}", *SWEEP_TINY], extra + [f"--{v}" for v in variants]), *extra]
     assert sweep.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("sweep.py: ") and expected in err and err.count("\n") == 1, err
@@ -753,8 +760,8 @@ def test_a_rerun_with_other_flags_is_refused_naming_the_run_and_the_setting(corp
     """Runs trained with 2 layers and 6 steps are not the runs of a command asking for 3 layers and 9 steps: one
     line naming the run and the first differing setting, exit code 2, nothing written; the same command again
     (whose resolved configs match, with the keys train.py resolves at the start) takes them as finished."""
-    argv = ["--variants=baseline", "--lrs=1e-2", f"--out_dir={tmp_path / 'sweep'}", *SWEEP_TINY, "--n_layer=2",
-            "--max_iters=6", f"--dataset={corpus}", f"--data_dir={prepared(corpus)}"]
+    argv = last_of_each(["--variants=baseline", "--lrs=1e-2", f"--out_dir={tmp_path / 'sweep'}", *SWEEP_TINY,
+                         "--n_layer=2", "--max_iters=6", f"--dataset={corpus}", f"--data_dir={prepared(corpus)}"])
     [run] = sweep.grid(sweep.parse_args(argv))
     finished_as(run, argv, drop=("z_loss",))  # an older config.json: z_loss counts as its default
     assert sweep.main([*argv, "--dry_run"]) == 0
@@ -762,7 +769,7 @@ def test_a_rerun_with_other_flags_is_refused_naming_the_run_and_the_setting(corp
     before = sorted(os.listdir(tmp_path / "sweep"))
     for other, setting in ((["--n_layer=3", "--max_iters=9"], "n_layer"), (["--z_loss=1e-4"], "z_loss"),
                            (["--dataset=shakespeare"], "dataset")):
-        assert sweep.main([*argv, *other]) == 2
+        assert sweep.main([*without(argv, other), *other]) == 2
         err = capsys.readouterr().err
         assert err.startswith("sweep.py: ") and err.count("\n") == 1, err
         assert run.dir in err and f"--{setting}" in err and "--out_dir" in err
@@ -1051,3 +1058,123 @@ def test_a_nan_loss_at_initialization_yields_a_summary_on_every_rerun(corpus, tm
         final = next(c for c in summary["comparisons"] if c["metric"] == "final_loss@1e-2")
         assert final["variant_values"] == {"median": LN_V, "min": LN_V, "max": LN_V, "n": 2}
     assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("log, code, says", [
+    ("done", 3, ".exit records exit code 3 (diverged), but {log} ends in done"),
+    ("diverged", 0, ".exit records exit code 0 (done), but {log} ends in diverged"),
+    ("removed", 0, ".exit records exit code 0 (done), but {log} is gone"),
+    ("folder removed", 0, ".exit records exit code 0 (done), but the run's folder {dir} is gone"),
+])
+def test_an_exit_code_the_log_does_not_bear_out_is_refused(corpus, tmp_path, capsys, log, code, says):
+    """Issue 46: `echo 3 > <run>.exit` beside a log that ends in done made a re-run count the run as diverged, and a
+    run whose log.jsonl was removed counted as done with a null final loss. train.py exits 0 or 3 only after logging
+    that end: where the two disagree the sweep refuses in one line, exit code 2, and writes nothing."""
+    argv, (first, _) = two_runs(tmp_path, corpus)
+    start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
+    end = {"event": "done", "step": 2, "val_loss": 5.0} if log != "diverged" else diverged(2, 0.01, "fc2", 0)
+    write_log(first.dir, [start, end])
+    write_config(first, argv)
+    with open(first.dir + ".exit", "w") as f:
+        f.write(f"{code}\n")
+    if log == "removed":
+        os.remove(os.path.join(first.dir, "log.jsonl"))
+    if log == "folder removed":
+        shutil.rmtree(first.dir)
+    before = sorted(os.listdir(tmp_path / "sweep"))
+    assert sweep.main(argv) == 2
+    err = capsys.readouterr().err
+    expected = says.format(log=os.path.join(first.dir, "log.jsonl"), dir=first.dir)
+    assert err.startswith(f"sweep.py: {first.dir}.exit records") and expected in err and err.count("\n") == 1, err
+    assert sorted(os.listdir(tmp_path / "sweep")) == before
+
+
+def test_log_steps_that_go_back_are_refused(tmp_path):
+    """Issue 46: a log whose steps go back (two logs pasted, an edit) was kept; it is one line naming the line."""
+    path = tmp_path / "log.jsonl"
+    lines = [{"event": "eval", "step": 0, "val_loss": 5.0}, {"event": "train", "step": 6, "loss": 4.0, "lr": 0.1},
+             {"event": "train", "step": 3, "loss": 4.5, "lr": 0.1}]
+    path.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    with pytest.raises(flags_error) as error:
+        run_reader.read_log(str(path))
+    assert str(error.value) == (f"{path}:3: step 3 after step 6; a run's log goes forward in steps, so this is not "
+                                "one run's log")
+    path.write_text("".join(json.dumps(e) + "\n" for e in sorted(lines, key=lambda e: e["step"])))
+    assert [e["step"] for e in run_reader.read_log(str(path))[0]] == [0, 3, 6]
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--lrs=1e-2", "--lrs=3e-2"], "--lrs is given twice (--lrs=1e-2, then --lrs=3e-2); give each flag once"),
+    (["--z_loss=1e-4", "--z_loss=1e-3"], "--z_loss is given twice (--z_loss=1e-4, then --z_loss=1e-3)"),
+    (["--variants=norm=rmsnorm", "--norm=layernorm"], "--norm is set by the variant norm=rmsnorm too; give it in the "
+                                                      "variants or on the command line, not both"),
+], ids=["sweep flag", "train flag", "a variant's flag"])
+def test_a_flag_given_twice_is_refused(corpus, tmp_path, capsys, monkeypatch, extra, says):
+    """Issue 46: `sweep.py --lrs=1e-2 --lrs=3e-2` ran only 3e-2; a flag the variant sets as well was the variant's
+    without a word. Each is one line before anything runs or is written."""
+    monkeypatch.setattr(sweep.pool, "run_all", lambda *args: pytest.fail("a run was started"))
+    base = [f"--out_dir={tmp_path / 'sweep'}", f"--dataset={corpus}", f"--data_dir={prepared(corpus)}", *SWEEP_TINY]
+    variants = [] if any(e.startswith("--variants") for e in extra) else ["--variants=baseline"]
+    lrs = [] if any(e.startswith("--lrs") for e in extra) else ["--lrs=1e-2"]
+    assert sweep.main([*variants, *lrs, *base, *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sweep.py: ") and says in err and err.count("\n") == 1, err
+    assert not os.path.exists(tmp_path / "sweep")
+
+
+def test_a_recipes_flag_given_on_the_command_line_replaces_it_once(capsys):
+    """The command line's train.py flags replace the recipe's (train.py would refuse one given twice)."""
+    name = next(n for n, r in lab.recipes.RECIPES.items() if any(f.startswith("--max_iters=") for f in r.flags))
+    assert sweep.main([f"--recipe={name}", "--max_iters=3", "--dry_run"]) == 0
+    commands = [shlex.split(line) for line in capsys.readouterr().out.splitlines()]
+    assert commands and all([a for a in c if a.startswith("--max_iters")] == ["--max_iters=3"] for c in commands)
+
+
+def test_the_same_sweep_started_twice_at_once_refuses_the_second(corpus, tmp_path, capsys, monkeypatch):
+    """Issue 46: two copies of one sweep started the same runs, printed "exit 2" lines and both exited 0. The sweep
+    holds its folder's lock (sweep.running.lock) for its whole life: a second one is one line, exit code 2, and
+    starts nothing. --dry_run, which runs nothing, takes no lock."""
+    monkeypatch.setattr(sweep.pool, "run_all", lambda *args: pytest.fail("a run was started"))
+    argv, _ = two_runs(tmp_path, corpus)
+    os.makedirs(tmp_path / "sweep", exist_ok=True)
+    with open(tmp_path / "sweep" / sweep.RUNNING, "a") as held:  # the first sweep, running
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.write("4242 elsewhere\n")
+        held.flush()
+        assert sweep.main([*argv, "--dry_run"]) == 0
+        capsys.readouterr()
+        assert sweep.main(argv) == 2
+        assert capsys.readouterr().err == (f"sweep.py: --out_dir={tmp_path / 'sweep'} is in use by another sweep "
+                                           "(PID 4242 on elsewhere); wait for it to end or stop it, or choose another "
+                                           "--out_dir\n")
+
+
+def test_a_train_py_run_folder_is_no_sweep_folder(corpus, tmp_path, capsys):
+    """Issue 46: sweep.py took a train.py run's folder as --out_dir and put its runs among the run's files."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "log.jsonl").write_text('{"event": "eval", "step": 0, "val_loss": 5.0}\n')
+    (run / "config.json").write_text("{}")
+    before = sorted(os.listdir(run))
+    assert sweep.main(["--variants=baseline", "--lrs=1e-2", f"--out_dir={run}", f"--dataset={corpus}",
+                       *SWEEP_TINY, "--dry_run"]) == 2
+    assert capsys.readouterr().err == (f"sweep.py: --out_dir={run} is a train.py run's folder (it holds config.json, "
+                                       "log.jsonl); give the sweep a folder of its own\n")
+    assert sorted(os.listdir(run)) == before
+
+
+@pytest.mark.parametrize("carried, says", [
+    ({"machine": "oops"}, "machine is a string, not an object"),
+    ({"wall_s": math.nan}, "wall_s is NaN, not a finite number of seconds >= 0"),
+])
+def test_a_rerun_does_not_carry_a_meaningless_field_forward(tmp_path, carried, says):
+    """Issue 46: `machine='oops'` and a NaN wall_s survived a re-run, which carries both over; the re-run refuses the
+    summary in one line (it is left as it is) and says how to rebuild it."""
+    path = tmp_path / "summary.json"
+    text = json.dumps({"mode": "lr", "wall_s": 12.0, "machine": {"hardware": "cpu", "load": 1.0, "torch": "2",
+                                                                  "date": "2026-11-24"}, **carried})
+    path.write_text(text)
+    with pytest.raises(flags_error) as error:
+        lab.summary.previous_summary(str(tmp_path))
+    assert str(error.value) == f"{path}: {says}; {lab.summary.REBUILD}"
+    assert path.read_text() == text
