@@ -253,36 +253,6 @@ def get_json(url):
         return json.load(response)
 
 
-@pytest.mark.slow
-def test_tensorboard_serves_every_run_of_a_sweep_and_its_scalar_tags(sweep_tree, tmp_path):
-    """`tensorboard --logdir=<sweep folder>` on a free loopback port: its HTTP API lists every run and the scalar
-    tags of each; stopped within the test's time bound either way."""
-    port = free_port()
-    with open(tmp_path / "tensorboard.err", "w") as err:
-        server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", f"--logdir={sweep_tree}",
-                                   "--host=127.0.0.1", f"--port={port}"], stdout=subprocess.DEVNULL, stderr=err)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline, runs, tags = time.time() + 90, [], {}
-        while time.time() < deadline and server.poll() is None:
-            try:
-                runs, tags = get_json(f"{base}/data/runs"), get_json(f"{base}/data/plugin/scalars/tags")
-            except OSError:  # not listening yet
-                pass
-            if set(runs) == RUNS and all("train/loss" in tags.get(r, {}) for r in RUNS):
-                break
-            time.sleep(1)
-        assert set(runs) == RUNS, (tmp_path / "tensorboard.err").read_text()[-2000:]
-        assert all({"train/loss", "eval/val_loss", "train/lr", "train/grad_norm"} <= set(tags[r]) for r in RUNS)
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-
-
 def scalars_served(base, run, tag):
     """[(step, value)] of a run's scalar from TensorBoard's HTTP API, or None while it has none."""
     try:
@@ -315,6 +285,26 @@ def wait_for(check, seconds=90):
     while time.time() < deadline and not check():
         time.sleep(1)
     return check()
+
+
+@pytest.mark.slow
+def test_tensorboard_serves_every_run_of_a_sweep_and_its_scalar_tags(sweep_tree, tmp_path):
+    """`tensorboard --logdir=<sweep folder>` on a free loopback port: its HTTP API lists every run and the scalar
+    tags of each; stopped within the test's time bound either way."""
+    with tensorboard(sweep_tree, tmp_path / "tensorboard.err") as base:
+        runs, tags = [], {}
+
+        def served():
+            nonlocal runs, tags
+            try:
+                runs, tags = get_json(f"{base}/data/runs"), get_json(f"{base}/data/plugin/scalars/tags")
+            except OSError:  # not listening yet
+                return False
+            return set(runs) == RUNS and all("train/loss" in tags.get(r, {}) for r in RUNS)
+
+        wait_for(served)
+        assert set(runs) == RUNS, (tmp_path / "tensorboard.err").read_text()[-2000:]
+        assert all({"train/loss", "eval/val_loss", "train/lr", "train/grad_norm"} <= set(tags[r]) for r in RUNS)
 
 
 @pytest.mark.slow
