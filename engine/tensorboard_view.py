@@ -16,9 +16,10 @@ spikes, skipped steps, float16 overflows, the divergence with its first overflow
 
 Every start rebuilds the view from log.jsonl, which the start has just written (run_folder.start_run): the folder's
 nanonorm event files (named *.nanonorm; no other file is touched) are removed, and with --tensorboard a new one is
-written with the events log.jsonl holds, a resumed run's up to its checkpoint. A resumed run thus has each step once:
-in the files, and in a TensorBoard that read the older ones, as the new file begins with TensorBoard's purge of every
-step it had (purge_step=0). Only process 0 calls start, so only process 0 writes.
+written with the events log.jsonl holds, a resumed run's up to its checkpoint. A resumed run thus has each step once
+in the files; a TensorBoard that was watching it shows the new file's points in place of the old ones (its default
+loader; purge_step=0 tells the older one too, which stops at a removed file, though, until it is restarted). Only
+process 0 calls start, so only process 0 writes.
 """
 
 import glob

@@ -3,6 +3,7 @@ log.jsonl's steps and values, each step once after a resume; a sweep's runs are 
 TensorBoard itself serves them; and nanonorm without tensorboard installed trains, and refuses --tensorboard in one
 line."""
 
+import contextlib
 import errno
 import glob
 import json
@@ -252,27 +253,24 @@ def get_json(url):
         return json.load(response)
 
 
-@pytest.mark.slow
-def test_tensorboard_serves_every_run_of_a_sweep_and_its_scalar_tags(sweep_tree, tmp_path):
-    """`tensorboard --logdir=<sweep folder>` on a free loopback port: its HTTP API lists every run and the scalar
-    tags of each; stopped within the test's time bound either way."""
-    port = free_port()
-    with open(tmp_path / "tensorboard.err", "w") as err:
-        server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", f"--logdir={sweep_tree}",
-                                   "--host=127.0.0.1", f"--port={port}"], stdout=subprocess.DEVNULL, stderr=err)
-    base = f"http://127.0.0.1:{port}"
+def scalars_served(base, run, tag):
+    """[(step, value)] of a run's scalar from TensorBoard's HTTP API, or None while it has none."""
     try:
-        deadline, runs, tags = time.time() + 90, [], {}
-        while time.time() < deadline and server.poll() is None:
-            try:
-                runs, tags = get_json(f"{base}/data/runs"), get_json(f"{base}/data/plugin/scalars/tags")
-            except OSError:  # not listening yet
-                pass
-            if set(runs) == RUNS and all("train/loss" in tags.get(r, {}) for r in RUNS):
-                break
-            time.sleep(1)
-        assert set(runs) == RUNS, (tmp_path / "tensorboard.err").read_text()[-2000:]
-        assert all({"train/loss", "eval/val_loss", "train/lr", "train/grad_norm"} <= set(tags[r]) for r in RUNS)
+        return [(step, value) for _, step, value in get_json(f"{base}/data/plugin/scalars/scalars?run={run}&tag={tag}")]
+    except OSError:  # not listening yet, or no such run or tag yet
+        return None
+
+
+@contextlib.contextmanager
+def tensorboard(logdir, log):
+    """`tensorboard --logdir=logdir` on a free loopback port, reloading every second: its base URL; stopped at the
+    end, by SIGTERM, or SIGKILL after 15 s."""
+    port = free_port()
+    with open(log, "w") as err:
+        server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", f"--logdir={logdir}", "--host=127.0.0.1",
+                                   f"--port={port}", "--reload_interval=1"], stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.terminate()
         try:
@@ -280,6 +278,55 @@ def test_tensorboard_serves_every_run_of_a_sweep_and_its_scalar_tags(sweep_tree,
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+def wait_for(check, seconds=90):
+    deadline = time.time() + seconds
+    while time.time() < deadline and not check():
+        time.sleep(1)
+    return check()
+
+
+@pytest.mark.slow
+def test_tensorboard_serves_every_run_of_a_sweep_and_its_scalar_tags(sweep_tree, tmp_path):
+    """`tensorboard --logdir=<sweep folder>` on a free loopback port: its HTTP API lists every run and the scalar
+    tags of each; stopped within the test's time bound either way."""
+    with tensorboard(sweep_tree, tmp_path / "tensorboard.err") as base:
+        runs, tags = [], {}
+
+        def served():
+            nonlocal runs, tags
+            try:
+                runs, tags = get_json(f"{base}/data/runs"), get_json(f"{base}/data/plugin/scalars/tags")
+            except OSError:  # not listening yet
+                return False
+            return set(runs) == RUNS and all("train/loss" in tags.get(r, {}) for r in RUNS)
+
+        wait_for(served)
+        assert set(runs) == RUNS, (tmp_path / "tensorboard.err").read_text()[-2000:]
+        assert all({"train/loss", "eval/val_loss", "train/lr", "train/grad_norm"} <= set(tags[r]) for r in RUNS)
+
+
+@pytest.mark.slow
+def test_a_tensorboard_watching_a_run_shows_its_resume_in_place(corpus, tmp_path):
+    """TensorBoard (its default loader) watches a run of 4 steps, which then resumes from step 2: it serves steps 3
+    and 4 once, with the resumed run's values (its own timing, not the first run's)."""
+    flags = [*tiny(max_iters=4, eval_interval=2), "--keep_checkpoints=2", "--tensorboard"]
+    assert run(corpus, tmp_path, *flags) == 0
+    out = tmp_path / "out"
+    with tensorboard(out, tmp_path / "tensorboard.err") as base:
+        def served(log):
+            return scalars_served(base, ".", "train/ms_per_step") == [
+                (e["step"], as_stored(e["ms_per_step"])) for e in log if e["event"] == "train"]
+
+        first = events(out)
+        assert wait_for(lambda: served(first)), (tmp_path / "tensorboard.err").read_text()[-2000:]
+        for name in ("ckpt.pt", "ckpt-4.pt"):
+            os.remove(out / name)
+        assert run(corpus, tmp_path, *flags, "--resume") == 0
+        resumed = events(out)
+        assert resumed != first
+        assert wait_for(lambda: served(resumed))
 
 
 @pytest.mark.slow
