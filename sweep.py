@@ -106,6 +106,7 @@ class SweepOptions:
     reference: str = help_of("the variant every other variant is compared with (seeds, exact p, verdict)", default="")
     recipe: str = help_of(f"a paper's claim as one command: {', '.join(recipes.RECIPES)}", default="")
     scale: Literal["cpu", "gpu"] = help_of("a recipe's size: cpu (minutes on 2 cores) or gpu", default="cpu")
+    pilot: bool = help_of("a recipe's pilot seeds only (they choose its LRs and seeds; never tested)", default=False)
 
 
 @dataclass
@@ -124,6 +125,7 @@ class Plan:
     recipe: Optional[str] = None
     scale: str = "cpu"
     claims: list = dataclasses.field(default_factory=list)  # a recipe's (recipes.Claim)
+    pilot: bool = False
 
 
 def parse_args(argv):
@@ -134,7 +136,9 @@ def parse_args(argv):
     plan = Plan(variants=[v for v in opts.variants.split(",") if v], lrs=[lr for lr in opts.lrs.split(",") if lr],
                 seeds=opts.seeds, first_seed=opts.first_seed, mode=opts.mode, jobs=opts.jobs, out_dir=opts.out_dir,
                 dry_run=opts.dry_run, train_argv=train_argv, reference=opts.reference or None,
-                recipe=opts.recipe or None, scale=opts.scale)
+                recipe=opts.recipe or None, scale=opts.scale, pilot=opts.pilot)
+    if plan.pilot and not plan.recipe:
+        raise UsageError("--pilot runs a recipe's pilot seeds; give --recipe=NAME")
     if plan.recipe:
         plan = apply_recipe(plan, given)
         check_scale(plan)
@@ -229,7 +233,7 @@ def apply_recipe(plan, given):
     taken = [f"--{name}" for name in ("variants", "lrs", "mode", "reference") if name in given]
     if taken:
         raise UsageError(f"{', '.join(taken)} come from the recipe; run without them, or without --recipe")
-    recipe = recipes.settings(plan.recipe, plan.scale)
+    recipe = recipes.settings(plan.recipe, plan.scale, plan.pilot)
     settings = variant_settings(recipe["variants"])
     overridden = settings.keys() & configs.parse_flags(plan.train_argv).keys()
     if overridden:
@@ -454,6 +458,8 @@ def run_sweep(plan, runs, todo, metas, machine):
     print(f"{len(runs)} runs, {len(runs) - len(todo) - len(elsewhere)} finished already, {len(elsewhere)} running "
           f"elsewhere, {len(todo)} to run, {plan.jobs} at a time")
     started = time.time()
+    if plan.recipe and todo:
+        record_design(plan)
     stopped = pool.run_all(todo, plan.jobs, functools.partial(train_command, plan=plan))
     if stopped:
         print(stop_message(stopped, todo), file=sys.stderr)
@@ -466,6 +472,20 @@ def run_sweep(plan, runs, todo, metas, machine):
               f"{RUNS_FAILED}", file=sys.stderr)
         return RUNS_FAILED
     return 0
+
+
+def record_design(plan):
+    """out_dir/design.json: the recipe's design hash (recipes.design_hash), the stage and the time, appended before
+    runs of a design or stage not yet recorded start, so that the summary shows the design the runs started
+    under."""
+    path = os.path.join(plan.out_dir, "design.json")
+    entries = json.loads(open(path).read()) if os.path.exists(path) else []
+    entry = {"sha256": recipes.design_hash(plan.recipe, plan.scale), "stage": "pilot" if plan.pilot else "all seeds"}
+    if any({k: e.get(k) for k in entry} == entry for e in entries):
+        return
+    os.makedirs(plan.out_dir, exist_ok=True)
+    entry["recorded"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    files.write_atomic(path, json.dumps([*entries, entry], indent=1).encode())
 
 
 def refused_resumes(todo):

@@ -235,10 +235,11 @@ def sign_matrix(n):
 
 def sign_flip_power(n, delta, sd, alpha=ALPHA, trials=2000, seed=0):
     """The probability that the two-sided sign-flip test of n pairs finds p < alpha when the paired differences
-    are normal with mean delta and standard deviation sd (a pilot's), by Monte Carlo: `trials` designs drawn from
-    a fixed rng seed, the same standard normal draws for every delta, so power grows smoothly with delta. For a
-    claim among m Holm-corrected ones pass alpha / m: the level of Holm's first step, so the power it gives is
-    a lower bound for every claim. 0 where the smallest attainable p, 2 / 2^n, is not below alpha."""
+    are normal with mean delta and standard deviation sd (the pilot's, for the a-priori power), by Monte Carlo:
+    `trials` designs drawn from a fixed rng seed, the same standard normal draws for every delta, so power grows
+    smoothly with delta. For a claim among m Holm-corrected ones pass alpha / m: the level of Holm's first step, so
+    the power it gives is a lower bound for every claim. 0 where the smallest attainable p, 2 / 2^n, is not below
+    alpha."""
     if smallest_sign_flip_p(n) >= alpha:
         return 0.0
     z = np.random.default_rng(seed).standard_normal((trials, n))
@@ -331,4 +332,4 @@ def verdict(p_holm, effect, expect, mde, alpha=ALPHA, interval=None, target=None
         return "not detected (the spread, and so the minimum detectable effect, is unknown)"
     if mde == 0:  # no spread at all: with enough seeds only identical arms are not detected
         return "not detected (no difference on any seed)"
-    return f"not detected (minimum detectable effect {mde:.3g})"
+    return f"not detected (observed minimum detectable effect {mde:.3g})"
