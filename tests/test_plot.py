@@ -268,7 +268,8 @@ def test_a_failed_write_is_one_line_and_leaves_no_file(tmp_path, capsys, monkeyp
         args, first = [str(hand_run(tmp_path / "run"))], tmp_path / "out" / "loss.png"
     else:
         write_json(tmp_path / "sweeps" / "tiny" / "summary.json", recipe_summary())
-        args, first = [f"--experiments={tmp_path / 'sweeps'}"], tmp_path / "out" / "experiments" / "data" / "tiny.json"
+        args = [f"--experiments={tmp_path / 'sweeps'}"]
+        first = tmp_path / "out" / "experiments" / "records" / "tiny.json"
 
     def fail(fd):  # by now the picture's bytes are in the temporary file beside it
         raise OSError(code, os.strerror(code))
@@ -463,28 +464,29 @@ def test_a_legend_is_drawn_only_for_what_has_a_label(recwarn):
 
 def test_the_committed_page_regenerates_from_its_committed_data_byte_for_byte(tmp_path):
     # what CI checks: docs/experiments.md and its data are what `python plot.py
-    # --experiments=docs/experiments/data --out=docs` gives in a clean clone, which has no sweeps/
-    data = os.path.join(ROOT, "docs", "experiments", "data")
+    # --experiments=docs/experiments/records --out=docs` gives in a clean clone, which has no sweeps/
+    data = os.path.join(ROOT, "docs", "experiments", "records")
     assert plot.main([f"--experiments={data}", f"--out={tmp_path}"]) == 0
     with open(os.path.join(ROOT, "docs", "experiments.md"), "rb") as f:
         assert (tmp_path / "experiments.md").read_bytes() == f.read()
     for name in sorted(os.listdir(data)):
         if name.endswith(".json"):
             with open(os.path.join(data, name), "rb") as f:
-                assert (tmp_path / "experiments" / "data" / name).read_bytes() == f.read(), name
+                assert (tmp_path / "experiments" / "records" / name).read_bytes() == f.read(), name
 
 
 def test_a_page_from_sweeps_and_the_page_from_its_written_data_are_one_page(tmp_path):
     summary = recipe_summary()
     summary["runs"][0]["logit_curve"] = [[10, 1.0, 0.5]]  # a curve no figure draws: left out of the data
     page = page_of(tmp_path, summary)
-    data = tmp_path / "docs" / "experiments" / "data"
+    data = tmp_path / "docs" / "experiments" / "records"
     assert json.loads((data / "tiny.json").read_text())["runs"][0]["logit_curve"] == []
     assert plot.main([f"--experiments={data}", f"--out={tmp_path / 'again'}"]) == 0
     assert (tmp_path / "again" / "experiments.md").read_text() == page
-    assert (tmp_path / "again" / "experiments" / "data" / "tiny.json").read_bytes() == (data / "tiny.json").read_bytes()
+    again = tmp_path / "again" / "experiments" / "records" / "tiny.json"
+    assert again.read_bytes() == (data / "tiny.json").read_bytes()
     # the page links the claim's data and prints its per-seed differences (here +5 and +5 steps)
-    assert "(seed: d) 0: +5, 1: +5; in [experiments/data/tiny.json](experiments/data/tiny.json)" in page
+    assert "(seed: d) 0: +5, 1: +5; in [experiments/records/tiny.json](experiments/records/tiny.json)" in page
 
 
 def test_the_pages_recipe_for_recomputing_p_and_the_interval_with_scipy_gives_the_claims_numbers(tmp_path):
@@ -496,8 +498,8 @@ def test_the_pages_recipe_for_recomputing_p_and_the_interval_with_scipy_gives_th
     claims = [recipes.Claim("v", "final_loss@0.5", "better", "", 0.01, "", "paper"),
               recipes.Claim("v", "final_loss@0.5", "worse", "", 0.01, "", "paper")]
     claim = lab.claims.judge(runs, claims, "ref", ["0.5"])[0]
-    (tmp_path / "docs" / "experiments" / "data").mkdir(parents=True)
-    (tmp_path / "docs" / "experiments" / "data" / "RECIPE.json").write_text(json.dumps({"claims": [claim]}))
+    (tmp_path / "docs" / "experiments" / "records").mkdir(parents=True)
+    (tmp_path / "docs" / "experiments" / "records" / "RECIPE.json").write_text(json.dumps({"claims": [claim]}))
     code = lab.results_page.RECOMPUTE.split("```python\n")[1].split("```")[0]
     printed = io.StringIO()
     cwd = os.getcwd()
