@@ -43,21 +43,25 @@ bad input, 1 a failed write, 128 + N stopped by signal N.
 --reference=VARIANT compares every other variant with it, seed by seed, on each metric: ramp mode steps_survived@LR
 and peak_lr@LR; lr mode final_loss@LR, spikes@LR (and attn_logit_max@LR, log_z@LR where the runs log telemetry) and
 best_loss, each variant at its own best LR; a recipe's binary endpoints (left_plateau@LR, survived@LR) too. Per
-comparison: median, [min, max] and n per side, the difference of medians, p and a verdict, "agrees" or "disagrees"
-only at p < 0.05. Where both sides ran the same seeds, p is the exact two-sided sign-flip test of the per-seed
-differences (lab/stats.py; a failed run counts by lab/claims.FAILURE_RULE); otherwise the exact Mann-Whitney test of
-the two samples (a failed run the worst value), or Fisher's exact test of a binary endpoint. A variant with the
-reference's preset and other +key=value overrides is a reference too: dn_deepnorm+n_layer=18 meets
+comparison: median, [min, max] and n per side, the difference of medians, p and a verdict by the claims' rule at
+p < 0.05 uncorrected: "agrees" or "disagrees" (the direction of the mean difference), else "not detected" with the
+observed minimum detectable effect. Where both sides ran the same seeds, p is the exact two-sided sign-flip test of
+the per-seed differences (lab/stats.py; a failed run counts by lab/claims.FAILURE_RULE); otherwise the exact
+Mann-Whitney test of the two samples (a failed run the worst value), or Fisher's exact test of a binary endpoint. A
+variant with the reference's preset and other +key=value overrides is a reference too: dn_deepnorm+n_layer=18 meets
 dn_postln+n_layer=18 when --reference=dn_postln+n_layer=6.
 
 --recipe=NAME runs one paper's claims (recipes.RECIPES: its variants, LRs, seeds, mode, reference and flags) into
 sweeps/NAME; --scale=gpu is the same claims at a GPU size, into sweeps/NAME_gpu:
     python sweep.py --recipe=normformer_stability --jobs=2
     python sweep.py --recipe=normformer_stability --scale=gpu --dry_run
-A recipe's design is fixed before its runs: --seeds and --first_seed are refused with it. Its summary.json also
-holds the design and each claim judged (lab/claims.py: paired sign-flip p, Holm within the recipe, Hodges-Lehmann
-effect and CI, power for the paper's effect, minimum detectable effect, verdict), from which `python plot.py
---experiments=sweeps --out=docs` writes docs/experiments.md.
+A recipe's design is fixed before its runs: --seeds and --first_seed are refused with it; its first seeds are a
+pilot (--pilot runs only them) that chooses each arm's LR and the number of tested seeds, never tested; the
+design's hash goes into the sweep's design.json before any run starts. Its summary.json also holds the design and
+each claim judged (lab/claims.py: paired sign-flip p, Holm within the recipe, the mean effect and the interval of
+the same test, the a-priori power from the pilot, the observed minimum detectable effect, the verdict: agrees,
+disagrees, smaller than the target, not detected, or optimum not bracketed), from which `python plot.py
+--experiments=sweeps --out=docs` writes docs/experiments.md and its data.
 """
 
 import dataclasses

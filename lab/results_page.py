@@ -495,19 +495,28 @@ def median_of(values):
 
 
 def design_text(recipe):
-    """The design paragraph: what ran, on which windows, how the claims are tested, and the failure rule."""
+    """The design paragraph: what ran, the pilot, on which windows, how the claims are tested, the failure rule and
+    the second rule it is checked against. A ramp's metric is the step a run fails at: its validation windows score
+    only the final loss, which no claim reads."""
     d = recipe["design"]
     windows = d["eval_windows"]
     seeds = d["seeds"]
+    pilot = recipe.get("pilot", 0)
+    split = (f"the first {pilot} the pilot ({seeds[0]}-{seeds[pilot - 1]}: they choose each arm's LR and fix the "
+             f"a-priori power; never tested), then {len(seeds) - pilot} tested" if pilot else "all tested")
+    scored = (f"every run's final loss scored on the same {windows['windows']} validation windows "
+              f"({windows['eval_iters']} x {windows['batch_size']} windows of {windows['block_size']} tokens, "
+              f"{windows['tokens']:,} tokens)")
+    if recipe.get("mode") == "ramp":
+        scored = "the metric is the step at which a run fails on the rising LR (no claim reads the validation loss)"
     return [f"Design, fixed before the runs: {len(d['variants'])} variants x {len(d['lrs'])} LR(s) "
-            f"({', '.join(d['lrs'])}) x {len(seeds)} seeds ({seeds[0]}-{seeds[-1]}), {d['steps']} steps a run; "
-            f"every run scored on the same {windows['windows']} validation windows ({windows['eval_iters']} x "
-            f"{windows['batch_size']} windows of {windows['block_size']} tokens, {windows['tokens']:,} tokens); "
-            f"family: {d['family']}; power at alpha = {d['power_alpha']:.3g} (Holm's first step), from the "
-            "recipe's own spread of the paired differences.", "",
+            f"({', '.join(d['lrs'])}) x {len(seeds)} seeds ({seeds[0]}-{seeds[-1]}; {split}), {d['steps']} steps "
+            f"a run; {scored}; family: {d['family']}; power at alpha = {d['power_alpha']:.3g} (Holm's first step), "
+            "from the pilot's spread of the paired differences.", "",
             f"- Test, for every claim: {d['test']}.",
             f"- Interval: {d.get('interval', 'not recorded in this summary')}.",
-            f"- Failure rule: {d.get('failure_rule', 'not recorded in this summary')}.", ""]
+            f"- Failure rule: {d.get('failure_rule', 'not recorded in this summary')}.",
+            f"- Second rule, to show what the failure rule decides: {claims_lib.SECOND_RULE}.", ""]
 
 
 def design_record_text(summary):

@@ -9,8 +9,8 @@ so test, estimate, interval and verdict read one statistic. A binary endpoint (a
 is the same test on differences in {-1, 0, 1}: the exact McNemar test, a sign test on the discordant pairs;
 unpaired, Fisher's exact test. The exact Wilcoxon signed-rank test and the Hodges-Lehmann estimates cross-check
 and serve the unpaired rows: the exact Mann-Whitney permutation test and the Hodges-Lehmann shift. The p-values of a
-recipe's claims are Holm-corrected together; a claim the test does not detect is reported with the minimum
-detectable effect of its design (Monte Carlo power of the sign-flip test). Exact p-values are Fractions.
+recipe's claims are Holm-corrected together; a claim the test does not detect is reported with the observed minimum
+detectable effect of its pairs (Monte Carlo power of the sign-flip test). Exact p-values are Fractions.
 References: Hartigan 1969, "Using subsample values as typical values" (JASA 64), Theorem 1; Hollander, Wolfe &
 Chicken, Nonparametric Statistical Methods (3rd ed.), §3.1-3.2 (signed-rank test, Hodges-Lehmann estimate and
 interval), §4.1-4.3 (rank-sum test, shift); Agresti, Categorical Data Analysis (3rd ed.), §3.5.1 (Fisher's exact

@@ -528,3 +528,36 @@ def test_a_verdict_that_only_the_failure_rule_gives_says_it_rests_on_it():
     clean = [r for r in records if r["seed"] == 7] + [record(v, s, final=2.0) for v in ("ref", "v") for s in range(7)]
     [result] = claims.judge(clean, [Claim("v", "final_loss@1e-2", "better", "", 0.1, "", "paper")], "ref", ["1e-2"])
     assert "second_rule" not in result and "rests on" not in result["verdict"]
+
+
+def test_a_failed_runs_worst_value_is_the_worst_at_the_claims_lr_only():
+    # at 1e-2 the finished runs spiked 1 and 3 times; at 1e-1 a finished run spiked 9 times. The failed run at 1e-2
+    # counts as 3, the worst at its own LR, not 9
+    records = [record("ref", 0, final=2.0, spikes=1), record("ref", 1, final=2.0, spikes=3),
+               record("ref", 0, "1e-1", final=2.5, spikes=9), record("v", 0, diverged=True, spikes=0),
+               record("v", 1, final=2.0, spikes=2)]
+    assert claims.seed_values(records, "v", "spikes@1e-2", []) == {0: 3, 1: 2}
+    assert claims.seed_values(records, "v", "spikes@1e-1", []) == {}  # v ran nothing there
+
+
+def test_log_z_and_the_max_attention_logit_are_read_at_the_last_telemetry_step_as_the_max_over_layers(tmp_path):
+    def step(n, logits, log_z):
+        return {"event": "telemetry", "step": n, "weights": [], "logits": {"mean_log_z": log_z},
+                "attn_logit_max": [{"layer": layer, "value": value} for layer, value in enumerate(logits)]}
+    events = [{"event": "eval", "lr": 1e-2, "step": 0, "val_loss": 5.5},
+              step(10, [1.0, 7.0, 2.0], -0.5),  # the first step: |log Z| 0.5, max logit 7
+              step(20, [4.0, 3.0, 6.0], 2.5),  # the last: |log Z| 2.5, max over layers 6 (min 3, layer 0 4)
+              {"event": "eval", "lr": 1e-2, "step": 20, "val_loss": 2.0},
+              {"event": "done", "step": 20, "val_loss": 2.0}]
+    run = lab.summary.run_record(write_run(tmp_path / "run", events))
+    assert (run["log_z"], run["attn_logit_max"]) == (2.5, 6.0)
+    assert run["logit_curve"] == [[10, 7.0, 0.5], [20, 6.0, 2.5]]
+
+
+def test_a_sweep_rows_direction_is_the_mean_differences_not_the_median():
+    # per-seed differences -1, -1, -1, +10 of a lower-is-better loss: the median leans better, the mean (the
+    # statistic the sign-flip p is about) worse
+    theirs = {s: 2.0 for s in range(4)}
+    ours = {s: 2.0 + d for s, d in zip(range(4), (-1.0, -1.0, -1.0, 10.0))}
+    row = lab.summary.paired(ours, theirs, "lower", "better")
+    assert row["observed"] == "worse" and row["median_difference"] == -1.0

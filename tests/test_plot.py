@@ -541,3 +541,33 @@ def test_a_claims_headline_row_is_the_one_written_here(tmp_path):
     assert ("| [tiny](#tiny) | norm=rmsnorm vs baseline, expected better: steps survived, LR ramp to 0.5 | "
             "+12.3 [-3.21, +27.9] | 95.3% | 0.0703 | 13.12 steps (the paper's) | 46% | earlier design: not detected "
             "(observed minimum detectable effect 41.2) |") in page
+
+
+def chaotic_summary(gains, threads):
+    """recipe_summary() on 8 seeds, marked chaotic: the variant survives gains[seed] steps more than the reference."""
+    summary = recipe_summary()
+    run = summary["runs"][0]
+    summary["runs"] = [{**run, "variant": variant, "seed": seed,
+                        "steps_survived": 100 + (gain if variant == "norm=rmsnorm" else 0)}
+                       for seed, gain in enumerate(gains) for variant in ("baseline", "norm=rmsnorm")]
+    claim = recipes.Claim(**summary["recipe"]["claims"][0])
+    summary["claims"] = lab.claims.judge(summary["runs"], [claim], "baseline", ["0.5"])
+    summary["recipe"]["chaotic"] = True
+    summary["threads"] = threads
+    return summary
+
+
+def test_a_chaotic_recipes_verdict_is_unstable_where_another_thread_count_reads_it_otherwise(tmp_path):
+    first = chaotic_summary([30, 40, 35, 50, 45, 30, 60, 40], threads=1)  # all 8 better: agrees
+    write_json(tmp_path / "sweeps" / "tiny_threads2" / "summary.json",
+               chaotic_summary([30, -40, 35, -50, 45, -30, 60, -40], threads=2))  # mixed: not detected
+    page = page_of(tmp_path, first)
+    assert first["claims"][0]["reading"] == "agrees"
+    assert ("| earlier design: unstable across machines (2-core CPU, 1 thread a run: agrees; 2-core CPU, 2 threads a "
+            "run: not detected) |") in page
+    assert "| 2-core CPU, 2 threads a run | norm=rmsnorm vs baseline, expected better | +1.25 [-40, +45] |" in page
+    assert (tmp_path / "docs" / "experiments" / "records" / "tiny.replicate1.json").exists()
+    # one run set alone: the verdict says its spread was not measured
+    os.remove(tmp_path / "sweeps" / "tiny_threads2" / "summary.json")
+    page = page_of(tmp_path, first)
+    assert "| earlier design: agrees (one machine and thread count only: the spread across them not measured) |" in page

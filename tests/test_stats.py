@@ -366,3 +366,11 @@ def test_verdict_without_a_detectable_effect_and_a_bad_direction():
     assert stats.verdict(1.0, 0.0, "positive", mde=0.0) == "not detected (no difference on any seed)"
     with pytest.raises(ValueError, match="positive"):
         stats.verdict(0.01, 0.1, "better", mde=0.1)
+
+
+def test_the_sign_flip_sums_are_compared_exactly_not_after_rounding_to_a_grid():
+    # six equal differences of 1e-7: all flipped or none reach |sum|, p = 2/64. Scaled by 2^20 and rounded to
+    # integers they would all be 0, every flip would tie and p would be 1
+    assert stats.sign_flip_p([1e-7] * 6) == Fraction(2, 64)
+    # one difference off the grid by 2^-30: the sums it tips past |sum| are counted exactly
+    assert stats.sign_flip_p([1.0 + 2 ** -30, -1.0, 1.0, 1.0, 1.0, 1.0]) == Fraction(12, 64)  # on the grid: 14/64
