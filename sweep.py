@@ -130,6 +130,7 @@ class Plan:
     scale: str = "cpu"
     claims: list = dataclasses.field(default_factory=list)  # a recipe's (recipes.Claim)
     pilot: bool = False
+    tested_lrs: Optional[dict] = None  # a recipe's {variant: LRs} after its pilot seeds (recipes.Recipe.tested_lrs)
 
 
 def parse_args(argv):
@@ -279,9 +280,13 @@ def check_reference(plan):
 
 
 def grid(plan):
+    """Every (variant, LR, seed) of the sweep; a recipe's seeds after its pilot only at the LRs its tested_lrs
+    names (each arm's LR chosen on the pilot)."""
+    pilot_end = plan.first_seed + (recipes.RECIPES[plan.recipe].pilot if plan.recipe else 0)
     return [Run(variant, lr, seed, os.path.join(plan.out_dir, variant, lr, str(seed)))
             for variant in plan.variants for lr in plan.lrs
-            for seed in range(plan.first_seed, plan.first_seed + plan.seeds)]
+            for seed in range(plan.first_seed, plan.first_seed + plan.seeds)
+            if seed < pilot_end or plan.tested_lrs is None or lr in plan.tested_lrs.get(variant, ())]
 
 
 def train_flags(run, plan):

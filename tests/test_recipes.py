@@ -77,7 +77,11 @@ def test_recipe_dry_run_commands_parse_with_train_parser(name, scale, tmp_path, 
     assert sweep.main([f"--recipe={name}", "--dry_run", f"--out_dir={tmp_path}", f"--scale={scale}"]) == 0
     lines = capsys.readouterr().out.splitlines()
     settings = recipes.settings(name, scale)
-    assert len(lines) == len(settings["variants"]) * len(settings["lrs"]) * settings["seeds"]
+    recipe = recipes.RECIPES[name]
+    # the pilot seeds run every LR; the tested ones every LR, or those the pilot chose (tested_lrs)
+    tested = settings["tested_lrs"] or {v: settings["lrs"] for v in settings["variants"]}
+    assert len(lines) == (len(settings["variants"]) * len(settings["lrs"]) * recipe.pilot
+                          + sum(len(lrs) for lrs in tested.values()) * recipe.tested_seeds)
     seen = set()
     for line in lines:
         argv = shlex.split(line)[2:]

@@ -1074,3 +1074,14 @@ def test_a_nan_loss_at_initialization_yields_a_summary_on_every_rerun(corpus, tm
         final = next(c for c in summary["comparisons"] if c["metric"] == "final_loss@1e-2")
         assert final["variant_values"] == {"median": LN_V, "min": LN_V, "max": LN_V, "n": 2}
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_recipes_tested_seeds_run_only_the_lrs_its_pilot_chose(monkeypatch):
+    # normformer_loss: the pilot seeds 100-102 run every LR; after them each arm only at the LRs the design names
+    monkeypatch.setattr(recipes.RECIPES["normformer_loss"], "tested_lrs", {"nf_baseline": ["1.2e-2"],
+                                                                           "nf_normformer": ["6e-3", "1.2e-2"]})
+    runs = sweep.grid(sweep.parse_args(["--recipe=normformer_loss"]))
+    tested = {(run.variant, run.lr) for run in runs if run.seed >= 103}
+    assert tested == {("nf_baseline", "1.2e-2"), ("nf_normformer", "6e-3"), ("nf_normformer", "1.2e-2")}
+    assert len([run for run in runs if run.seed < 103]) == 2 * 4 * 3
+    assert len(runs) == 2 * 4 * 3 + 3 * recipes.RECIPES["normformer_loss"].tested_seeds
