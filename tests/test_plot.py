@@ -571,3 +571,11 @@ def test_a_chaotic_recipes_verdict_is_unstable_where_another_thread_count_reads_
     os.remove(tmp_path / "sweeps" / "tiny_threads2" / "summary.json")
     page = page_of(tmp_path, first)
     assert "| earlier design: agrees (one machine and thread count only: the spread across them not measured) |" in page
+
+
+def test_a_pilot_alone_is_not_a_result(tmp_path):
+    # sweep.py --recipe=NAME --pilot: the pilot seeds test nothing, so the page still names the recipe as not run
+    summary = recipe_summary()
+    summary["stage"] = "pilot"
+    page = page_of(tmp_path, summary)
+    assert '<a id="tiny"></a>' not in page and "| [tiny]" not in page
