@@ -15,10 +15,12 @@ folder's path with _ for each separator (numbered +1, +2 where two runs' names w
     headroom_<run>.png        max |x| per op and layer at the last headroom step against float16's 65504
 A plot whose events are absent is skipped with a note.
 
-The results page (lab/results_page.py): `python plot.py --experiments=sweeps --out=docs` reads the summary.json of
-every recipe's sweep under sweeps/ (python sweep.py --recipe=NAME) and writes docs/experiments.md, a headline table
-and a section per claim (the paper's words and number, ours, p, verdict, deviations, command), and a figure per
-recipe in docs/experiments/. It reads nothing else, so the page cannot drift from the data.
+The results page (lab/results_page.py): `python plot.py --experiments=sweeps --out=docs --readme=README.md` reads
+the summary.json of every recipe's sweep under sweeps/ (python sweep.py --recipe=NAME) and writes
+docs/experiments.md, a headline table and a section per claim (the paper's words and number, ours, p, verdict,
+deviations, command), a figure per recipe in docs/experiments/ and the page's data in docs/experiments/records/, and
+puts the headline table into the README. It reads nothing else, so the page cannot drift from the data; with
+--experiments=docs/experiments/records it regenerates the same page from the committed data.
 
 A log.jsonl or summary.json that is not what train.py or sweep.py write (not JSON, lacking a key a plot reads, a
 folder in the file's place), or an --out that cannot be a folder, is bad input: one line naming the file (and line),
@@ -282,6 +284,8 @@ class PlotOptions:
     op: str = help_of("the op of the grad_norms plot (an op label of model.py, such as fc2 or q)", default="fc2")
     experiments: str = help_of("a folder of recipe sweeps (sweep.py --recipe): writes OUT/experiments.md and its "
                                "figures from their summary.json files", default="")
+    readme: str = help_of("with --experiments: the README whose headline table to replace with the page's",
+                          default="")
 
 
 def parse_args(argv):
@@ -293,6 +297,8 @@ def parse_args(argv):
         if paths:
             raise UsageError(f"--experiments reads recipe sweeps only; drop the folders {' '.join(paths)}, or "
                              "--experiments")
+        if opts["readme"] and not os.path.isfile(opts["readme"]):
+            raise UsageError(f"--readme={opts['readme']} is not a file; pass the README.md whose table to replace")
         if not os.path.isdir(opts["experiments"]):
             raise UsageError(f"--experiments={opts['experiments']} is not a folder; pass the folder holding the "
                              "recipes' sweeps (sweeps/<recipe>/summary.json)")
@@ -333,7 +339,7 @@ def main(argv):
     try:
         paths, opts = parse_args(argv)
         if opts["experiments"]:
-            experiments_page(opts["experiments"], opts["out"])
+            experiments_page(opts["experiments"], opts["out"], opts["readme"])
         else:
             plot_runs(paths, opts)
     except UsageError as e:

@@ -1,6 +1,7 @@
 """
-One named recipe per claim of a paper, and the statistics that judge it. sweep.py runs a recipe:
-    python sweep.py --recipe=normformer_stability              # here, on 2 CPU cores
+One named recipe per claim of a paper, and the statistics that judge it. sweep.py runs a recipe, its pilot first:
+    python sweep.py --recipe=normformer_stability --pilot      # the pilot seeds: LRs, spread, seeds to test
+    python sweep.py --recipe=normformer_stability              # then the rest, here, on 2 CPU cores
     python sweep.py --recipe=normformer_stability --dry_run    # the train.py commands, for a cluster
     python sweep.py --recipe=normformer_stability --scale=gpu  # the same claim at a GPU-sized scale
 and `python plot.py --experiments=sweeps --out=docs` writes docs/experiments.md from the recipes' summaries.
@@ -11,9 +12,10 @@ paper states, its seeds, flags and LRs, and how it departs from the paper's prot
 
 A claim is judged by lab/claims.py as a contrast paired by seed: the exact sign-flip test of the mean per-seed
 difference, Holm-adjusted over the recipe's tested claims, with the mean, the interval that inverts the same test
-and its coverage, the power for the claim's target effect and the minimum detectable effect (lab/stats.py). With n
-pairs the smallest p is 2 / 2^n, so a recipe's seeds must reach 0.05 / m at Holm's first step (8 seeds: 0.0078,
-enough for m up to 6). A descriptive claim (tested=False) is shown with its own p and interval, outside the family:
+and its coverage, the a-priori power for the claim's target effect (from the pilot seeds' spread, fixed before the
+tested seeds run) and the observed minimum detectable effect (lab/stats.py). With n pairs the smallest p is
+2 / 2^n, so a recipe's tested seeds must reach 0.05 / m at Holm's first step (8 seeds: 0.0078, enough for m up to
+6). A descriptive claim (tested=False) is shown with its own p and interval, outside the family:
 a comparison the design cannot power (Spike No More's spikes) or a check of the mechanism beside a tested claim
 (did the baseline's log Z drift, without which z-loss has nothing to fix).
 

@@ -681,12 +681,32 @@ def not_run_section(summaries):
     return [*lines, ""]
 
 
-def experiments_page(root, out):
+def readme_with_table(text, page):
+    """The README's text with its headline table (the first Markdown table starting "| recipe |") and the line after
+    it replaced by the page's, its links pointing into docs/experiments.md; a UsageError where it has none."""
+    lines, shown = text.split("\n"), page.split("\n")
+    start = shown.index("## Headline") + 2
+    end = next(i for i in range(start, len(shown)) if not shown[i].startswith("|"))
+    table = [line.replace("](#", "](docs/experiments.md#").replace("(#", "(docs/experiments.md#")
+             for line in [*shown[start:end], "", shown[end + 1]]]
+    first = next((i for i, line in enumerate(lines) if line.startswith("| recipe |")), None)
+    if first is None:
+        raise UsageError("the README has no headline table (a line starting '| recipe |') to replace")
+    last = next(i for i in range(first, len(lines)) if not lines[i].startswith("|"))
+    return "\n".join([*lines[:first], *table, *lines[last + 2:]])
+
+
+def experiments_page(root, out, readme=None):
     """docs/experiments.md, a figure per recipe and the page's data (DATA: one <name>.json a recipe, and
     <name>.replicate<i>.json for a chaotic recipe's other run sets), from the recipes' summaries alone: root is
     sweeps/ (the runs' summary.json files) or a data folder this wrote, which regenerates the same page byte for
-    byte. The headline table also goes to stdout, for the README."""
+    byte. The headline table also goes to stdout, and with readme into that README's table."""
     summaries = read_recipe_summaries(root)
+    readme_text = None
+    if readme:
+        with open(readme, encoding="utf-8") as f:
+            readme_text = f.read()
+        readme_with_table(readme_text, "## Headline\n\n|\n\n")  # refused before anything is written
     make_folder(os.path.join(out, DATA))
     sections = []
     for summary, replicates in summaries:
@@ -702,6 +722,8 @@ def experiments_page(root, out):
                       "## Headline", "", table, "", *sections, *not_run_section(summaries)])
     path = os.path.join(out, "experiments.md")
     files.write_atomic(path, page.encode())
+    if readme:
+        files.write_atomic(readme, readme_with_table(readme_text, page).encode())
     print(f"wrote {path}, {len(summaries)} figures in {os.path.join(out, 'experiments')} and their data in "
           f"{os.path.join(out, DATA)}")
     print()

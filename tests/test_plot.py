@@ -466,9 +466,13 @@ def test_the_committed_page_regenerates_from_its_committed_data_byte_for_byte(tm
     # what CI checks: docs/experiments.md and its data are what `python plot.py
     # --experiments=docs/experiments/records --out=docs` gives in a clean clone, which has no sweeps/
     data = os.path.join(ROOT, "docs", "experiments", "records")
-    assert plot.main([f"--experiments={data}", f"--out={tmp_path}"]) == 0
+    with open(os.path.join(ROOT, "README.md"), "rb") as f:
+        readme = f.read()
+    (tmp_path / "README.md").write_bytes(readme)
+    assert plot.main([f"--experiments={data}", f"--out={tmp_path}", f"--readme={tmp_path / 'README.md'}"]) == 0
     with open(os.path.join(ROOT, "docs", "experiments.md"), "rb") as f:
         assert (tmp_path / "experiments.md").read_bytes() == f.read()
+    assert (tmp_path / "README.md").read_bytes() == readme  # its headline table is the page's already
     for name in sorted(os.listdir(data)):
         if name.endswith(".json"):
             with open(os.path.join(data, name), "rb") as f:
@@ -579,3 +583,20 @@ def test_a_pilot_alone_is_not_a_result(tmp_path):
     summary["stage"] = "pilot"
     page = page_of(tmp_path, summary)
     assert '<a id="tiny"></a>' not in page and "| [tiny]" not in page
+
+
+def test_the_readmes_table_is_replaced_by_the_pages_and_a_readme_without_one_is_refused(tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\n| recipe | old |\n|---|\n| [a](docs/experiments.md#a) | stale |\n\nNot run: z.\n\n"
+                      "## Next\n")
+    page = page_of(tmp_path, recipe_summary())
+    assert plot.main([f"--experiments={tmp_path / 'sweeps'}", f"--out={tmp_path / 'docs'}", f"--readme={readme}"]) == 0
+    text = readme.read_text()
+    assert "stale" not in text and "Not run: z." not in text and text.startswith("# x\n\n| recipe | claim |")
+    assert "| [tiny](docs/experiments.md#tiny) | norm=rmsnorm vs baseline" in text and text.endswith("\n\n## Next\n")
+    assert page.count("| [tiny](#tiny) |") == 1
+    readme.write_text("# no table\n")
+    os.remove(tmp_path / "docs" / "experiments.md")
+    assert plot.main([f"--experiments={tmp_path / 'sweeps'}", f"--out={tmp_path / 'docs'}", f"--readme={readme}"]) == 2
+    assert_one_line(capsys, "the README has no headline table")
+    assert not (tmp_path / "docs" / "experiments.md").exists() and readme.read_text() == "# no table\n"
