@@ -600,3 +600,15 @@ def test_the_readmes_table_is_replaced_by_the_pages_and_a_readme_without_one_is_
     assert plot.main([f"--experiments={tmp_path / 'sweeps'}", f"--out={tmp_path / 'docs'}", f"--readme={readme}"]) == 2
     assert_one_line(capsys, "the README has no headline table")
     assert not (tmp_path / "docs" / "experiments.md").exists() and readme.read_text() == "# no table\n"
+
+
+def test_a_row_against_the_papers_direction_is_called_out_descriptive_ones_too(tmp_path):
+    summary = chaotic_summary([-30, -40, -35, -50, -45, -30, -60, -40], threads=1)  # worse on all 8 seeds
+    summary["recipe"]["chaotic"] = False
+    [claim] = summary["claims"]
+    assert claim["reading"] == "disagrees"
+    page = page_of(tmp_path, summary)
+    assert "**Against the paper's direction** (a tested claim): its own p is 0.00781, the mean d -41.25" in page
+    claim.update(tested=False, verdict="descriptive", reading="descriptive", p_holm=None)
+    page = page_of(tmp_path, summary)
+    assert "**Against the paper's direction** (a row outside Holm's family, all the same)" in page
