@@ -209,7 +209,7 @@ def test_results_page_from_a_tiny_real_sweep(tiny_experiments, capsys):
             assert claim["n"] == 2 and f"{effect} | " in section
         assert "It is better." in section and "A Paper (v2) §1, Table 9" in section and "Deviations" in section
         assert f"`python sweep.py --recipe={name}`" in section and "1.5 min on " in section
-        assert "2 seeds (3-4)" in section and "a guess" in section
+        assert "2 seeds (3-4; all tested)" in section and "a guess" in section
         png = root / "docs" / "experiments" / f"{name}.png"
         check_png(png)
         assert matplotlib.image.imread(png).shape[1] >= 800  # 8 inches at 120 dpi, less the trimmed margins
