@@ -284,8 +284,9 @@ RECIPES = {
         lrs=NF_LOSS_LRS, flags=NF_LOSS_FLAGS,
         # the pilot (seeds 100-102, 2026-11-28): medians at 3e-3 .. 2.4e-2, nf_baseline 2.188 2.070 2.038 2.140,
         # nf_normformer 2.110 2.055 2.097 2.295: both optima interior; best_loss d (variant - reference) +0.017,
-        # +0.027, +0.026, sd 0.0058: 8 pairs give 81% power for the 0.009 target at alpha 0.025 (8 needed); the
-        # gradient ratio's pilot sd 0.065 against a target of 0.285: 7 needed
+        # +0.027, +0.026, sd 0.0058: 8 pairs give 81% power for the 0.009 target at alpha 0.05 / 3 (the family
+        # with the 128-wide claim, now normformer_loss_wide), 88% at 0.05 / 2; the gradient ratio's pilot sd 0.065
+        # against a target of 0.285: 7 pairs needed
         tested_lrs={NF_BASELINE: ["1.2e-2"], NF_NORMFORMER: ["6e-3", "1.2e-2"]},
         gpu_lrs=NF_LOSS_GPU_LRS, gpu_flags=NF_LOSS_GPU_FLAGS,
         deviations=NF_LOSS_DEVIATIONS + "; the gradient ratio is layer 0's over layer 3's mean |grad| of W_2, its "
