@@ -52,12 +52,19 @@ def read_recipe_summaries(root):
 
 
 def page_data(summary):
-    """What the page is made from, committed beside it (DATA): the summary less the per-step curves its figure does
-    not draw. The page is drawn from this alone, so that the committed data regenerates it byte for byte."""
+    """What the page is made from, committed beside it (DATA): the summary less what the page does not show (the
+    sweep's every-metric comparisons, per-step curves its figure does not draw). The page is drawn from this alone,
+    so that the committed data regenerates it byte for byte."""
     figure = summary["recipe"]["figure"]
-    keep = {"curve"} if figure == "ramp" else {"ratio_curve", "fc2_ratio_curve"} if figure == "grad_ratio" else set()
-    runs = [{k: ([] if k in CURVES and k not in keep else v) for k, v in run.items()} for run in summary["runs"]]
-    return json.loads(json.dumps({**summary, "runs": runs}))
+    keep, at = set(), None
+    if figure == "ramp":
+        keep = {"curve"}
+    elif figure == "grad_ratio":
+        name, _, at = ratio_metric(summary).partition("@")
+        keep = {"ratio_curve" if name == "grad_ratio" else "fc2_ratio_curve"}
+    runs = [{k: ([] if k in CURVES and (k not in keep or at not in (None, run["lr"])) else v) for k, v in run.items()}
+            for run in summary["runs"]]
+    return json.loads(json.dumps({**{k: v for k, v in summary.items() if k != "comparisons"}, "runs": runs}))
 
 
 def check_recipe_summary(path, summary):
@@ -556,7 +563,8 @@ def command_text(summary):
     command = " ".join([recipe["command"], *without_paths(extra or [])])
     minutes = summary["wall_s"] / 60 if finite_number(summary["wall_s"]) else None
     load = machine["load"] if finite_number(machine["load"]) else None
-    lines = [f"Command: `{command}`, then `python plot.py --experiments=sweeps --out=docs`. It took "
+    pilot = f"`{recipe['command'].replace(' --jobs', ' --pilot --jobs')}`, then " if recipe.get("pilot") else ""
+    lines = [f"Command: {pilot}`{command}`, then `python plot.py --experiments=sweeps --out=docs --readme=README.md`. It took "
              f"{'an unknown time' if minutes is None else f'{minutes:.1f} min'} on {machine['hardware']} "
              f"(5-minute load average {'unknown' if load is None else f'{load:.1f}'} as it ended, its own runs "
              f"included), torch {machine['torch']}, {machine['date']}. {flags_text(recipe)}"]
