@@ -564,7 +564,8 @@ def command_text(summary):
     minutes = summary["wall_s"] / 60 if finite_number(summary["wall_s"]) else None
     load = machine["load"] if finite_number(machine["load"]) else None
     pilot = f"`{recipe['command'].replace(' --jobs', ' --pilot --jobs')}`, then " if recipe.get("pilot") else ""
-    lines = [f"Command: {pilot}`{command}`, then `python plot.py --experiments=sweeps --out=docs --readme=README.md`. It took "
+    lines = [f"Command: {pilot}`{command}`, then `python plot.py --experiments=sweeps --out=docs "
+             f"--readme=README.md`. It took "
              f"{'an unknown time' if minutes is None else f'{minutes:.1f} min'} on {machine['hardware']} "
              f"(5-minute load average {'unknown' if load is None else f'{load:.1f}'} as it ended, its own runs "
              f"included), torch {machine['torch']}, {machine['date']}. {flags_text(recipe)}"]
