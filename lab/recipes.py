@@ -243,6 +243,11 @@ RECIPES = {
                             "--dropout=0", "--fp16_overflow_fails=True"],
         gpu_lrs=["0.05"], gpu_flags=[*gpu(), "--max_iters=1000", "--eval_interval=1000", "--attn_impl=manual",
                                      "--dropout=0", "--dtype=float16"], chaotic=True,
+        # the pilot (seeds 100-102, 1 thread a run, 2026-11-28): steps survived d +128, -17, -37, sd 90 against a
+        # target of 55 steps (37.5% of the pilot baseline's 147): 80% power would take about 21 pairs, past the
+        # exact test's enumeration (lab/stats.py: n up to about 20); 16, the most pairs_for_power looks at, give
+        # 64% (stats.sign_flip_power at alpha 0.05)
+        tested_seeds=16,
         deviations=NF_DEVIATIONS + "; the LR rises by 2e-3 a step, 0 to 1.0 over 500 steps (the paper: 5e-5 a step), "
                    "because a model this small survives far higher LRs; float32 runs fail where the paper's float16 "
                    "ones would, at the first op output above 65504 (--fp16_overflow_fails), unless nanonorm's "
