@@ -392,6 +392,11 @@ def claim_lines(summary, data_link):
                         f"planned pairs, from the pilot's sd {value_text(known(c.get('pilot_sd')))} (pilot seeds, "
                         f"never tested: {pilot}); 80% power would take "
                         f"{f'{needs} pairs' if needs else 'more than 16 pairs'}.")
+            if known(c["power"]) is not None and c["power"] < claims_lib.TARGET_POWER:
+                name = summary["recipe"]["name"]
+                text.append(f"Below {claims_lib.TARGET_POWER:.0%}: at this scale the design cannot reliably decide "
+                            f"the claim, and \"not detected\" here says little; the GPU-sized version is `python "
+                            f"sweep.py --recipe={name} --scale=gpu`.")
         elif c["endpoint"] == "continuous":
             text.append("No pilot: no a-priori power.")
         if c.get("mde") is not None and c["endpoint"] == "continuous":

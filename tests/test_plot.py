@@ -612,3 +612,17 @@ def test_a_row_against_the_papers_direction_is_called_out_descriptive_ones_too(t
     claim.update(tested=False, verdict="descriptive", reading="descriptive", p_holm=None)
     page = page_of(tmp_path, summary)
     assert "**Against the paper's direction** (a row outside Holm's family, all the same)" in page
+
+
+def test_an_a_priori_power_below_80_percent_says_the_scale_cannot_decide_the_claim(tmp_path):
+    summary = chaotic_summary([30, 40, 35, 50, 45, 30, 60, 40], threads=1)
+    [claim] = summary["claims"]
+    claim.update(pilot_seeds=[100, 101, 102], pilot_differences=[128, -17, -37], pilot_sd=90.0, power=0.64,
+                 planned_pairs=16, pairs_for_power=None)
+    page = page_of(tmp_path, summary)
+    assert ("A-priori power 64% for the target with 16 planned pairs, from the pilot's sd 90 (pilot seeds, never "
+            "tested: 100: +128, 101: -17, 102: -37); 80% power would take more than 16 pairs. Below 80%: at this "
+            "scale the design cannot reliably decide the claim") in page
+    assert "`python sweep.py --recipe=tiny --scale=gpu`" in page
+    claim.update(power=0.81, pairs_for_power=15)
+    assert "Below 80%" not in page_of(tmp_path, summary)
