@@ -34,6 +34,7 @@ from lab import schema
 from lab import stats
 from lab.tables import claims_table, side_text, value_text
 
+ROW_TRIALS = 200  # the Monte Carlo designs of a comparison row's MDE (lab/stats.sign_flip_power)
 SWEEP_LOCK = "sweep.lock"  # held while a summary is made (sweep_lock)
 FINISHED_CODES = (0, 3)  # train.py: 0 finished, 3 diverged
 METRICS = {"ramp": ("steps_survived", "peak_lr"), "lr": ("final_loss", "spikes", "attn_logit_max", "log_z")}
@@ -382,7 +383,9 @@ def paired(ours, theirs, better, expect):
     p = stats.sign_flip_p(diffs)
     mean = statistics.fmean(diffs)
     side = observed_side(mean, better)
-    mde = stats.minimum_detectable_effect(len(seeds), statistics.stdev(diffs)) if len(seeds) > 1 else math.inf
+    # a description beside the claims: 200 simulated designs, not the claims' 2000 (2^n sign patterns each)
+    mde = (stats.minimum_detectable_effect(len(seeds), statistics.stdev(diffs), trials=ROW_TRIALS)
+           if len(seeds) > 1 else math.inf)
     a, b = spread([ours[s] for s in seeds]), spread([theirs[s] for s in seeds])
     return {"variant_values": a, "reference_values": b, "median_difference": a["median"] - b["median"],
             "p": float(p), "p_exact": f"{p.numerator}/{p.denominator}",

@@ -447,7 +447,8 @@ def test_paired_not_detected_names_the_minimum_detectable_mean_difference():
     ours = {s: 2.0 + d for s, d in enumerate([0.1, -0.2, 0.3, -0.1, 0.2, 0.05])}
     theirs = {s: 2.0 for s in range(6)}
     row = lab.summary.paired(ours, theirs, "lower", "better")
-    mde = lab.stats.minimum_detectable_effect(6, statistics.stdev([ours[s] - 2.0 for s in range(6)]))
+    mde = lab.stats.minimum_detectable_effect(6, statistics.stdev([ours[s] - 2.0 for s in range(6)]),
+                                              trials=lab.summary.ROW_TRIALS)
     assert row["p"] > 0.05 and row["mde"] == mde
     assert row["verdict"] == f"not detected (observed minimum detectable effect {mde:.3g})"
 
