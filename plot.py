@@ -15,10 +15,12 @@ folder's path with _ for each separator (numbered +1, +2 where two runs' names w
     headroom_<run>.png        max |x| per op and layer at the last headroom step against float16's 65504
 A plot whose events are absent is skipped with a note.
 
-The results page (lab/results_page.py): `python plot.py --experiments=sweeps --out=docs` reads the summary.json of
-every recipe's sweep under sweeps/ (python sweep.py --recipe=NAME) and writes docs/experiments.md, a headline table
-and a section per claim (the paper's words and number, ours, p, verdict, deviations, command), and a figure per
-recipe in docs/experiments/. It reads nothing else, so the page cannot drift from the data.
+The results page (lab/results_page.py): `python plot.py --experiments=sweeps --out=docs` reads
+the summary.json of every recipe's sweep under sweeps/ (python sweep.py --recipe=NAME) and writes
+docs/experiments.md, a headline table and a section per claim (the paper's words and number, ours, p, verdict,
+deviations, command), a figure per recipe in docs/experiments/ and the page's data in docs/experiments/records/. It
+reads nothing else, so the page cannot drift from the data; with --experiments=docs/experiments/records it
+regenerates the same page from the committed data.
 
 A log.jsonl or summary.json that is not what train.py or sweep.py write (not JSON, lacking a key a plot reads, a
 folder in the file's place), or an --out that cannot be a folder, is bad input: one line naming the file (and line),

@@ -10,6 +10,8 @@ rises from 0 to --lr at --max_iters); --mode=lr runs each LR on the runs' own sc
 every other variant with it, seed by seed. --recipe=NAME runs one paper's claims (lab/recipes.py: its variants,
 LRs, seeds, mode, reference and flags, fixed before the runs) into sweeps/NAME, --scale=gpu at a GPU's size:
     python sweep.py --recipe=normformer_stability --jobs=2
+A recipe's first seeds are a pilot (--pilot runs only them) that chooses each arm's LR and the number of tested
+seeds, never tested; the design's hash goes into the sweep's design.json before any run starts.
 Re-running a command skips finished runs and resumes interrupted ones; --dry_run prints the train.py commands
 still to run, one per line, for a cluster scheduler, and runs nothing. Before any run starts, every run passes
 train.py's checks, and a finished or resumable run must have trained with this command's configs and on its data.
@@ -70,6 +72,7 @@ class SweepOptions:
     reference: str = help_of("the variant every other variant is compared with (seeds, exact p, verdict)", default="")
     recipe: str = help_of(f"a paper's claim as one command: {', '.join(recipes.RECIPES)}", default="")
     scale: Literal["cpu", "gpu"] = help_of("a recipe's size: cpu (minutes on 2 cores) or gpu", default="cpu")
+    pilot: bool = help_of("a recipe's pilot seeds only (they choose its LRs and seeds; never tested)", default=False)
 
 
 @dataclass
@@ -88,6 +91,8 @@ class Plan:
     recipe: Optional[str] = None
     scale: str = "cpu"
     claims: list = dataclasses.field(default_factory=list)  # a recipe's (recipes.Claim)
+    pilot: bool = False
+    tested_lrs: Optional[dict] = None  # a recipe's {variant: LRs} after its pilot seeds (recipes.Recipe.tested_lrs)
 
 
 def parse_args(argv):
@@ -99,7 +104,9 @@ def parse_args(argv):
     plan = Plan(variants=[v for v in opts.variants.split(",") if v], lrs=[lr for lr in opts.lrs.split(",") if lr],
                 seeds=opts.seeds, first_seed=opts.first_seed, mode=opts.mode, jobs=opts.jobs, out_dir=opts.out_dir,
                 dry_run=opts.dry_run, train_argv=train_argv, reference=opts.reference or None,
-                recipe=opts.recipe or None, scale=opts.scale)
+                recipe=opts.recipe or None, scale=opts.scale, pilot=opts.pilot)
+    if plan.pilot and not plan.recipe:
+        raise UsageError("--pilot runs a recipe's pilot seeds; give --recipe=NAME")
     if plan.recipe:
         plan, shared = apply_recipe(plan, given, shared)
         check_scale(plan, shared)
@@ -205,7 +212,7 @@ def apply_recipe(plan, given, shared):
     taken = [f"--{name}" for name in ("variants", "lrs", "mode", "reference") if name in given]
     if taken:
         raise UsageError(f"{', '.join(taken)} come from the recipe; run without them, or without --recipe")
-    recipe = recipes.settings(plan.recipe, plan.scale)
+    recipe = recipes.settings(plan.recipe, plan.scale, plan.pilot)
     settings = variant_settings(recipe["variants"])
     overridden = settings.keys() & shared.keys()
     if overridden:
@@ -249,9 +256,13 @@ def check_reference(plan):
 
 
 def grid(plan):
+    """Every (variant, LR, seed) of the sweep; a recipe's seeds after its pilot only at the LRs its tested_lrs
+    names (each arm's LR chosen on the pilot)."""
+    pilot_end = plan.first_seed + (recipes.RECIPES[plan.recipe].pilot if plan.recipe else 0)
     return [Run(variant, lr, seed, os.path.join(plan.out_dir, variant, lr, str(seed)))
             for variant in plan.variants for lr in plan.lrs
-            for seed in range(plan.first_seed, plan.first_seed + plan.seeds)]
+            for seed in range(plan.first_seed, plan.first_seed + plan.seeds)
+            if seed < pilot_end or plan.tested_lrs is None or lr in plan.tested_lrs.get(variant, ())]
 
 
 def train_flags(run, plan):
@@ -438,6 +449,8 @@ def run_sweep(plan, runs, todo, metas, machine):
     print(f"{len(runs)} runs, {len(runs) - len(todo) - len(elsewhere)} finished already, {len(elsewhere)} running "
           f"elsewhere, {len(todo)} to run, {plan.jobs} at a time")
     started = time.time()
+    if plan.recipe and todo:
+        record_design(plan)
     stopped = pool.run_all(todo, plan.jobs, functools.partial(train_command, plan=plan))
     if stopped:
         print(stop_message(stopped, todo), file=sys.stderr)
@@ -450,6 +463,20 @@ def run_sweep(plan, runs, todo, metas, machine):
               f"{RUNS_FAILED}", file=sys.stderr)
         return RUNS_FAILED
     return 0
+
+
+def record_design(plan):
+    """out_dir/design.json: the recipe's design hash (recipes.design_hash), the stage and the time, appended before
+    runs of a design or stage not yet recorded start, so that the summary shows the design the runs started
+    under."""
+    path = os.path.join(plan.out_dir, "design.json")
+    entries = json.loads(open(path).read()) if os.path.exists(path) else []
+    entry = {"sha256": recipes.design_hash(plan.recipe, plan.scale), "stage": "pilot" if plan.pilot else "all seeds"}
+    if any({k: e.get(k) for k in entry} == entry for e in entries):
+        return
+    os.makedirs(plan.out_dir, exist_ok=True)
+    entry["recorded"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    files.write_atomic(path, json.dumps([*entries, entry], indent=1).encode())
 
 
 def refused_resumes(todo):

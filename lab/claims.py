@@ -48,6 +48,7 @@ BINARY = ("left_plateau", "survived")
 # scored as |ln ratio|: 0 where the layers' gradients are even
 LOG_RATIOS = ("grad_ratio", "fc2_grad_ratio")
 DESCRIPTIVE = "descriptive"
+CONTROL = "control (outside the family: the paper predicts no gap here)"
 # the telemetry steps whose gradient ratios a run's grad_ratio and fc2_grad_ratio average (early training, where
 # NormFormer Fig. 3 and Spike No More Fig. 3 read them)
 RATIO_STEPS = (10, 100)
@@ -68,6 +69,15 @@ FAILURE_RULE = ("a run that diverged or whose loss is not finite (a NaN at initi
                 "below ln(V) has the LR sensitivity ln(V), the largest any seed can have; steps survived and LR "
                 "reached are measured at the failure; for survived and left the plateau a failed run counts as 0; "
                 "an unfinished run is missing: its seed leaves the claim's pairs, and the claim counts it")
+FAILURE, SECOND = "failure rule", "second rule"
+SECOND_RULE = ("only what no failed run touched: for the LR sensitivity, the LRs of the grid where no arm's run "
+               "failed on that seed (each arm's optimum over those); for any other metric, the seeds on which no run "
+               "behind any arm's value failed; the steps survived, the LR reached and the binary endpoints are "
+               "measured at the failure and keep every seed")
+SECOND_KEYS = ("n", "seeds", "differences", "p", "p_holm", "effect", "effect_ci", "ci_coverage", "reading")
+# a best-LR claim reads each arm at an interior point of its grid whose neighbours are at most this far apart
+BRACKET_SPACING = 2.0
+MOST_PAIRS = 16  # pairs_for_power looks no further: 16 seeds is past a CPU recipe's budget
 TEST = ("exact two-sided sign-flip permutation test of the mean paired difference over seeds (a binary endpoint: "
         "the same test on the discordant pairs, the exact McNemar test)")
 INTERVAL = ("the mean paired difference with the interval of the shifts the same test does not reject (the "
@@ -93,18 +103,17 @@ def finished(records, variant):
 
 def seed_values(records, variant, metric, lrs, pilot=0):
     """{seed: the variant's value of metric}, a failed run counted by FAILURE_RULE: NAME@LR from the run at that LR,
-    lr_sensitivity from the seed's runs at every LR of lrs, best_loss at the variant's best LR (the lowest median;
-    with pilot, over the sweep's first pilot seeds, which are then left out). A seed whose value is missing (an
-    unfinished run, no telemetry) is left out."""
+    lr_sensitivity from the seed's runs at every LR of lrs (the arm alone: claims pair it with paired_sensitivities),
+    best_loss at the variant's best LR (the lowest median; with pilot, over the sweep's first pilot seeds). A seed
+    whose value is missing (an unfinished run, no telemetry) is left out."""
     ran = finished(records, variant)
     if metric == "lr_sensitivity":
         return {seed: value for seed in sorted({r["seed"] for r in ran})
                 if (value := seed_lr_sensitivity([r for r in ran if r["seed"] == seed], lrs)) is not None}
     if metric == "best_loss":
-        chosen = pilot_seeds(records, pilot)
         lr = read_at(records, variant, lrs, pilot)
         return {r["seed"]: r["final_loss_capped"] for r in ran
-                if r["lr"] == lr and r["seed"] not in chosen and r["final_loss_capped"] is not None}
+                if r["lr"] == lr and r["final_loss_capped"] is not None}
     name, _, lr = metric.partition("@")
     at_lr = [r for r in ran if r["lr"] == lr]
     if name in BINARY:
@@ -122,7 +131,7 @@ def read_at(records, variant, lrs, pilot):
 
 
 def pilot_seeds(records, pilot):
-    """The sweep's first pilot seeds: they choose an arm's LR and are not tested."""
+    """The sweep's first pilot seeds: they choose an arm's LR and fix the design's power, and are never tested."""
     return set(sorted({r["seed"] for r in records})[:pilot])
 
 
@@ -138,6 +147,27 @@ def best_lr(runs, lrs, seeds):
     """The LR of lrs with the lowest median loss (median_losses; the first of a tie); None where no run has one."""
     by_lr = median_losses(runs, lrs, seeds)
     return min(by_lr, key=by_lr.get) if by_lr else None
+
+
+def bracket_problem(runs, lrs, seeds, spacing):
+    """Why an arm's best LR (the lowest median loss over seeds) is not a bracketed optimum, or None where it is: the
+    grid has fewer than 3 LRs, the best is its lowest or highest LR, or (spacing, for best_loss) a neighbour of the
+    best is more than spacing times away from it. LRs are compared as numbers, whatever order lrs lists them in."""
+    grid = sorted(lrs, key=float)
+    if len(grid) < 3:
+        return f"a grid of {len(grid)} LR{'s' if len(grid) != 1 else ''} cannot bracket an optimum"
+    best = best_lr(runs, grid, seeds)
+    if best is None:
+        return "no run has a loss"
+    i = grid.index(best)
+    if i in (0, len(grid) - 1):
+        return f"its best LR, {best}, is the grid's {'lowest' if i == 0 else 'highest'}"
+    if spacing:
+        wide = [lr for lr in (grid[i - 1], grid[i + 1]) if max(float(lr), float(best)) / min(float(lr), float(best))
+                > spacing * (1 + 1e-9)]
+        if wide:
+            return f"its best LR, {best}, has a neighbour ({wide[0]}) more than {spacing:g}x away"
+    return None
 
 
 def scored(record, name):
@@ -209,12 +239,69 @@ def arms(claim, reference):
     return [claim.variant, claim.reference or reference, *(claim.minus or ())]
 
 
-def contrast(records, claim, reference, lrs):
-    """(seeds, d_s in the metric's sign, d_s in the expected-direction sign, {arm: {seed: value}}) over the seeds
-    present in every arm."""
+def paired_sensitivities(records, involved, lrs, seed, rule=FAILURE):
+    """{arm: its LR sensitivity on seed} for a claim's arms, each against its own optimum L*_arm = min_lr L(lr)
+    (Wortsman et al. 2023 §3): the mean over the grid of its excess L(lr) - L*_arm. Under FAILURE_RULE a failed run
+    (or one at ln V) counts as the excess E = ln V - min over the arms of L*_arm, the same number for every arm on
+    the seed, and every excess is capped at E: an arm whose optimum is lower is not charged more for the same
+    failures (with ln V - L*_arm, a variant 0.1 nats better at every LR, failing where the reference fails, came
+    out less stable). Under SECOND_RULE only the LRs where no arm failed count, each arm's L* over those. None where
+    an arm lacks a finished run at an LR of the grid (or, second rule, no LR is left)."""
+    losses = {}
+    for arm in involved:
+        by_lr = {r["lr"]: r for r in finished(records, arm) if r["seed"] == seed}
+        if any(by_lr.get(lr) is None or by_lr[lr]["final_loss_capped"] is None for lr in lrs):
+            return None
+        losses[arm] = [(by_lr[lr]["final_loss_capped"], by_lr[lr]) for lr in lrs]
+    failure = next(iter(losses.values()))[0][1]["failure_loss"]
+    bad = [any(failed(losses[arm][i][1]) or losses[arm][i][0] >= failure for arm in involved) for i in range(len(lrs))]
+    if rule == SECOND:
+        kept = [i for i in range(len(lrs)) if not bad[i]]
+        if not kept:
+            return None
+        return {arm: statistics.fmean(losses[arm][i][0] - min(losses[arm][j][0] for j in kept) for i in kept)
+                for arm in involved}
+    optimum = {arm: min(loss for loss, _ in losses[arm]) for arm in involved}
+    excess = failure - min(optimum.values())
+    return {arm: statistics.fmean(excess if failed(run) or loss >= failure else min(loss - optimum[arm], excess)
+                                  for loss, run in losses[arm]) for arm in involved}
+
+
+def claim_values(records, claim, reference, lrs, pilot, rule):
+    """{arm: {seed: value}} for a claim's arms, every seed of the sweep (pilot ones too): lr_sensitivity paired on
+    each seed (paired_sensitivities), the rest per arm (seed_values). Under SECOND_RULE a seed on which a run behind
+    any arm's value failed is left out (the metrics a failure is a measurement of keep every seed)."""
     involved = arms(claim, reference)
-    values = {arm: seed_values(records, arm, claim.metric, lrs, claim.pilot) for arm in involved}
-    seeds = sorted(set.intersection(*(set(v) for v in values.values())))
+    if claim.metric == "lr_sensitivity":
+        values = {arm: {} for arm in involved}
+        for seed in sorted({r["seed"] for r in records}):
+            found = paired_sensitivities(records, involved, lrs, seed, rule)
+            for arm, value in (found or {}).items():
+                values[arm][seed] = value
+        return values
+    values = {arm: seed_values(records, arm, claim.metric, lrs, pilot) for arm in involved}
+    name = claim.metric.partition("@")[0]
+    if rule == SECOND and name not in AT_FAILURE and name not in BINARY:
+        chosen = {arm: read_at(records, arm, lrs, pilot) for arm in involved} if name == "best_loss" else None
+        hit = {s for s in {r["seed"] for r in records} for arm in involved
+               if any_failed(records, arm, s, claim.metric, chosen[arm] if chosen else None)}
+        values = {arm: {s: v for s, v in by_seed.items() if s not in hit} for arm, by_seed in values.items()}
+    return values
+
+
+def contrast(records, claim, reference, lrs, pilot=0, rule=FAILURE):
+    """(seeds, d_s in the metric's sign, d_s in the expected-direction sign, {arm: {seed: value}}) over the tested
+    seeds (those after the pilot) present in every arm."""
+    values = claim_values(records, claim, reference, lrs, pilot, rule)
+    tested = {r["seed"] for r in records} - pilot_seeds(records, pilot)
+    return (*pair_up(values, claim, reference, tested), values)
+
+
+def pair_up(values, claim, reference, seeds):
+    """(seeds, d_s in the metric's sign, d_s in the expected-direction sign) over those of seeds present in every
+    arm of values ({arm: {seed: value}})."""
+    involved = arms(claim, reference)
+    seeds = sorted(set(seeds).intersection(*(set(values[arm]) for arm in involved)))
     variant, ref = involved[:2]
     raw = []
     for s in seeds:
@@ -223,16 +310,29 @@ def contrast(records, claim, reference, lrs):
             d -= values[claim.minus[0]][s] - values[claim.minus[1]][s]
         raw.append(d)
     sign = expected_sign(claim.metric, claim.expect)
-    return seeds, raw, [sign * d for d in raw], values
+    return seeds, raw, [sign * d for d in raw]
 
 
-def judge(records, claims, reference, lrs):
-    """Every claim of a recipe judged (see the module docstring); Holm over the tested ones, a claim without pairs
-    counting as p = 1, so that it stays in the family fixed before the runs; descriptive claims outside it."""
+def judge(records, claims, reference, lrs, pilot=0, planned=None):
+    """Every claim of a recipe judged (see the module docstring), under FAILURE_RULE and again under SECOND_RULE;
+    Holm over the tested ones, a claim without pairs or without a bracketed optimum counting as p = 1, so that it
+    stays in the family fixed before the runs; descriptive claims outside it. pilot: the sweep's first seeds that
+    choose LRs and fix the a-priori power; they are never tested. planned: the tested seeds of the design (default:
+    the sweep's seeds after the pilot), the n of the a-priori power."""
+    results = [judge_rule(records, claims, reference, lrs, pilot, rule, planned) for rule in (FAILURE, SECOND)]
+    for result, second in zip(*results):
+        if any(result["diverged"].values()):
+            result["second_rule"] = {key: second[key] for key in SECOND_KEYS}
+        result["verdict"] = verdict(result)
+        result["reading"] = reading(result["verdict"])
+    return results[0]
+
+
+def judge_rule(records, claims, reference, lrs, pilot, rule, planned=None):
     family = sum(claim.tested for claim in claims)
-    results = [judge_one(records, claim, reference, lrs, family) for claim in claims]
+    results = [judge_one(records, claim, reference, lrs, family, pilot, rule, planned) for claim in claims]
     tested = [r for r in results if r["tested"]]
-    adjusted = stats.holm([r["p"] if r["p"] is not None else 1.0 for r in tested])
+    adjusted = stats.holm([r["p"] if r["p"] is not None and not r["unbracketed"] else 1.0 for r in tested])
     for result, p_holm in zip(tested, adjusted):
         result["p_holm"] = p_holm if result["p"] is not None else None
     for result in results:
@@ -241,40 +341,60 @@ def judge(records, claims, reference, lrs):
     return results
 
 
-def judge_one(records, claim, reference, lrs, family):
-    seeds, raw, signed, values = contrast(records, claim, reference, lrs)
+def judge_one(records, claim, reference, lrs, family, pilot=0, rule=FAILURE, planned=None):
+    values = claim_values(records, claim, reference, lrs, pilot, rule)
+    chosen_seeds = pilot_seeds(records, pilot)
+    sweep_seeds = {r["seed"] for r in records}
+    seeds, raw, signed = pair_up(values, claim, reference, sweep_seeds - chosen_seeds)
+    pilot_pairs, pilot_raw, pilot_signed = pair_up(values, claim, reference, chosen_seeds)
     ref = claim.reference or reference
     n = len(seeds)
     alpha = ALPHA / max(family, 1)
     name = claim.metric.partition("@")[0]
     ref_median = statistics.median(values[ref][s] for s in seeds) if seeds else None
+    pilot_median = statistics.median(values[ref][s] for s in pilot_pairs) if pilot_pairs else None
     # best_loss: the LR each arm is read at, chosen by its pilot seeds (all seeds without a pilot)
-    chosen = ({arm: read_at(records, arm, lrs, claim.pilot) for arm in arms(claim, reference)}
+    chosen = ({arm: read_at(records, arm, lrs, pilot) for arm in arms(claim, reference)}
               if name == "best_loss" else None)
-    to_detect = claim.effect * abs(ref_median) if claim.relative and ref_median is not None else claim.effect
-    sweep_seeds = {r["seed"] for r in records}
+    unbracketed = {arm: problem for arm in arms(claim, reference)
+                   if name in ("best_loss", "lr_sensitivity") and (problem := bracket_problem(
+                       finished(records, arm), lrs, chosen_seeds, BRACKET_SPACING if name == "best_loss" else None))}
+    # the target is fixed before the tested seeds: a relative one scales with the pilot's reference median
+    scale = pilot_median if pilot_median is not None else ref_median
+    to_detect = claim.effect * abs(scale) if claim.relative and scale is not None else claim.effect
+    planned = len(sweep_seeds - chosen_seeds) if planned is None else planned
+    pilot_sd = statistics.stdev(pilot_signed) if len(pilot_signed) >= 2 else None
+    continuous = name not in BINARY
     result = {"variant": claim.variant, "reference": ref, "minus": list(claim.minus) if claim.minus else None,
               "metric": claim.metric, "expect": claim.expect, "better": recipes.BETTER[name],
-              "endpoint": "binary" if name in BINARY else "continuous",
+              "endpoint": "continuous" if continuous else "binary",
               "paper_number": claim.paper_number, "effect_source": claim.effect_source, "relative": claim.relative,
-              "target_origin": claim.target_origin, "tested": claim.tested, "pilot": claim.pilot,
-              "effect_claimed": claim.effect, "p_holm": None,
+              "target_origin": claim.target_origin, "tested": claim.tested, "pilot_seeds": pilot_pairs,
+              "pilot_differences": pilot_raw,
+              "pilot_sd": pilot_sd, "control": claim.control, "effect_claimed": claim.effect, "p_holm": None,
               "reference_median": ref_median, "effect_to_detect": to_detect, "seeds": seeds, "n": n,
               "differences": raw, "family": family, "alpha_first_step": alpha,
               "unmeasured": sum(unmeasured(records, claim, reference, s, chosen) for s in seeds),
               "diverged": {arm: sum(failed(r) for r in records if r["variant"] == arm and r["seed"] in seeds
                                     and run_counts(r, claim.metric)) for arm in arms(claim, reference)},
-              "missing": {arm: len(sweep_seeds - set(values[arm])) for arm in arms(claim, reference)},
+              "missing": {arm: len(sweep_seeds - chosen_seeds - set(values[arm])) for arm in arms(claim, reference)},
               "arm_medians": {arm: statistics.median(values[arm][s] for s in seeds) if seeds else None
                               for arm in arms(claim, reference)},
-              "chosen_lr": chosen,
+              "chosen_lr": chosen, "unbracketed": unbracketed,
+              # a priori: the planned pairs, at the pilot's spread (fixed before the tested seeds ran)
+              "power": (stats.sign_flip_power(planned, to_detect, pilot_sd, alpha)
+                        if continuous and pilot_sd is not None and to_detect is not None else None),
+              "planned_pairs": planned,
+              "pairs_for_power": (pairs_for_power(to_detect, pilot_sd, alpha)
+                                  if continuous and pilot_sd is not None and to_detect is not None
+                                  and rule == FAILURE else None),
               "p": None, "effect": None, "effect_ci": None, "difference": None, "difference_ci": None,
-              "ci_coverage": None, "discordant": None, "mean": None, "sd": None, "power": None, "mde": None}
+              "ci_coverage": None, "discordant": None, "mean": None, "sd": None, "mde": None}
     if n == 0:
         return result
     sign = expected_sign(claim.metric, claim.expect)
     result.update(p=float(stats.sign_flip_p(signed)), mean=statistics.fmean(signed))
-    if name in BINARY:
+    if not continuous:
         # McNemar: only the discordant pairs carry information; no power model for a binary target
         result.update(effect=result["mean"], difference=sign * result["mean"],
                       discordant=[sum(d > 0 for d in signed), sum(d < 0 for d in signed)],
@@ -286,10 +406,18 @@ def judge_one(records, claim, reference, lrs, family):
     sd = statistics.stdev(signed) if n >= 2 else None
     result.update(effect=interval["estimate"], effect_ci=[low, high], ci_coverage=interval["confidence"],
                   difference=sign * interval["estimate"], difference_ci=sorted([sign * low, sign * high]), sd=sd,
-                  # one pair: no spread, and no p below 1, so no effect is detectable
-                  power=stats.sign_flip_power(n, to_detect, sd or 0.0, alpha),
+                  # observed: from the tested pairs' own spread, shown beside the verdict, never choosing the design
                   mde=stats.minimum_detectable_effect(n, sd or 0.0, alpha, TARGET_POWER))
     return result
+
+
+def pairs_for_power(target, sd, alpha, most=MOST_PAIRS):
+    """The fewest pairs (up to most) whose sign-flip power for target at the pilot's sd reaches TARGET_POWER, None
+    where even most do not: what a pilot says the design needs."""
+    for n in range(2, most + 1):
+        if stats.sign_flip_power(n, target, sd, alpha) >= TARGET_POWER:
+            return n
+    return None
 
 
 def unmeasured(records, claim, reference, seed, chosen_lr):
@@ -301,6 +429,12 @@ def unmeasured(records, claim, reference, seed, chosen_lr):
         return False
     return all(all_failed(records, arm, seed, claim.metric, chosen_lr[arm] if chosen_lr else None)
                for arm in arms(claim, reference))
+
+
+def any_failed(records, variant, seed, metric, lr=None):
+    """Whether a run of the variant on seed that counts for metric (at lr, where given) failed."""
+    return any(failed(r) for r in records if r["variant"] == variant and r["seed"] == seed and run_counts(r, metric)
+               and (lr is None or r["lr"] == lr))
 
 
 def all_failed(records, variant, seed, metric, lr=None):
@@ -318,14 +452,29 @@ def run_counts(record, metric):
 
 def verdict(result):
     """One of the four readings of stats.verdict (the effect's sign read as the paper's direction), against the
-    target effect and whose it is; "not run yet" without pairs. Only an interval of at least 95% coverage can
-    exclude the target: with 5 pairs or fewer the interval is [min, max] at 1 - 2 / 2^n (2 pairs: 50%), too
-    little to call an effect smaller than anything. The interval must reach the family's level, 1 - 0.05 / m
-    (INTERVAL). Where every pair's d came from the failure rule (unmeasured), nothing was measured: not detected."""
+    target effect and whose it is; "not run yet" without pairs; "optimum not bracketed" (no verdict) where an arm's
+    best LR on the pilot seeds is not an interior point of its grid (bracket_problem). Only an interval of at least
+    95% coverage can exclude the target: with 5 pairs or fewer the interval is [min, max] at 1 - 2 / 2^n (2 pairs:
+    50%), too little to call an effect smaller than anything. The interval must reach the family's level,
+    1 - 0.05 / m (INTERVAL). Where every pair's d came from the failure rule (unmeasured), nothing was measured: not
+    detected. Where the claim's arms had failed runs and SECOND_RULE reads otherwise, the verdict says it rests on
+    the failure rule."""
     if not result.get("tested", True):
-        return DESCRIPTIVE
+        return CONTROL if result.get("control") else DESCRIPTIVE
     if result["p_holm"] is None:
         return "not run yet"
+    if result.get("unbracketed"):
+        return "optimum not bracketed (" + "; ".join(f"{arm}: {why}" for arm, why in result["unbracketed"].items()) + \
+            "): no verdict"
+    text = rule_verdict(result)
+    second = result.get("second_rule")
+    if second and second["reading"] != reading(text):
+        without = second["reading"] if second["n"] else "no pair is left"
+        text += f"; rests on the failure rule (without the failed runs: {without})"
+    return text
+
+
+def rule_verdict(result):
     if result["n"] and result.get("unmeasured") == result["n"]:
         return "not detected (every run behind both arms' values failed on every seed: the failure rule gave each d)"
     mde = result["mde"] if result["mde"] is not None else math.inf
@@ -338,7 +487,10 @@ def verdict(result):
 
 def reading(text):
     """The verdict's reading in a word or two, for the page to count and label: agrees, disagrees, smaller, not
-    detected, not run yet or descriptive."""
+    detected, not bracketed, not run yet, control or descriptive."""
+    text = text.split("; rests on")[0]
+    if text.startswith("optimum not bracketed"):
+        return "not bracketed"
     return "smaller" if text.startswith("smaller than") else text.split(" (")[0]
 
 

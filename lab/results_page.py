@@ -21,32 +21,50 @@ from lab import claims as claims_lib
 from lab import recipes
 from lab.claims import RATIO_STEPS
 from lab.figures import FP16_MAX, legend_outside, log_lr_axis, make_folder, plt, save_png
-from lab.tables import (claims_table, comparison_text, coverage_text, finite_number, interval_text, metric_label,
-                        p_value_text, power_text, target_value_text, value_text)
+from lab.tables import (claims_table, comparison_text, coverage_text, finite_number, interval_text, known,
+                        mde_text, metric_label, p_value_text, power_text, target_value_text, value_text)
 
 LINE_STYLES = ("-", "--", ":", "-.")
+DATA = "experiments/records"  # under --out: the page's data, one <name>.json a recipe (page_data)
+CURVES = ("curve", "ratio_curve", "fc2_ratio_curve", "logit_curve")
 FIGURE_SIZE = (8, 4.5)  # inches, at FIGURE_DPI: readable at the page's width
 FIGURE_DPI = 120
 
 
 def read_recipe_summaries(root):
-    """The summary.json of every recipe's sweep under root (sweep.py --recipe writes its recipe into it), in the
-    order recipes.py lists the recipes, CPU before GPU scale."""
+    """The summary of every recipe's sweep under root (sweep.py --recipe writes its recipe into its summary.json),
+    or of every recipe in a data folder (DATA: <name>.json, written by this page), in the order recipes.py lists the
+    recipes, CPU before GPU scale: [(summary, [its replicates])]. A recipe run more than once (another --jobs, so
+    another thread count, or another machine: --out_dir=sweeps/NAME_threads2) has its first folder in path order
+    as the summary and the others as replicates, whose spread the page shows."""
     found = {}
-    for path in sorted(glob.glob(os.path.join(glob.escape(root), "**", "summary.json"), recursive=True)):
+    paths = sorted(glob.glob(os.path.join(glob.escape(root), "**", "summary.json"), recursive=True))
+    paths += sorted(glob.glob(os.path.join(glob.escape(root), "*.json")))
+    for path in paths:
         summary = schema.read_summary(path)
-        if not summary.get("recipe"):
+        if not summary.get("recipe") or summary.get("stage") == "pilot":  # a pilot alone tests nothing
             continue
         check_recipe_summary(path, summary)
         check_verdicts(path, summary)
         key = (summary["recipe"]["order"], summary["recipe"]["scale"])
-        if key in found:
-            raise UsageError(f"{found[key][0]} and {path} are both sweeps of recipe {summary['recipe']['name']} "
-                             f"({summary['recipe']['scale']} scale); the page shows one: move the other out of {root}")
-        found[key] = (path, summary)
-    if not found:
-        raise UsageError(f"{root} holds no recipe's summary.json; run python sweep.py --recipe=NAME first")
-    return [summary for _, (_, summary) in sorted(found.items())]
+        found.setdefault(key, []).append(page_data(summary))
+    return [(group[0], group[1:]) for _, group in sorted(found.items())]
+
+
+def page_data(summary):
+    """What the page is made from, committed beside it (DATA): the summary less what the page does not show (the
+    sweep's every-metric comparisons, per-step curves its figure does not draw). The page is drawn from this alone,
+    so that the committed data regenerates it byte for byte."""
+    figure = summary["recipe"]["figure"]
+    keep, at = set(), None
+    if figure == "ramp":
+        keep = {"curve"}
+    elif figure == "grad_ratio":
+        name, _, at = ratio_metric(summary).partition("@")
+        keep = {"ratio_curve" if name == "grad_ratio" else "fc2_ratio_curve"}
+    runs = [{k: ([] if k in CURVES and (k not in keep or at not in (None, run["lr"])) else v) for k, v in run.items()}
+            for run in summary["runs"]]
+    return json.loads(json.dumps({**{k: v for k, v in summary.items() if k != "comparisons"}, "runs": runs}))
 
 
 def check_recipe_summary(path, summary):
@@ -196,9 +214,10 @@ def depth_of(variant):
 def figure_depth(summary, ax):
     """Final val loss against depth at the claims' LR, per variant family the median over seeds and a min-max
     band, a diverged run at ln V (x); the dotted line is the val split's unigram entropy, the plateau of a model
-    that has learned only the tokens' frequencies."""
+    that has learned only the tokens' frequencies. Claims that read each arm at its best LR: each arm at its own."""
     lr = summary["recipe"]["claims"][0]["metric"].partition("@")[2]
-    runs = [r for r in summary["runs"] if r["lr"] == lr and r["status"] != "unfinished"]
+    chosen = {arm: at for c in summary["claims"] for arm, at in (c.get("chosen_lr") or {}).items()}
+    runs = [r for r in summary["runs"] if r["lr"] == chosen.get(r["variant"], lr) and r["status"] != "unfinished"]
     families = {}
     for variant in summary["recipe"]["variants"]:
         families.setdefault(variant.split("+")[0], []).append(variant)
@@ -213,7 +232,8 @@ def figure_depth(summary, ax):
         ax.axhline(statistics.median(entropy), color="gray", ls=":", lw=1, label="unigram entropy of val")
     depths = sorted({depth_of(v) for v in summary["recipe"]["variants"]})
     ax.set_xticks(depths, [str(d) for d in depths])
-    ax.set(xlabel="layers", ylabel=f"final val loss at LR {lr}, min(L, ln V)\n(line: median; band: min-max)")
+    where = "each arm's best LR" if chosen else f"LR {lr}"
+    ax.set(xlabel="layers", ylabel=f"final val loss at {where}, min(L, ln V)\n(line: median; band: min-max)")
 
 
 def ratio_metric(summary):
@@ -268,7 +288,7 @@ def figure_metric(summary, ax):
         mine = [r for r in summary["runs"] if r["variant"] == variant and r["status"] != "unfinished"
                 and (not lr or r["lr"] == lr)]
         counted = claims_lib.seed_values(summary["runs"], variant, metric, summary["recipe"]["lrs"],
-                                         claim.get("pilot", 0))
+                                         summary["recipe"].get("pilot", 0))
         values = [v for v in counted.values() if finite_number(v)]
         ax.plot([x] * len(values), values, "o", color=color, ms=4, alpha=0.7, label=variant)
         if values:
@@ -314,22 +334,112 @@ def ended_text(row):
     return text
 
 
-def headline_rows(summary):
+def headline_rows(summary, replicates=()):
     recipe = summary["recipe"]
     earlier = "earlier design: " if design_changes(summary) else ""
     return [f"| [{recipe['name']}](#{anchor(recipe)}) | {comparison_text(c)}: {metric_label(c['metric'])} | "
             f"{interval_text(c['effect'], c['effect_ci'])} | {coverage_text(c.get('ci_coverage'))} | "
             f"{p_value_text(c['p_holm'])} | {target_value_text(c)} | {power_text(c['power'])} | "
-            f"{earlier}{c['verdict']} |" for c in summary["claims"]]
+            f"{earlier}{shown_verdict(summary, replicates, i)} |" for i, c in enumerate(summary["claims"])]
+
+
+def shown_verdict(summary, replicates, i):
+    """A claim's verdict as the page shows it: for a chaotic recipe (recipes.Recipe.chaotic: the step a ramp
+    diverges moves with the thread count and the CPU), "unstable across machines" where its replicates read it
+    otherwise, and a note where it has none, so that one machine's rounding does not decide the word."""
+    claim = summary["claims"][i]
+    if not summary["recipe"].get("chaotic") or not claim.get("tested", True):
+        return claim["verdict"]
+    if not replicates:
+        return f"{claim['verdict']} (one machine and thread count only: the spread across them not measured)"
+    readings = [claim["reading"]] + [r["claims"][i]["reading"] for r in replicates]
+    if len(set(readings)) > 1:
+        where = "; ".join(f"{name}: {reading}" for name, reading in zip(run_names(summary, replicates), readings))
+        return f"unstable across machines ({where})"
+    return f"{claim['verdict']} (the same on {len(readings)} machines or thread counts)"
+
+
+def run_names(summary, replicates):
+    """"2-core AMD EPYC, 1 thread a run" for the summary and each replicate."""
+    return [f"{s['machine']['hardware']}, {s.get('threads', '?')} thread{'s' if s.get('threads') != 1 else ''} a run"
+            for s in (summary, *replicates)]
 
 
 def headline(summaries):
     """The headline table: one row per claim of every recipe (the README's table is pasted from it)."""
     lines = ["| recipe | claim | effect: mean d [interval] (+: the paper's direction) | interval's coverage | "
-             "p (Holm) | target (whose) | power for the target | verdict |", "|---|---|---|---|---|---|---|---|"]
-    for summary in summaries:
-        lines += headline_rows(summary)
+             "p (Holm) | target (whose) | a-priori power for the target (pilot) | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
+    for summary, replicates in summaries:
+        lines += headline_rows(summary, replicates)
     return "\n".join(lines)
+
+
+def claim_lines(summary, data_link):
+    """Per claim, what a reader re-derives its numbers from: the per-seed differences (in the committed data), the
+    pilot's spread and the a-priori power it gave, the observed MDE, the verdict without the failed runs, and the
+    mechanism's number where the claim needs one (z-loss: the baseline's |mean log Z| at the end)."""
+    lines = []
+    for i, c in enumerate(summary["claims"]):
+        seeds = ", ".join(f"{seed}: {per_seed_text(d)}" for seed, d in zip(c["seeds"], c["differences"])) or "none"
+        text = [f"**Claim {i + 1}** ({comparison_text(c)}): d = variant - reference per seed, in the metric's sign "
+                f"(seed: d) {seeds}; in [{data_link}]({data_link}) as claims[{i}].differences."]
+        if c.get("pilot_seeds"):
+            pilot = ", ".join(f"{seed}: {per_seed_text(d)}"
+                              for seed, d in zip(c["pilot_seeds"], c["pilot_differences"]))
+            needs = c.get("pairs_for_power")
+            text.append(f"A-priori power {power_text(c['power'])} for the target with {c.get('planned_pairs')} "
+                        f"planned pairs, from the pilot's sd {value_text(known(c.get('pilot_sd')))} (pilot seeds, "
+                        f"never tested: {pilot}); 80% power would take "
+                        f"{f'{needs} pairs' if needs else 'more than 16 pairs'}.")
+            if known(c["power"]) is not None and c["power"] < claims_lib.TARGET_POWER:
+                name = summary["recipe"]["name"]
+                text.append(f"Below {claims_lib.TARGET_POWER:.0%}: at this scale the design cannot reliably decide "
+                            f"the claim, and \"not detected\" here says little; the GPU-sized version is `python "
+                            f"sweep.py --recipe={name} --scale=gpu`.")
+        elif c["endpoint"] == "continuous":
+            text.append("No pilot: no a-priori power.")
+        if c.get("mde") is not None and c["endpoint"] == "continuous":
+            text.append(f"Observed minimum detectable effect (from the tested pairs' own spread, not the design's): "
+                        f"{mde_text(c['mde'])}.")
+        second = c.get("second_rule")
+        if second:
+            text.append(f"Without the failed runs ({claims_lib.SECOND_RULE}): {second['n']} pairs, "
+                        f"{interval_text(second['effect'], second['effect_ci'])}, p (Holm) "
+                        f"{p_value_text(second['p_holm'])}: {second['reading']}.")
+        if known(c["effect"]) is not None and c["effect"] < 0 and c["p"] is not None and c["p"] < 0.05:
+            kind = "a tested claim" if c.get("tested", True) else "a row outside Holm's family, all the same"
+            text.append(f"**Against the paper's direction** ({kind}): its own p is {p_value_text(c['p'])}, the mean d "
+                        f"{per_seed_text(c['effect'])} in the paper's sign; read it as a finding of this scale, not "
+                        "as noise.")
+        if c["metric"].startswith("log_z@"):
+            text.append(f"The baseline's |mean log Z| at the end: median {value_text(c['arm_medians'][c['reference']])}"
+                        f" over its seeds (near 0: nothing for z-loss to fix, so \"not detected\" above says little).")
+        lines += [" ".join(text), ""]
+    return lines
+
+
+def replicate_lines(summary, replicates):
+    """For a chaotic recipe: each run set's machine, threads and each claim's effect, p and reading, the spread
+    the verdict is judged against."""
+    if not summary["recipe"].get("chaotic"):
+        return []
+    if not replicates:
+        return ["Spread across machines and thread counts: not measured (one run set). The endpoint is chaotic: "
+                "re-run with another --jobs (another thread count) into --out_dir=sweeps/NAME_threadsN.", ""]
+    lines = ["Spread across machines and thread counts (the same recipe, seeds and flags; the verdict reads "
+             "\"unstable across machines\" where they differ):", "",
+             "| run set | claim | effect: mean d [interval] | p (Holm) | reading |", "|---|---|---|---|---|"]
+    for name, run in zip(run_names(summary, replicates), (summary, *replicates)):
+        for c in run["claims"]:
+            lines.append(f"| {name} | {comparison_text(c)} | {interval_text(c['effect'], c['effect_ci'])} | "
+                         f"{p_value_text(c['p_holm'])} | {c['reading']} |")
+    return [*lines, ""]
+
+
+def per_seed_text(value):
+    """A per-seed number to 4 significant digits with its sign, +0.01234 (n/a for none)."""
+    return "n/a" if known(value) is None else f"{value:+.4g}"
 
 
 def diverged_text(summary):
@@ -402,19 +512,41 @@ def median_of(values):
 
 
 def design_text(recipe):
-    """The design paragraph: what ran, on which windows, how the claims are tested, and the failure rule."""
+    """The design paragraph: what ran, the pilot, on which windows, how the claims are tested, the failure rule and
+    the second rule it is checked against. A ramp's metric is the step a run fails at: its validation windows score
+    only the final loss, which no claim reads."""
     d = recipe["design"]
     windows = d["eval_windows"]
     seeds = d["seeds"]
+    pilot = recipe.get("pilot", 0)
+    split = (f"the first {pilot} the pilot ({seeds[0]}-{seeds[pilot - 1]}: they choose each arm's LR and fix the "
+             f"a-priori power; never tested), then {len(seeds) - pilot} tested" if pilot else "all tested")
+    scored = (f"every run's final loss scored on the same {windows['windows']} validation windows "
+              f"({windows['eval_iters']} x {windows['batch_size']} windows of {windows['block_size']} tokens, "
+              f"{windows['tokens']:,} tokens)")
+    if recipe.get("mode") == "ramp":
+        scored = "the metric is the step at which a run fails on the rising LR (no claim reads the validation loss)"
     return [f"Design, fixed before the runs: {len(d['variants'])} variants x {len(d['lrs'])} LR(s) "
-            f"({', '.join(d['lrs'])}) x {len(seeds)} seeds ({seeds[0]}-{seeds[-1]}), {d['steps']} steps a run; "
-            f"every run scored on the same {windows['windows']} validation windows ({windows['eval_iters']} x "
-            f"{windows['batch_size']} windows of {windows['block_size']} tokens, {windows['tokens']:,} tokens); "
-            f"family: {d['family']}; power at alpha = {d['power_alpha']:.3g} (Holm's first step), from the "
-            "recipe's own spread of the paired differences.", "",
+            f"({', '.join(d['lrs'])}) x {len(seeds)} seeds ({seeds[0]}-{seeds[-1]}; {split}), {d['steps']} steps "
+            f"a run; {scored}; family: {d['family']}; power at alpha = {d['power_alpha']:.3g} (Holm's first step), "
+            "from the pilot's spread of the paired differences.", "",
             f"- Test, for every claim: {d['test']}.",
             f"- Interval: {d.get('interval', 'not recorded in this summary')}.",
-            f"- Failure rule: {d.get('failure_rule', 'not recorded in this summary')}.", ""]
+            f"- Failure rule: {d.get('failure_rule', 'not recorded in this summary')}.",
+            f"- Second rule, to show what the failure rule decides: {claims_lib.SECOND_RULE}.", ""]
+
+
+def design_record_text(summary):
+    """The design's hash as sweep.py recorded it before the runs started (stage and time), and whether it is the
+    design lab/recipes.py holds now."""
+    entries = summary.get("design_record") or []
+    now = summary["recipe"].get("design_sha256")
+    if not entries:
+        return ["No design hash was recorded before these runs started.", ""]
+    shown = "; ".join(f"{e['stage']}: {e['sha256'][:12]} at {e['recorded']}" for e in entries)
+    same = entries[-1]["sha256"] == now
+    return [f"Design hash (lab/recipes.design_hash) recorded before the runs started: {shown}; the summary's design "
+            f"{'is' if same else 'is not'} the last one recorded.", ""]
 
 
 def earlier_design_text(summary):
@@ -436,7 +568,8 @@ def command_text(summary):
     command = " ".join([recipe["command"], *without_paths(extra or [])])
     minutes = summary["wall_s"] / 60 if finite_number(summary["wall_s"]) else None
     load = machine["load"] if finite_number(machine["load"]) else None
-    lines = [f"Command: `{command}`, then `python plot.py --experiments=sweeps --out=docs`. It took "
+    pilot = f"`{recipe['command'].replace(' --jobs', ' --pilot --jobs')}`, then " if recipe.get("pilot") else ""
+    lines = [f"Command: {pilot}`{command}`, then `python plot.py --experiments=sweeps --out=docs`. It took "
              f"{'an unknown time' if minutes is None else f'{minutes:.1f} min'} on {machine['hardware']} "
              f"(5-minute load average {'unknown' if load is None else f'{load:.1f}'} as it ended, its own runs "
              f"included), torch {machine['torch']}, {machine['date']}. {flags_text(recipe)}"]
@@ -452,12 +585,14 @@ def anchor(recipe):
     return recipe["name"] + ("_gpu" if recipe["scale"] == "gpu" else "")
 
 
-def recipe_section(summary, figure):
+def recipe_section(summary, replicates, figure, data_link):
     recipe = summary["recipe"]
     ended = [ended_text(row) for row in summary["variants"] if row.get("criterion")]
     lines = [f'<a id="{anchor(recipe)}"></a>', f"## {recipe['title']}", "", *earlier_design_text(summary),
              f"Recipe `{recipe['name']}` ({recipe['scale']} scale). Paper: {recipe['paper']}.", "",
-             f"> {recipe['quote']}", "", *design_text(recipe), claims_table(summary["claims"]), "",
+             f"> {recipe['quote']}", "", *design_text(recipe), *design_record_text(summary),
+             claims_table(summary["claims"]), "", *claim_lines(summary, data_link),
+             *replicate_lines(summary, replicates),
              *diverged_text(summary)]
     if summary["mode"] == "lr":
         lines += lr_curve_table(summary)
@@ -471,11 +606,14 @@ def recipe_section(summary, figure):
 
 
 INTRO = """\
-Generated by `python plot.py --experiments=sweeps --out=docs` from the summary.json of each recipe's sweep \
-(`python sweep.py --recipe=NAME`); edit lab/recipes.py and re-run, never this page. NormFormer's numbers name \
-their version: arXiv v1 (the earlier text) or final (the later, fuller one); see [papers.md](papers.md). A section \
-whose runs had another design or other rules than lab/recipes.py and lab/claims.py have now says so at its top, and \
-its verdicts in the headline read "earlier design:".
+Generated by `python plot.py --experiments=sweeps --out=docs` from the summary.json of each \
+recipe's sweep (`python sweep.py --recipe=NAME`), which also writes what the page is made from into \
+[experiments/records/](experiments/records/) (one JSON a recipe: each run's final metrics, each claim's \
+per-seed differences, the design and its hash); `python plot.py --experiments=docs/experiments/records --out=docs` \
+regenerates this page from that folder alone, byte for byte (tests/test_plot.py and CI check it). Edit lab/recipes.py \
+and re-run, never this page. NormFormer's numbers name their version: arXiv v1 (the earlier text) or final (the \
+later, fuller one); see [papers.md](papers.md). A section whose runs had another design or other rules than \
+lab/recipes.py and lab/claims.py have now says so at its top, and its verdicts in the headline read "earlier design:".
 
 How to read the numbers. Each claim is a comparison fixed in lab/recipes.py before the runs: a variant against a \
 reference of the same model context, on one metric, in the direction the paper states, with a target effect in the \
@@ -483,51 +621,106 @@ metric's unit and whose it is (the paper's number, converted to nats per byte wh
 or words, or nanonorm's choice where the paper gives none). Every arm runs the same seeds and every run is scored \
 on the same validation windows, so the runs of two arms with the same seed form a pair. Per pair: d = variant - \
 reference (for an interaction, the difference of two such differences), signed so that a positive d is the \
-paper's direction. Each section states its failure rule (a failed run's loss counts at ln V, a uniform guess over \
-the tokenizer's V tokens, the same for both arms), its test and its interval.
+paper's direction. A recipe's first seeds are its pilot: they choose each arm's LR where a claim reads an arm at \
+its best (an interior point of a grid 2x apart, else "optimum not bracketed" and no verdict), give the spread from \
+which the number of tested seeds was chosen, and are never tested. Each section states its failure rule (a failed \
+run's loss counts at ln V, a uniform guess over the tokenizer's V tokens, the same for both arms), the second rule \
+it is checked against, its test and its interval.
 
 - **p**: the exact two-sided sign-flip permutation test of the mean of d over seeds (a binary endpoint: the exact \
 McNemar test). With n pairs the smallest possible p is 2 / 2^n (8 pairs: 0.0078).
 - **p (Holm)**: a recipe's tested claims are one family, Holm-adjusted together. Descriptive rows (a comparison \
-no design of this size can power, or a check of the mechanism beside a tested claim) stand outside it, with their \
-own p and the verdict "descriptive".
-- **effect: mean d [interval]**: the mean of d with the interval of the shifts the same test does not reject; its \
-coverage is printed beside it, as a discrete test reaches 95% only approximately (8 pairs: 95.3%).
-- **power for the target**: the chance that this design detects a true mean difference of the target's size, at \
-alpha = 0.05 / m (Holm's first step), with differences spread as this recipe's own; **MDE**: the smallest true \
-mean difference it detects with 80% power.
+no design of this size can power, or a check of the mechanism beside a tested claim) and controls (where the \
+paper predicts no effect) stand outside it, with their own p.
+- **effect: mean d [interval]**: the mean of d with the interval of the shifts the same test does not reject, at \
+the family's level 1 - 0.05 / m for a recipe of m tested claims (95% for a descriptive row); its achieved \
+coverage is printed beside it, as a discrete test reaches a level only approximately (8 pairs at 95%: 95.3%).
+- **a-priori power for the target**: the chance that the planned pairs detect a true mean difference of the \
+target's size at alpha = 0.05 / m (Holm's first step), with differences spread as on the pilot seeds: fixed \
+before the tested seeds ran. The **observed MDE** beside a claim comes from the tested pairs' own spread: it \
+describes them, it did not choose the design.
 - **verdict**, one of four: "agrees" (p (Holm) < 0.05, in the paper's direction), "disagrees" (p (Holm) < 0.05, \
-against it), "smaller than" the target (the interval, at 95% coverage or more, ends short of it) or "not \
-detected" (with the MDE: an effect smaller than it could be there unseen). The page recomputes each verdict from \
+against it), "smaller than" the target (the interval, at the family's level, ends short of it) or "not \
+detected" (with the observed MDE). Where the claim's arms had failed runs it is judged again without them, and a \
+verdict that changes says "rests on the failure rule". A chaotic endpoint's verdict reads "unstable across \
+machines" where run sets on other thread counts or CPUs read it otherwise. The page recomputes each verdict from \
 the numbers beside it and refuses a summary whose stored verdict differs.
 
-Descriptive numbers (LR curves, leakage, plateau counts) are shown, not tested. Reproducibility: the same recipe \
-re-run with another thread count, or on another CPU, rounds differently, and a chaotic metric moves (see \
-normformer_stability's section); read a verdict together with its interval."""
+Descriptive numbers (LR curves, leakage, plateau counts) are shown, not tested."""
+
+RECOMPUTE = """\
+How to recompute a claim's p and interval from its data, with scipy (the claim's differences are in the metric's \
+sign; the sign-flip test is scipy's paired permutation test, exact over all 2^n sign patterns):
+
+```python
+import itertools, json, math
+import numpy as np
+from scipy.stats import permutation_test
+
+claim = json.load(open("docs/experiments/records/RECIPE.json"))["claims"][0]
+sign = (1 if claim["better"] == "higher" else -1) * (1 if claim["expect"] == "better" else -1)
+d = sign * np.array(claim["differences"])  # + is the paper's direction
+p = permutation_test((d,), np.mean, permutation_type="samples", n_resamples=np.inf).pvalue
+alpha = claim["alpha_first_step"] if claim["tested"] else 0.05
+means = sorted(np.mean(s) for k in range(1, len(d) + 1) for s in itertools.combinations(d, k))
+k = max(1, math.floor(alpha * 2 ** len(d) / 2))  # the interval drops k - 1 of the 2^n - 1 means at each end
+print(p, [means[k - 1], means[-k]], 1 - 2 * k / 2 ** len(d))  # p, the interval, its coverage
+```
+
+p (Holm) is Holm's step-down adjustment of the recipe's tested claims' p-values together."""
 
 
 def not_run_text(summaries):
-    """The line that names lab/recipes.py's recipes with no summary here: a claim the page cannot speak to."""
-    missing = [name for name in recipes.RECIPES if name not in {summary["recipe"]["name"] for summary in summaries}]
-    return (f"Not run here yet, so without a verdict: {', '.join(missing)} (`python sweep.py --recipe=NAME`)."
-            if missing else "Every recipe of lab/recipes.py has a summary here.")
+    """The line that names lab/recipes.py's recipes with no data here: claims the page cannot speak to."""
+    missing = not_run(summaries)
+    return (f"Not yet run under the current design, so without a verdict: {', '.join(missing)} (see "
+            "[Not yet run](#not-yet-run))." if missing else "Every recipe of lab/recipes.py has data here.")
+
+
+def not_run(summaries):
+    return [name for name in recipes.RECIPES if name not in {s["recipe"]["name"] for s, _ in summaries
+                                                              if not design_changes(s)}]
+
+
+def not_run_section(summaries):
+    """Each recipe without data under its current design: its title, and the commands that would run it."""
+    missing = not_run(summaries)
+    if not missing:
+        return []
+    lines = ['<a id="not-yet-run"></a>', "## Not yet run", "",
+             "These recipes have no runs under the design lab/recipes.py holds now, so the page gives them no "
+             "verdict. Each runs its pilot seeds first (`--pilot`: they choose each arm's LR and give the spread "
+             "from which its seeds were chosen), then the rest:", ""]
+    for name in missing:
+        recipe = recipes.RECIPES[name]
+        lines.append(f"- `{name}`: {recipe.title}. `python sweep.py --recipe={name} --pilot --jobs=2`, then "
+                     f"`python sweep.py --recipe={name} --jobs=2`; at GPU size `python sweep.py --recipe={name} "
+                     "--scale=gpu`.")
+    return [*lines, ""]
 
 
 def experiments_page(root, out):
-    """docs/experiments.md and a figure per recipe, from the recipes' summary.json files alone; the headline table
-    also goes to stdout, for the README."""
+    """docs/experiments.md, a figure per recipe and the page's data (DATA: one <name>.json a recipe, and
+    <name>.replicate<i>.json for a chaotic recipe's other run sets), from the recipes' summaries alone: root is
+    sweeps/ (the runs' summary.json files) or a data folder this wrote, which regenerates the same page byte for
+    byte. The headline table also goes to stdout."""
     summaries = read_recipe_summaries(root)
-    make_folder(os.path.join(out, "experiments"))
+    make_folder(os.path.join(out, DATA))
     sections = []
-    for summary in summaries:
+    for summary, replicates in summaries:
         name = anchor(summary["recipe"])
+        data = f"{DATA}/{name}.json"
+        for path, value in [(data, summary), *((f"{DATA}/{name}.replicate{i}.json", replicate)
+                                                for i, replicate in enumerate(replicates, 1))]:
+            files.write_atomic(os.path.join(out, path), json.dumps(value, indent=1).encode())
         recipe_figure(summary, os.path.join(out, "experiments", f"{name}.png"))
-        sections.append(recipe_section(summary, f"experiments/{name}.png"))
+        sections.append(recipe_section(summary, replicates, f"experiments/{name}.png", data))
     table = "\n\n".join([headline(summaries), not_run_text(summaries)])
-    page = "\n".join(["# What nanonorm's runs say about the papers' claims", "", INTRO, "", "## Headline", "",
-                      table, "", *sections])
+    page = "\n".join(["# What nanonorm's runs say about the papers' claims", "", INTRO, "", RECOMPUTE, "",
+                      "## Headline", "", table, "", *sections, *not_run_section(summaries)])
     path = os.path.join(out, "experiments.md")
     files.write_atomic(path, page.encode())
-    print(f"wrote {path} and {len(summaries)} figures in {os.path.join(out, 'experiments')}")
+    print(f"wrote {path}, {len(summaries)} figures in {os.path.join(out, 'experiments')} and their data in "
+          f"{os.path.join(out, DATA)}")
     print()
     print(table)

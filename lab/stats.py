@@ -9,8 +9,8 @@ so test, estimate, interval and verdict read one statistic. A binary endpoint (a
 is the same test on differences in {-1, 0, 1}: the exact McNemar test, a sign test on the discordant pairs;
 unpaired, Fisher's exact test. The exact Wilcoxon signed-rank test and the Hodges-Lehmann estimates cross-check
 and serve the unpaired rows: the exact Mann-Whitney permutation test and the Hodges-Lehmann shift. The p-values of a
-recipe's claims are Holm-corrected together; a claim the test does not detect is reported with the minimum
-detectable effect of its design (Monte Carlo power of the sign-flip test). Exact p-values are Fractions.
+recipe's claims are Holm-corrected together; a claim the test does not detect is reported with the observed minimum
+detectable effect of its pairs (Monte Carlo power of the sign-flip test). Exact p-values are Fractions.
 References: Hartigan 1969, "Using subsample values as typical values" (JASA 64), Theorem 1; Hollander, Wolfe &
 Chicken, Nonparametric Statistical Methods (3rd ed.), §3.1-3.2 (signed-rank test, Hodges-Lehmann estimate and
 interval), §4.1-4.3 (rank-sum test, shift); Agresti, Categorical Data Analysis (3rd ed.), §3.5.1 (Fisher's exact
@@ -235,10 +235,11 @@ def sign_matrix(n):
 
 def sign_flip_power(n, delta, sd, alpha=ALPHA, trials=2000, seed=0):
     """The probability that the two-sided sign-flip test of n pairs finds p < alpha when the paired differences
-    are normal with mean delta and standard deviation sd (a pilot's), by Monte Carlo: `trials` designs drawn from
-    a fixed rng seed, the same standard normal draws for every delta, so power grows smoothly with delta. For a
-    claim among m Holm-corrected ones pass alpha / m: the level of Holm's first step, so the power it gives is
-    a lower bound for every claim. 0 where the smallest attainable p, 2 / 2^n, is not below alpha."""
+    are normal with mean delta and standard deviation sd (the pilot's, for the a-priori power), by Monte Carlo:
+    `trials` designs drawn from a fixed rng seed, the same standard normal draws for every delta, so power grows
+    smoothly with delta. For a claim among m Holm-corrected ones pass alpha / m: the level of Holm's first step, so
+    the power it gives is a lower bound for every claim. 0 where the smallest attainable p, 2 / 2^n, is not below
+    alpha."""
     if smallest_sign_flip_p(n) >= alpha:
         return 0.0
     z = np.random.default_rng(seed).standard_normal((trials, n))
@@ -331,4 +332,4 @@ def verdict(p_holm, effect, expect, mde, alpha=ALPHA, interval=None, target=None
         return "not detected (the spread, and so the minimum detectable effect, is unknown)"
     if mde == 0:  # no spread at all: with enough seeds only identical arms are not detected
         return "not detected (no difference on any seed)"
-    return f"not detected (minimum detectable effect {mde:.3g})"
+    return f"not detected (observed minimum detectable effect {mde:.3g})"

@@ -32,6 +32,7 @@ from lab import stats
 from lab.runs import exit_code, read_events
 from lab.tables import claims_table, side_text, value_text
 
+ROW_TRIALS = 200  # the Monte Carlo designs of a comparison row's MDE (lab/stats.sign_flip_power)
 SWEEP_LOCK = "sweep.lock"  # held while a summary is made (sweep_lock)
 METRICS = {"ramp": ("steps_survived", "peak_lr"), "lr": ("final_loss", "spikes", "attn_logit_max", "log_z")}
 # a summary.json that sweep.py cannot read back is left as it is, not overwritten
@@ -333,7 +334,9 @@ def paired(ours, theirs, better, expect):
     p = stats.sign_flip_p(diffs)
     mean = statistics.fmean(diffs)
     side = observed_side(mean, better)
-    mde = stats.minimum_detectable_effect(len(seeds), statistics.stdev(diffs)) if len(seeds) > 1 else math.inf
+    # a description beside the claims: 200 simulated designs, not the claims' 2000 (2^n sign patterns each)
+    mde = (stats.minimum_detectable_effect(len(seeds), statistics.stdev(diffs), trials=ROW_TRIALS)
+           if len(seeds) > 1 else math.inf)
     a, b = spread([ours[s] for s in seeds]), spread([theirs[s] for s in seeds])
     return {"variant_values": a, "reference_values": b, "median_difference": a["median"] - b["median"],
             "p": float(p), "p_exact": f"{p.numerator}/{p.denominator}",
@@ -444,10 +447,25 @@ def previous_summary(out_dir):
     return summary
 
 
+def design_record(out_dir):
+    """The designs sweep.py recorded before the runs started (out_dir/design.json: hash, stage, time), [] if none."""
+    path = os.path.join(out_dir, "design.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return json.load(f)
+
+
+def threads(jobs):
+    """The threads each run had: sweep.py's pool gives each of --jobs runs cores // jobs (lab/pool.py)."""
+    return max(1, runtime.cpu_cores() // max(1, jobs))
+
+
 def recipe_record(sweep):
     """The recipe as the results page reads it, with the flags this sweep ran (extra train.py flags may follow the
     recipe's) and its design (lab/claims.design)."""
-    record = {**recipes.describe(sweep.recipe, sweep.scale, sweep.jobs), "train_argv": sweep.train_argv}
+    record = {**recipes.describe(sweep.recipe, sweep.scale, sweep.jobs), "train_argv": sweep.train_argv,
+              "design_sha256": recipes.design_hash(sweep.recipe, sweep.scale)}
     model_cfg, tc, _, _ = configs.resolve(configs.parse_flags(sweep.train_argv), machine=False)
     return {**record, "design": claims_lib.design(record, model_cfg, tc)}
 
@@ -507,13 +525,17 @@ def write_summary(sweep, runs, wall_s=0.0):
                                 sweep.claims) if sweep.reference else [])
         previous = previous_summary(sweep.out_dir)
         where = previous["machine"] if wall_s == 0 and "machine" in previous else machine()
-        judged = claims_lib.judge(records, sweep.claims, sweep.reference, sweep.lrs) if sweep.recipe else []
+        recipe = recipes.RECIPES[sweep.recipe] if sweep.recipe else None
+        judged = (claims_lib.judge(records, sweep.claims, sweep.reference, sweep.lrs, recipe.pilot,
+                                   recipe.tested_seeds) if recipe else [])
         why = no_verdict(len(records), failed, elsewhere) if sweep.recipe else None
         for claim in judged if why else []:
             claim.update(verdict=f"no verdict ({why})", reading="no verdict")
         summary = {"mode": sweep.mode, "reference": sweep.reference, "variants": rows, "comparisons": compared,
                    "recipe": recipe_record(sweep) if sweep.recipe else None, "claims": judged, "no_verdict": why,
                    "failed_runs": failed, "running_elsewhere": elsewhere, "machine": where,
+                   "design_record": design_record(sweep.out_dir), "threads": threads(sweep.jobs),
+                   "stage": "pilot" if sweep.pilot else "all seeds",
                    "wall_s": wall_s + previous.get("wall_s", 0.0), "runs": records}
         # inf (a diverged run's loss) is written as Infinity, which Python's json reads back
         files.write_atomic(os.path.join(sweep.out_dir, "summary.json"), json.dumps(summary, indent=1).encode())

@@ -159,16 +159,17 @@ def test_lr_sensitivity_of_one_seed_by_hand():
 
 
 def test_a_seed_on_which_every_lr_diverged_stays_in_the_pairs_at_the_worst_sensitivity():
-    # seed 0 of v failed at every LR: no L*, so it counts at F = 4, above any seed's (at most F - 0); seed 1 of v
-    # and both of ref trained. Without it the pairs would be seed 1 alone.
+    # seed 0 of v failed at every LR: each LR counts as the failure excess E = F - the lower optimum of the two arms
+    # on the seed (ref's 2.0): 4 - 2 = 2, the most any arm can have on it; seed 1 of v and both of ref trained.
+    # Without it the pairs would be seed 1 alone.
     lrs = ["1e-2", "1e-1"]
     runs = [record("v", 0, lr, diverged=True) for lr in lrs]
     runs += [record("v", 1, lr, final) for lr, final in zip(lrs, (2.0, 3.0))]
     runs += [record("ref", seed, lr, final) for seed in (0, 1) for lr, final in zip(lrs, (2.0, 2.5))]
     assert claims.seed_lr_sensitivity(runs[:2], lrs) == 4.0
     [result] = claims.judge(runs, [Claim("v", "lr_sensitivity", "better", "", 0.1, "", "paper")], "ref", lrs)
-    # ref: (0 + 0.5) / 2 = 0.25 on both seeds; v: 4.0 on seed 0, (0 + 1) / 2 = 0.5 on seed 1
-    assert result["seeds"] == [0, 1] and result["differences"] == [4.0 - 0.25, 0.5 - 0.25]
+    # ref: (0 + 0.5) / 2 = 0.25 on both seeds; v: E = 2.0 on seed 0, (0 + 1) / 2 = 0.5 on seed 1
+    assert result["seeds"] == [0, 1] and result["differences"] == [2.0 - 0.25, 0.5 - 0.25]
     # a seed whose runs all finished at or above F learned nothing either: F as well
     assert claims.seed_lr_sensitivity([record("v", 2, lr, 4.5) for lr in lrs], lrs) == 4.0
 
@@ -217,7 +218,7 @@ def test_holm_within_a_recipe_and_the_verdicts():
     a, b = claims.judge(records, two, "ref", ["1e-2"])
     assert (a["p"], b["p"]) == (pytest.approx(2 / 256), pytest.approx(18 / 256))
     assert (a["p_holm"], b["p_holm"]) == (pytest.approx(4 / 256), pytest.approx(18 / 256))
-    assert a["verdict"] == "agrees" and b["verdict"].startswith("not detected (minimum detectable effect")
+    assert a["verdict"] == "agrees" and b["verdict"].startswith("not detected (observed minimum detectable effect")
     assert a["family"] == 2 and a["alpha_first_step"] == 0.025
     # the same claim b alone: its own family, p = 18/256 = 0.07 still not below 0.05
     [alone] = claims.judge(records, two[1:], "ref", ["1e-2"])
@@ -236,17 +237,22 @@ def test_effect_interval_power_and_mde_are_asked_with_the_designs_numbers(monkey
                         lambda n, delta, sd, alpha: asked["power"].append((n, sd, delta, alpha)) or 0.5)
     monkeypatch.setattr(stats, "minimum_detectable_effect",
                         lambda n, sd, alpha, power: asked["mde"].append((n, sd, alpha, power)) or 0.3)
-    # differences (variant - reference) of a lower-is-better loss: -0.1 .. -0.8, i.e. +0.1 .. +0.8 in the paper's
-    # direction; the reference's median 2.0 (relative effect: 25% of it, 0.5 nats)
+    # 3 pilot seeds (0-2): differences +1, +2, +4 in the paper's direction, the reference's median 4.0 there; then
+    # 8 tested seeds whose differences (variant - reference) of a lower-is-better loss are -0.1 .. -0.8, i.e.
+    # +0.1 .. +0.8 in the paper's direction, the reference's median 2.0. The a-priori power is the pilot's: its sd,
+    # the target relative to its reference median (25% of 4.0: 1.0 nats), the 8 planned pairs; the observed MDE
+    # is the tested pairs' own
+    pilot = [1.0, 2.0, 4.0]
     diffs = [0.1 * (k + 1) for k in range(PAIRS)]
-    records = claim_records({"ref": [2.0] * PAIRS, "v": [2.0 - x for x in diffs]})
+    records = claim_records({"ref": [4.0] * 3 + [2.0] * PAIRS,
+                             "v": [4.0 - x for x in pilot] + [2.0 - x for x in diffs]})
     claim = Claim("v", "final_loss@1e-2", "better", "", 0.25, "", "paper", relative=True)
     worse = Claim("v", "final_loss@1e-2", "worse", "", 0.1, "", "paper")
-    [result] = claims.judge(records, [claim, worse], "ref", [])[:1]
-    sd = stats_sd(diffs)
-    assert asked["power"][0] == (PAIRS, pytest.approx(sd), pytest.approx(0.5), 0.025)  # alpha = 0.05 / 2 claims
-    assert asked["mde"][0] == (PAIRS, pytest.approx(sd), 0.025, 0.8)
-    assert (result["power"], result["mde"], result["effect_to_detect"]) == (0.5, 0.3, pytest.approx(0.5))
+    [result] = claims.judge(records, [claim, worse], "ref", [], pilot=3)[:1]
+    assert asked["power"][0] == (PAIRS, pytest.approx(stats_sd(pilot)), pytest.approx(1.0), 0.025)  # 0.05 / 2
+    assert asked["mde"][0] == (PAIRS, pytest.approx(stats_sd(diffs)), 0.025, 0.8)
+    assert result["pilot_seeds"] == [0, 1, 2] and result["seeds"] == list(range(3, 3 + PAIRS))
+    assert (result["power"], result["mde"], result["effect_to_detect"]) == (0.5, 0.3, pytest.approx(1.0))
     # the mean of 0.1 .. 0.8 is 0.45, inside its interval (the subset means of 0.1 .. 0.8 are symmetric about it);
     # the metric's own sign (variant - reference) flips it and its interval
     assert result["effect"] == pytest.approx(0.45) and result["difference"] == pytest.approx(-0.45)
@@ -267,7 +273,9 @@ def test_a_variant_that_diverges_on_every_seed_is_never_better_on_spikes():
     records += [record("v", s, diverged=True, spikes=0) for s in range(PAIRS)]
     [result] = claims.judge(records, [Claim("v", "spikes@1e-2", "better", "", 1.0, "", "paper")], "ref", ["1e-2"])
     assert result["differences"] == [3 - n for n in spikes]  # variant - reference, in spikes
-    assert result["effect"] < 0 and result["verdict"] == "disagrees" and result["diverged"] == {"v": 8, "ref": 0}
+    assert result["effect"] < 0 and result["reading"] == "disagrees" and result["diverged"] == {"v": 8, "ref": 0}
+    # every pair holds a failed run: without them no pair is left, so the verdict rests on the failure rule
+    assert result["verdict"].endswith("; rests on the failure rule (without the failed runs: no pair is left)")
     # both arms failing on every seed: every d is 0, whatever spikes they logged
     both = [{**r, "status": "diverged", "diverged": True} if r["variant"] == "ref" else r for r in records]
     both.append(record("other", 0, final=2.0, spikes=7))  # another arm's finished run sets the worst value
@@ -311,7 +319,8 @@ def test_best_loss_takes_each_arm_at_its_own_best_lr():
 def test_one_pair_detects_nothing_and_says_so():
     records = claim_records({"ref": [2.5], "v": [2.0]})
     [result] = claims.judge(records, [Claim("v", "final_loss@1e-2", "better", "", 0.1, "", "paper")], "ref", ["1e-2"])
-    assert (result["n"], result["p"], result["sd"], result["power"], result["mde"]) == (1, 1.0, None, 0.0, math.inf)
+    # no pilot: no a-priori power
+    assert (result["n"], result["p"], result["sd"], result["power"], result["mde"]) == (1, 1.0, None, None, math.inf)
     assert result["verdict"] == "not detected (no effect is detectable with these seeds)"
     assert result["ci_coverage"] == 0.0 and result["effect_ci"] == [0.5, 0.5]  # 1 - 2/2: [min, max] covers nothing
 
@@ -418,9 +427,9 @@ def test_best_loss_with_a_pilot_chooses_each_arms_lr_on_the_pilot_seeds_and_test
     records += [{**record("ref", s, final=2.5 if lr == "3e-3" else 2.6), "lr": lr} for s in range(6)
                 for lr in ("1e-2", "3e-3")]
     values = claims.seed_values(records, "v", "best_loss", ["3e-3", "1e-2"], pilot=2)
-    assert values == {s: 3.0 for s in range(2, 6)}
-    [result] = claims.judge(records, [Claim("v", "best_loss", "better", "", 0.1, "", "paper", pilot=2)], "ref",
-                            ["3e-3", "1e-2"])
+    assert values == {s: 2.0 if s < 2 else 3.0 for s in range(6)}
+    [result] = claims.judge(records, [Claim("v", "best_loss", "better", "", 0.1, "", "paper")], "ref",
+                            ["3e-3", "1e-2"], pilot=2)
     assert result["seeds"] == [2, 3, 4, 5] and result["effect"] == -0.5
     # the page says which LR each arm was read at
     assert result["chosen_lr"] == {"v": "1e-2", "ref": "3e-3"}
@@ -438,3 +447,118 @@ def test_a_binary_endpoint_is_the_exact_mcnemar_test_on_the_pairs():
     assert result["effect"] == 7 / 8 and result["effect_ci"] is None and result["verdict"] == "agrees"
     survived = claims.seed_values(records, "ref", "survived@1e-2", [])
     assert survived == {**{s: 1 for s in range(PAIRS - 1)}, PAIRS - 1: 0}
+
+
+def lr_records(variant, losses, seeds, failed_lrs=()):
+    """{lr: loss} per seed as records; an LR of failed_lrs diverged."""
+    return [record(variant, s, lr, final=loss, diverged=lr in failed_lrs) if lr not in failed_lrs
+            else record(variant, s, lr, diverged=True) for s in seeds for lr, loss in losses.items()]
+
+
+BRACKET_GRID = ["1e-3", "2e-3", "4e-3"]
+
+
+@pytest.mark.parametrize("v_losses, problem", [
+    ({"1e-3": 2.5, "2e-3": 2.2, "4e-3": 2.4}, None),  # the optimum, 2e-3, inside a 2x grid
+    ({"1e-3": 2.5, "2e-3": 2.4, "4e-3": 2.2}, "v: its best LR, 4e-3, is the grid's highest"),
+    ({"1e-3": 2.2, "2e-3": 2.4, "4e-3": 2.5}, "v: its best LR, 1e-3, is the grid's lowest")])
+def test_a_best_lr_at_the_grids_edge_is_not_bracketed_and_gets_no_verdict(v_losses, problem):
+    # pilot seeds 0-2 choose the LRs; seeds 3-10 are tested; v is 0.3 below ref at every LR, ref best at 2e-3
+    ref = {"1e-3": 2.8, "2e-3": 2.5, "4e-3": 2.7}
+    records = lr_records("ref", ref, range(11)) + lr_records("v", {lr: x for lr, x in v_losses.items()}, range(11))
+    other = Claim("v", "final_loss@2e-3", "better", "", 0.1, "", "paper")
+    best, at_lr = claims.judge(records, [Claim("v", "best_loss", "better", "", 0.1, "", "paper"), other], "ref",
+                               BRACKET_GRID, pilot=3)
+    assert best["seeds"] == list(range(3, 11)) and best["pilot_seeds"] == [0, 1, 2]
+    if problem is None:
+        assert best["unbracketed"] == {} and best["reading"] == "agrees"
+        assert at_lr["p_holm"] == pytest.approx(2 * 2 / 256)
+    else:
+        assert best["unbracketed"] == {"v": problem.partition(": ")[2]}
+        assert best["verdict"] == f"optimum not bracketed ({problem}): no verdict"
+        assert best["reading"] == "not bracketed"
+        # it stays in Holm's family as p = 1: the other claim pays for it as fixed before the runs
+        assert at_lr["p_holm"] == pytest.approx(2 * 2 / 256)
+
+
+def test_a_best_lr_whose_neighbours_are_more_than_2x_away_is_not_bracketed():
+    grid = ["1e-3", "3e-3", "1e-2"]
+    records = lr_records("ref", {"1e-3": 2.8, "3e-3": 2.5, "1e-2": 2.7}, range(5))
+    records += lr_records("v", {"1e-3": 2.5, "3e-3": 2.2, "1e-2": 2.4}, range(5))
+    [best] = claims.judge(records, [Claim("v", "best_loss", "better", "", 0.1, "", "paper")], "ref", grid, pilot=3)
+    assert best["unbracketed"] == {"v": "its best LR, 3e-3, has a neighbour (1e-3) more than 2x away",
+                                   "ref": "its best LR, 3e-3, has a neighbour (1e-3) more than 2x away"}
+    # the LR sensitivity is defined on its grid (Wortsman et al.'s 3x steps): only an edge optimum unbrackets it
+    [sensitivity] = claims.judge(records, [Claim("v", "lr_sensitivity", "better", "", 0.1, "", "paper")], "ref",
+                                 grid, pilot=3)
+    assert sensitivity["unbracketed"] == {}
+
+
+def test_lr_sensitivity_does_not_charge_an_arm_for_a_better_optimum():
+    # Wortsman et al. compare each arm with its own optimum. v is 0.1 nats better than ref at every LR where they
+    # train, and fails at the same 3 of 8 LRs. Counting a failure as ln V - the arm's own L* charged v 0.1 nats
+    # more at each failed LR (d = -0.1 x 3 / 8 on every seed: "disagrees"); the failure excess is one number for
+    # both arms, so d is 0 on every seed
+    lrs = ["3e-4", "1e-3", "3e-3", "1e-2", "3e-2", "1e-1", "3e-1", "1"]
+    ref = dict(zip(lrs, [3.0, 2.6, 2.3, 2.2, 2.4, 0, 0, 0]))
+    records = []
+    for seed in range(8):
+        jitter = seed / 100
+        records += lr_records("ref", {lr: x + jitter for lr, x in ref.items()}, [seed], failed_lrs=lrs[5:])
+        records += lr_records("v", {lr: x + jitter - 0.1 for lr, x in ref.items()}, [seed], failed_lrs=lrs[5:])
+    [result] = claims.judge(records, [Claim("v", "lr_sensitivity", "better", "", 0.1, "", "paper")], "ref", lrs)
+    assert result["differences"] == pytest.approx([0.0] * 8, abs=1e-12)
+    assert result["p"] == 1.0 and result["reading"] == "smaller"  # [0, 0] excludes the target: never "disagrees"
+    # v on seed 0: its excess over its own optimum 2.1 at the trained LRs, E = 4 - 2.1 at the 3 failed ones
+    assert result["arm_medians"]["v"] == pytest.approx((0.8 + 0.4 + 0.1 + 0 + 0.2 + 3 * 1.9) / 8 - 0.035 * 3 / 8)
+
+
+def test_a_verdict_that_only_the_failure_rule_gives_says_it_rests_on_it():
+    # ref failed on seeds 0-6 (counted at F = 4 by the failure rule); on seed 7, the one pair without a failed run,
+    # v is 0.01 worse. The failure rule: d = +2 on 7 seeds, -0.01 on one, p = 4 / 256 -> agrees; without the failed
+    # runs one pair is left, which detects nothing
+    records = [record("ref", s, diverged=True) if s < 7 else record("ref", s, final=2.0) for s in range(PAIRS)]
+    records += [record("v", s, final=2.0 if s < 7 else 2.01) for s in range(PAIRS)]
+    [result] = claims.judge(records, [Claim("v", "final_loss@1e-2", "better", "", 0.1, "", "paper")], "ref",
+                            ["1e-2"])
+    assert result["p"] == pytest.approx(4 / 256) and result["reading"] == "agrees"
+    second = result["second_rule"]
+    assert second["seeds"] == [7] and second["differences"] == pytest.approx([0.01])
+    assert result["verdict"] == ("agrees; rests on the failure rule (without the failed runs: not detected)")
+    # no failed run: no second rule to compare with
+    clean = [r for r in records if r["seed"] == 7] + [record(v, s, final=2.0) for v in ("ref", "v") for s in range(7)]
+    [result] = claims.judge(clean, [Claim("v", "final_loss@1e-2", "better", "", 0.1, "", "paper")], "ref", ["1e-2"])
+    assert "second_rule" not in result and "rests on" not in result["verdict"]
+
+
+def test_a_failed_runs_worst_value_is_the_worst_at_the_claims_lr_only():
+    # at 1e-2 the finished runs spiked 1 and 3 times; at 1e-1 a finished run spiked 9 times. The failed run at 1e-2
+    # counts as 3, the worst at its own LR, not 9
+    records = [record("ref", 0, final=2.0, spikes=1), record("ref", 1, final=2.0, spikes=3),
+               record("ref", 0, "1e-1", final=2.5, spikes=9), record("v", 0, diverged=True, spikes=0),
+               record("v", 1, final=2.0, spikes=2)]
+    assert claims.seed_values(records, "v", "spikes@1e-2", []) == {0: 3, 1: 2}
+    assert claims.seed_values(records, "v", "spikes@1e-1", []) == {}  # v ran nothing there
+
+
+def test_log_z_and_the_max_attention_logit_are_read_at_the_last_telemetry_step_as_the_max_over_layers(tmp_path):
+    def step(n, logits, log_z):
+        return {"event": "telemetry", "step": n, "weights": [], "logits": {"mean_log_z": log_z},
+                "attn_logit_max": [{"layer": layer, "value": value} for layer, value in enumerate(logits)]}
+    events = [{"event": "eval", "lr": 1e-2, "step": 0, "val_loss": 5.5},
+              step(10, [1.0, 7.0, 2.0], -0.5),  # the first step: |log Z| 0.5, max logit 7
+              step(20, [4.0, 3.0, 6.0], 2.5),  # the last: |log Z| 2.5, max over layers 6 (min 3, layer 0 4)
+              {"event": "eval", "lr": 1e-2, "step": 20, "val_loss": 2.0},
+              {"event": "done", "step": 20, "val_loss": 2.0}]
+    run = lab.summary.run_record(write_run(tmp_path / "run", events))
+    assert (run["log_z"], run["attn_logit_max"]) == (2.5, 6.0)
+    assert run["logit_curve"] == [[10, 7.0, 0.5], [20, 6.0, 2.5]]
+
+
+def test_a_sweep_rows_direction_is_the_mean_differences_not_the_median():
+    # per-seed differences -1, -1, -1, +10 of a lower-is-better loss: the median leans better, the mean (the
+    # statistic the sign-flip p is about) worse
+    theirs = {s: 2.0 for s in range(4)}
+    ours = {s: 2.0 + d for s, d in zip(range(4), (-1.0, -1.0, -1.0, 10.0))}
+    row = lab.summary.paired(ours, theirs, "lower", "better")
+    assert row["observed"] == "worse" and row["median_difference"] == -1.0

@@ -1,17 +1,22 @@
 """plot.py on real tiny runs and a tiny sweep: every picture is a valid PNG with content; bad input (flags, torn or
 foreign logs and summaries, an --out that cannot be a folder) is one line; a failed write is one line and no file."""
 
+import contextlib
 import errno
+import io
 import json
 import math
 import os
 import random
+import re
 
 import matplotlib.pyplot as plt
 import pytest
 
 import lab.claims
+import lab.results_page
 import lab.summary
+import lab.tables
 import plot
 from lab import figures
 from lab import recipes
@@ -278,7 +283,8 @@ def test_a_failed_write_is_one_line_and_leaves_no_file(tmp_path, capsys, monkeyp
         args, first = [str(hand_run(tmp_path / "run"))], tmp_path / "out" / "loss.png"
     else:
         write_json(tmp_path / "sweeps" / "tiny" / "summary.json", recipe_summary())
-        args, first = [f"--experiments={tmp_path / 'sweeps'}"], tmp_path / "out" / "experiments" / "tiny.png"
+        args = [f"--experiments={tmp_path / 'sweeps'}"]
+        first = tmp_path / "out" / "experiments" / "records" / "tiny.json"
 
     def fail(fd):  # by now the picture's bytes are in the temporary file beside it
         raise OSError(code, os.strerror(code))
@@ -424,7 +430,7 @@ def test_the_page_shows_a_withheld_verdict_only_with_its_reason(tmp_path, capsys
     summary["no_verdict"] = "1 of 4 runs failed: they crashed or were refused, see their .out files"
     claim["verdict"] = f"no verdict ({summary['no_verdict']})"
     assert claim["verdict"] in page_of(tmp_path, summary)
-    claim["verdict"] = claims_verdict = "not detected (minimum detectable effect 0.1)"
+    claim["verdict"] = claims_verdict = "not detected (observed minimum detectable effect 0.1)"
     write_json(tmp_path / "sweeps" / "tiny" / "summary.json", summary)
     assert plot.main([f"--experiments={tmp_path / 'sweeps'}", f"--out={tmp_path / 'docs'}"]) == 2
     assert_one_line(capsys, f"claims[0] says {claims_verdict!r}", "its numbers give 'no verdict (1 of 4 runs")
@@ -434,7 +440,9 @@ def test_the_page_names_the_recipes_it_has_no_summary_of(tmp_path):
     summary = recipe_summary()
     page = page_of(tmp_path, summary)
     missing = [name for name in recipes.RECIPES if name != summary["recipe"]["name"]]
-    assert f"Not run here yet, so without a verdict: {', '.join(missing)} (" in page
+    assert f"Not yet run under the current design, so without a verdict: {', '.join(missing)} (" in page
+    # each with the commands that would run it, pilot first
+    assert "## Not yet run" in page and "`python sweep.py --recipe=powernorm --pilot --jobs=2`, then" in page
 
 
 def test_the_page_never_prints_nan_or_inf_as_a_number(tmp_path):
@@ -516,3 +524,148 @@ def test_a_legend_is_drawn_only_for_what_has_a_label(recwarn):
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["baseline"]
     plt.close(fig)
     assert not [w for w in recwarn if "legend" in str(w.message)]
+
+
+def test_the_committed_page_regenerates_from_its_committed_data_byte_for_byte(tmp_path):
+    # what CI checks: docs/experiments.md and its data are what `python plot.py
+    # --experiments=docs/experiments/records --out=docs` gives in a clean clone, which has no sweeps/
+    data = os.path.join(ROOT, "docs", "experiments", "records")
+    assert plot.main([f"--experiments={data}", f"--out={tmp_path}"]) == 0
+    with open(os.path.join(ROOT, "docs", "experiments.md"), "rb") as f:
+        assert (tmp_path / "experiments.md").read_bytes() == f.read()
+    for name in sorted(os.listdir(data)):
+        if name.endswith(".json"):
+            with open(os.path.join(data, name), "rb") as f:
+                assert (tmp_path / "experiments" / "records" / name).read_bytes() == f.read(), name
+
+
+def test_a_page_from_sweeps_and_the_page_from_its_written_data_are_one_page(tmp_path):
+    summary = recipe_summary()
+    summary["runs"][0]["logit_curve"] = [[10, 1.0, 0.5]]  # a curve no figure draws: left out of the data
+    page = page_of(tmp_path, summary)
+    data = tmp_path / "docs" / "experiments" / "records"
+    assert json.loads((data / "tiny.json").read_text())["runs"][0]["logit_curve"] == []
+    assert plot.main([f"--experiments={data}", f"--out={tmp_path / 'again'}"]) == 0
+    assert (tmp_path / "again" / "experiments.md").read_text() == page
+    again = tmp_path / "again" / "experiments" / "records" / "tiny.json"
+    assert again.read_bytes() == (data / "tiny.json").read_bytes()
+    # the page links the claim's data and prints its per-seed differences (here +5 and +5 steps)
+    assert "(seed: d) 0: +5, 1: +5; in [experiments/records/tiny.json](experiments/records/tiny.json)" in page
+
+
+def test_the_pages_recipe_for_recomputing_p_and_the_interval_with_scipy_gives_the_claims_numbers(tmp_path):
+    # 8 pairs, differences of a lower-is-better loss, 2 tested claims (alpha 0.025 at Holm's first step)
+    diffs = [-0.031, -0.012, 0.004, -0.027, -0.018, -0.009, -0.022, 0.006]
+    runs = [{"variant": v, "lr": "0.5", "seed": s, "status": "done", "diverged": False, "init_loss": 5.5,
+             "final_loss": 2.0 + (d if v == "v" else 0), "final_loss_capped": 2.0 + (d if v == "v" else 0),
+             "failure_loss": 5.5} for v in ("ref", "v") for s, d in enumerate(diffs)]
+    claims = [recipes.Claim("v", "final_loss@0.5", "better", "", 0.01, "", "paper"),
+              recipes.Claim("v", "final_loss@0.5", "worse", "", 0.01, "", "paper")]
+    claim = lab.claims.judge(runs, claims, "ref", ["0.5"])[0]
+    (tmp_path / "docs" / "experiments" / "records").mkdir(parents=True)
+    (tmp_path / "docs" / "experiments" / "records" / "RECIPE.json").write_text(json.dumps({"claims": [claim]}))
+    code = lab.results_page.RECOMPUTE.split("```python\n")[1].split("```")[0]
+    printed = io.StringIO()
+    cwd = os.getcwd()
+    try:
+        os.chdir(tmp_path)
+        with contextlib.redirect_stdout(printed):
+            exec(code, {})
+    finally:
+        os.chdir(cwd)
+    text = printed.getvalue().replace("np.float64", "")
+    p, low, high, coverage = map(float, re.findall(r"-?[0-9]+\.?[0-9]*(?:e-?[0-9]+)?", text))
+    interval = [low, high]
+    assert p == pytest.approx(claim["p"], rel=1e-9) and interval == pytest.approx(claim["effect_ci"], rel=1e-9)
+    assert coverage == pytest.approx(claim["ci_coverage"]) and claim["ci_coverage"] == 1 - 2 * 3 / 256
+
+
+@pytest.mark.parametrize("call, expected", [
+    # independent of lab/tables.py: written by hand from the numbers
+    (lambda t: t.value_text(2.0361234), "2.036"),  # 4 significant digits
+    (lambda t: t.value_text(0.00123456), "0.001235"),
+    (lambda t: t.interval_text(0.0213456, [-0.0041234, 0.0356789]), "+0.0213 [-0.00412, +0.0357]"),
+    (lambda t: t.interval_text(-1.5, [-2.25, 0.0]), "-1.5 [-2.25, +0]"),  # low end first, the "+" kept
+    (lambda t: t.coverage_text(1 - 2 / 64), "96.9%"),  # one decimal: 97% would hide 96.9 < 97
+    (lambda t: t.coverage_text(1 - 12 / 256), "95.3%"),
+    (lambda t: t.p_value_text(2 / 64), "0.0312"),
+    (lambda t: t.power_text(0.804), "80%"),
+    (lambda t: t.mde_text(math.inf), "none reachable")])
+def test_the_pages_number_formats_are_the_ones_written_here(call, expected):
+    assert call(lab.tables) == expected
+
+
+def test_a_claims_headline_row_is_the_one_written_here(tmp_path):
+    summary = recipe_summary()
+    [claim] = summary["claims"]
+    claim.update(effect=12.3456, effect_ci=[-3.21098, 27.891], ci_coverage=1 - 12 / 256, p_holm=0.0703125,
+                 power=0.4567, verdict="not detected (observed minimum detectable effect 41.2)", mde=41.2,
+                 reading="not detected", effect_to_detect=13.125)
+    page = page_of(tmp_path, summary)
+    assert ("| [tiny](#tiny) | norm=rmsnorm vs baseline, expected better: steps survived, LR ramp to 0.5 | "
+            "+12.3 [-3.21, +27.9] | 95.3% | 0.0703 | 13.12 steps (the paper's) | 46% | earlier design: not detected "
+            "(observed minimum detectable effect 41.2) |") in page
+
+
+def chaotic_summary(gains, threads):
+    """recipe_summary() on 8 seeds, marked chaotic: the variant survives gains[seed] steps more than the reference."""
+    summary = recipe_summary()
+    run = summary["runs"][0]
+    summary["runs"] = [{**run, "variant": variant, "seed": seed,
+                        "steps_survived": 100 + (gain if variant == "norm=rmsnorm" else 0)}
+                       for seed, gain in enumerate(gains) for variant in ("baseline", "norm=rmsnorm")]
+    claim = recipes.Claim(**summary["recipe"]["claims"][0])
+    summary["claims"] = lab.claims.judge(summary["runs"], [claim], "baseline", ["0.5"])
+    summary["recipe"]["chaotic"] = True
+    summary["threads"] = threads
+    return summary
+
+
+def test_a_chaotic_recipes_verdict_is_unstable_where_another_thread_count_reads_it_otherwise(tmp_path):
+    first = chaotic_summary([30, 40, 35, 50, 45, 30, 60, 40], threads=1)  # all 8 better: agrees
+    write_json(tmp_path / "sweeps" / "tiny_threads2" / "summary.json",
+               chaotic_summary([30, -40, 35, -50, 45, -30, 60, -40], threads=2))  # mixed: not detected
+    page = page_of(tmp_path, first)
+    assert first["claims"][0]["reading"] == "agrees"
+    assert ("| earlier design: unstable across machines (2-core CPU, 1 thread a run: agrees; 2-core CPU, 2 threads a "
+            "run: not detected) |") in page
+    assert "| 2-core CPU, 2 threads a run | norm=rmsnorm vs baseline, expected better | +1.25 [-40, +45] |" in page
+    assert (tmp_path / "docs" / "experiments" / "records" / "tiny.replicate1.json").exists()
+    # one run set alone: the verdict says its spread was not measured
+    os.remove(tmp_path / "sweeps" / "tiny_threads2" / "summary.json")
+    page = page_of(tmp_path, first)
+    assert "| earlier design: agrees (one machine and thread count only: the spread across them not measured) |" in page
+
+
+def test_a_pilot_alone_is_not_a_result(tmp_path):
+    # sweep.py --recipe=NAME --pilot: the pilot seeds test nothing, so the page still names the recipe as not run
+    summary = recipe_summary()
+    summary["stage"] = "pilot"
+    page = page_of(tmp_path, summary)
+    assert '<a id="tiny"></a>' not in page and "| [tiny]" not in page
+
+
+def test_a_row_against_the_papers_direction_is_called_out_descriptive_ones_too(tmp_path):
+    summary = chaotic_summary([-30, -40, -35, -50, -45, -30, -60, -40], threads=1)  # worse on all 8 seeds
+    summary["recipe"]["chaotic"] = False
+    [claim] = summary["claims"]
+    assert claim["reading"] == "disagrees"
+    page = page_of(tmp_path, summary)
+    assert "**Against the paper's direction** (a tested claim): its own p is 0.00781, the mean d -41.25" in page
+    claim.update(tested=False, verdict="descriptive", reading="descriptive", p_holm=None)
+    page = page_of(tmp_path, summary)
+    assert "**Against the paper's direction** (a row outside Holm's family, all the same)" in page
+
+
+def test_an_a_priori_power_below_80_percent_says_the_scale_cannot_decide_the_claim(tmp_path):
+    summary = chaotic_summary([30, 40, 35, 50, 45, 30, 60, 40], threads=1)
+    [claim] = summary["claims"]
+    claim.update(pilot_seeds=[100, 101, 102], pilot_differences=[128, -17, -37], pilot_sd=90.0, power=0.64,
+                 planned_pairs=16, pairs_for_power=None)
+    page = page_of(tmp_path, summary)
+    assert ("A-priori power 64% for the target with 16 planned pairs, from the pilot's sd 90 (pilot seeds, never "
+            "tested: 100: +128, 101: -17, 102: -37); 80% power would take more than 16 pairs. Below 80%: at this "
+            "scale the design cannot reliably decide the claim") in page
+    assert "`python sweep.py --recipe=tiny --scale=gpu`" in page
+    claim.update(power=0.81, pairs_for_power=15)
+    assert "Below 80%" not in page_of(tmp_path, summary)

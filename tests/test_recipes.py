@@ -28,8 +28,7 @@ def test_every_recipe_can_reach_significance_at_holms_first_step():
     claims, so every recipe's seeds must reach it. Every arm a claim involves is one of the recipe's variants."""
     for name, recipe in recipes.RECIPES.items():
         tested = sum(claim.tested for claim in recipe.claims)
-        pilot = max(claim.pilot for claim in recipe.claims)  # seeds that choose an LR are not tested
-        assert 2 / 2 ** (recipe.seeds - pilot) < stats.ALPHA / tested, name
+        assert 2 / 2 ** recipe.tested_seeds < stats.ALPHA / tested, name  # the pilot seeds are not tested
         for claim in recipe.claims:
             assert claim.target_origin in ("paper", "nanonorm"), (name, claim)
             arms = [claim.variant, claim.reference or recipe.reference, *(claim.minus or ())]
@@ -78,7 +77,11 @@ def test_recipe_dry_run_commands_parse_with_train_parser(name, scale, tmp_path, 
     assert sweep.main([f"--recipe={name}", "--dry_run", f"--out_dir={tmp_path}", f"--scale={scale}"]) == 0
     lines = capsys.readouterr().out.splitlines()
     settings = recipes.settings(name, scale)
-    assert len(lines) == len(settings["variants"]) * len(settings["lrs"]) * settings["seeds"]
+    recipe = recipes.RECIPES[name]
+    # the pilot seeds run every LR; the tested ones every LR, or those the pilot chose (tested_lrs)
+    tested = settings["tested_lrs"] or {v: settings["lrs"] for v in settings["variants"]}
+    assert len(lines) == (len(settings["variants"]) * len(settings["lrs"]) * recipe.pilot
+                          + sum(len(lrs) for lrs in tested.values()) * recipe.tested_seeds)
     seen = set()
     for line in lines:
         argv = shlex.split(line)[2:]
@@ -102,7 +105,8 @@ def test_recipe_dry_run_commands_parse_with_train_parser(name, scale, tmp_path, 
 def tiny_recipe(mode, figure, variants, flags, claims, lrs=("0.5",)):
     return recipes.Recipe(title=f"tiny {mode} recipe with a {figure} figure", paper="A Paper (v2) §1, Table 9",
                           quote="It is better.", mode=mode, variants=variants, reference=variants[0], claims=claims,
-                          lrs=list(lrs), seeds=2, first_seed=3, flags=flags, gpu_lrs=list(lrs), gpu_flags=flags,
+                          lrs=list(lrs), tested_seeds=2, pilot=0, first_seed=3, flags=flags, gpu_lrs=list(lrs),
+                          gpu_flags=flags,
                           deviations="tiny", figure=figure)
 
 
@@ -205,7 +209,7 @@ def test_results_page_from_a_tiny_real_sweep(tiny_experiments, capsys):
             assert claim["n"] == 2 and f"{effect} | " in section
         assert "It is better." in section and "A Paper (v2) §1, Table 9" in section and "Deviations" in section
         assert f"`python sweep.py --recipe={name}`" in section and "1.5 min on " in section
-        assert "2 seeds (3-4)" in section and "a guess" in section
+        assert "2 seeds (3-4; all tested)" in section and "a guess" in section
         png = root / "docs" / "experiments" / f"{name}.png"
         check_png(png)
         assert matplotlib.image.imread(png).shape[1] >= 800  # 8 inches at 120 dpi, less the trimmed margins

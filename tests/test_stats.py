@@ -319,8 +319,8 @@ def test_rank_sum_mde_is_where_power_reaches_80_percent():
     (0.01, 0.2, "positive", "agrees"),
     (0.01, 0.2, "negative", "disagrees"),
     (0.01, -0.2, "positive", "disagrees"),
-    (0.05, -0.2, "negative", "not detected (minimum detectable effect 0.123)"),
-    (0.5, 0.2, "positive", "not detected (minimum detectable effect 0.123)"),
+    (0.05, -0.2, "negative", "not detected (observed minimum detectable effect 0.123)"),
+    (0.5, 0.2, "positive", "not detected (observed minimum detectable effect 0.123)"),
 ])
 def test_verdict(p_holm, effect, expect, says):
     assert stats.verdict(p_holm, effect, expect, mde=0.1234) == says
@@ -329,7 +329,8 @@ def test_verdict(p_holm, effect, expect, says):
 def test_a_zero_effect_never_agrees_or_disagrees():
     # a significant p beside an effect of exactly 0 cannot come from one statistic; it is no direction either way
     for expect in ("positive", "negative"):
-        assert stats.verdict(0.01, 0.0, expect, mde=0.1234) == "not detected (minimum detectable effect 0.123)"
+        assert stats.verdict(0.01, 0.0, expect, mde=0.1234) == \
+            "not detected (observed minimum detectable effect 0.123)"
 
 
 SHORT = "the interval ends at 0.015, short of 0.024)"
@@ -343,8 +344,8 @@ SHORT = "the interval ends at 0.015, short of 0.024)"
     (0.01, 0.01, "positive", [0.005, 0.015], "smaller than the paper's (detected in its direction; " + SHORT),
     # the interval reaches the target: agrees, or not detected with the MDE
     (0.01, 0.01, "positive", [0.005, 0.024], "agrees"),
-    (0.5, 0.01, "positive", [-0.02, 0.03], "not detected (minimum detectable effect 0.123)"),
-    (0.5, -0.01, "negative", [-0.03, 0.02], "not detected (minimum detectable effect 0.123)"),
+    (0.5, 0.01, "positive", [-0.02, 0.03], "not detected (observed minimum detectable effect 0.123)"),
+    (0.5, -0.01, "negative", [-0.03, 0.02], "not detected (observed minimum detectable effect 0.123)"),
     # significant against the paper: disagrees, though the interval is short of the target too
     (0.01, -0.01, "positive", [-0.015, -0.005], "disagrees"),
 ])
@@ -365,3 +366,11 @@ def test_verdict_without_a_detectable_effect_and_a_bad_direction():
     assert stats.verdict(1.0, 0.0, "positive", mde=0.0) == "not detected (no difference on any seed)"
     with pytest.raises(ValueError, match="positive"):
         stats.verdict(0.01, 0.1, "better", mde=0.1)
+
+
+def test_the_sign_flip_sums_are_compared_exactly_not_after_rounding_to_a_grid():
+    # six equal differences of 1e-7: all flipped or none reach |sum|, p = 2/64. Scaled by 2^20 and rounded to
+    # integers they would all be 0, every flip would tie and p would be 1
+    assert stats.sign_flip_p([1e-7] * 6) == Fraction(2, 64)
+    # one difference off the grid by 2^-30: the sums it tips past |sum| are counted exactly
+    assert stats.sign_flip_p([1.0 + 2 ** -30, -1.0, 1.0, 1.0, 1.0, 1.0]) == Fraction(12, 64)  # on the grid: 14/64

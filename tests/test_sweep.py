@@ -25,6 +25,7 @@ from engine import files
 import data
 import lab.claims
 import lab.recipes
+from lab import recipes
 import lab.stats
 import lab.runs
 import lab.summary
@@ -447,16 +448,17 @@ def test_unpaired_reports_medians_spread_the_exact_p_and_what_it_could_detect():
     result = lab.summary.unpaired([1.0, 2.0, 4.0, 5.0, 3.0], [3.0, 6.0, 7.0, 5.0, 4.0], "lower", "better")
     assert result["median_difference"] == 3.0 - 5.0 and result["smallest_p"] == pytest.approx(2 / 252)
     mde = lab.stats.rank_sum_mde(5, 5, math.sqrt(2.5))
-    assert result["mde"] == mde and result["verdict"] == f"not detected (minimum detectable effect {mde:.3g})"
+    assert result["mde"] == mde and result["verdict"] == f"not detected (observed minimum detectable effect {mde:.3g})"
 
 
 def test_paired_not_detected_names_the_minimum_detectable_mean_difference():
     ours = {s: 2.0 + d for s, d in enumerate([0.1, -0.2, 0.3, -0.1, 0.2, 0.05])}
     theirs = {s: 2.0 for s in range(6)}
     row = lab.summary.paired(ours, theirs, "lower", "better")
-    mde = lab.stats.minimum_detectable_effect(6, statistics.stdev([ours[s] - 2.0 for s in range(6)]))
+    mde = lab.stats.minimum_detectable_effect(6, statistics.stdev([ours[s] - 2.0 for s in range(6)]),
+                                              trials=lab.summary.ROW_TRIALS)
     assert row["p"] > 0.05 and row["mde"] == mde
-    assert row["verdict"] == f"not detected (minimum detectable effect {mde:.3g})"
+    assert row["verdict"] == f"not detected (observed minimum detectable effect {mde:.3g})"
 
 
 @pytest.mark.parametrize("flags, expected", [
@@ -494,13 +496,36 @@ def test_a_gpu_sized_recipe_is_refused_on_a_cpu_unless_asked_for(tmp_path, capsy
 
 def test_a_recipe_takes_extra_flags_after_its_own_and_runs_its_own_seeds():
     args = sweep.parse_args(["--recipe=powernorm", "--device=cpu", "--max_iters=50"])
-    assert args.seeds == 8 and args.out_dir == os.path.join("sweeps", "powernorm")
+    assert args.seeds == 3 + 8 and args.out_dir == os.path.join("sweeps", "powernorm")  # 3 pilot seeds first
     assert args.train_argv[-2:] == ["--device=cpu", "--max_iters=50"]  # after the recipe's --max_iters: they win
     assert configs.parse_flags(args.train_argv)["max_iters"] == 50
     gpu = sweep.parse_args(["--recipe=powernorm", "--scale=gpu", "--dry_run"])
     assert gpu.out_dir == os.path.join("sweeps", "powernorm_gpu")
-    # normformer_loss runs seeds 10-19, which did not pick its LR
-    assert {run.seed for run in sweep.grid(sweep.parse_args(["--recipe=normformer_loss"]))} == set(range(10, 20))
+    # normformer_loss: the pilot seeds 100-102 pick its LRs; --pilot runs only them, the recipe all of them
+    recipe = recipes.RECIPES["normformer_loss"]
+    pilot = {run.seed for run in sweep.grid(sweep.parse_args(["--recipe=normformer_loss", "--pilot"]))}
+    assert pilot == {100, 101, 102}
+    every = {run.seed for run in sweep.grid(sweep.parse_args(["--recipe=normformer_loss"]))}
+    assert every == set(range(100, 103 + recipe.tested_seeds))
+
+
+def test_a_recipe_records_its_design_hash_before_its_runs_start(tmp_path, monkeypatch):
+    # the pool is replaced by a look at design.json as the runs would start: the hash is there before any runs
+    seen = []
+    monkeypatch.setattr(sweep.pool, "run_all", lambda todo, jobs, command: seen.append(
+        json.loads((tmp_path / "s" / "design.json").read_text())) or 2)
+    argv = ["--recipe=qk_norm_lr", "--pilot", f"--out_dir={tmp_path / 's'}"]
+    plan = sweep.parse_args(argv)
+    runs = sweep.grid(plan)
+    sweep.run_sweep(plan, runs, runs, {}, None)
+    [[entry]] = seen
+    assert entry["sha256"] == recipes.design_hash("qk_norm_lr") and entry["stage"] == "pilot"
+    # the same stage and design again: recorded once; the design changed: recorded beside the first
+    sweep.run_sweep(plan, runs, runs, {}, None)
+    monkeypatch.setattr(recipes.RECIPES["qk_norm_lr"], "tested_seeds", 9)
+    sweep.run_sweep(sweep.parse_args(argv), runs, runs, {}, None)
+    assert len(seen[1]) == 1 and len(seen[2]) == 2 and seen[2][1]["sha256"] != entry["sha256"]
+    assert sweep.main(["--variants=baseline", "--lrs=1e-2", "--pilot", "--dry_run"]) == 2
 
 
 def test_a_plain_sweep_runs_seeds_from_first_seed():
@@ -1178,3 +1203,14 @@ def test_a_rerun_does_not_carry_a_meaningless_field_forward(tmp_path, carried, s
         lab.summary.previous_summary(str(tmp_path))
     assert str(error.value) == f"{path}: {says}; {lab.summary.REBUILD}"
     assert path.read_text() == text
+
+
+def test_a_recipes_tested_seeds_run_only_the_lrs_its_pilot_chose(monkeypatch):
+    # normformer_loss: the pilot seeds 100-102 run every LR; after them each arm only at the LRs the design names
+    monkeypatch.setattr(recipes.RECIPES["normformer_loss"], "tested_lrs", {"nf_baseline": ["1.2e-2"],
+                                                                           "nf_normformer": ["6e-3", "1.2e-2"]})
+    runs = sweep.grid(sweep.parse_args(["--recipe=normformer_loss"]))
+    tested = {(run.variant, run.lr) for run in runs if run.seed >= 103}
+    assert tested == {("nf_baseline", "1.2e-2"), ("nf_normformer", "6e-3"), ("nf_normformer", "1.2e-2")}
+    assert len([run for run in runs if run.seed < 103]) == 2 * 4 * 3
+    assert len(runs) == 2 * 4 * 3 + 3 * recipes.RECIPES["normformer_loss"].tested_seeds
