@@ -5,9 +5,10 @@ before anything is summed or drawn: the shapes of the events plot.py draws (trai
 readers rely on), and read_summary(), the one reader of a summary.json.
 
 A shape is what engine/run_reader.mismatch reads (a dict: an object with at least these keys, and so on).
-check_values() holds a summary to what a shape cannot say (an LR is a number, a finished run has a loss, a wall time
-is finite, a claim's n is a count, its metric one of lab/recipes.py's, the page's text one line), and
-check_recipe_name() a recipe's name to a plain name, as the results page names files after it.
+check_values() holds a summary to what a shape cannot say (an LR is a number, a finished run has a loss, a claim's n
+is a count, its metric one of lab/recipes.py's, the page's text one line), carried_meaning() what a re-run carries
+forward (a finite wall time, a machine), and check_recipe_name() a recipe's name to a plain name, as the results
+page names files after it.
 """
 
 import json
@@ -121,15 +122,16 @@ def check_values(path, summary, advice=SUMMARY_ALLOWED):
                 found = mismatch(row[key], NUMBER, f"variants[{i}].{key}")
             if found:
                 raise UsageError(f"{path}: {found[:80]}; {advice}")
-    found = carried_meaning(summary) or (recipe_meaning(summary) if summary.get("recipe") else None)
+    found = recipe_meaning(summary) if summary.get("recipe") else None
     if found:
         raise UsageError(f"{path}: {found}; {advice}")
 
 
 def carried_meaning(summary):
-    """What is wrong with the fields a re-run carries over from a summary (its wall time and machine: summary.
-    previous_summary), or None: wall_s a finite number >= 0, the machine an object whose load is one. Fields a
-    summary does not hold are not asked for, and fields beyond these are left to their readers."""
+    """What is wrong with the fields a re-run carries over from a summary into the new one (its wall time and
+    machine: lab/summary.previous_summary), or None: wall_s a finite number >= 0, the machine an object whose load
+    is one. Fields a summary does not hold are not asked for. The page itself shows a NaN wall time or load as
+    unknown (lab/tables), so only a re-run, which would carry them forward, refuses them."""
     wall = summary.get("wall_s", 0.0)
     if not (type(wall) in NUMBER and math.isfinite(wall) and wall >= 0):
         return f"wall_s is {json.dumps(wall)[:40]}, not a finite number of seconds >= 0"
@@ -184,14 +186,15 @@ def metric_meaning(metric):
 
 def claim_meaning(claim):
     """What is wrong with a judged claim's numbers, or None: n is a count, p-values and power are probabilities,
-    the MDE a size, each interval two numbers in order."""
+    the MDE a size, each interval two numbers in order. None or NaN is a number not known, which the page shows as
+    such."""
     if claim["n"] < 0:
         return f"n is {claim['n']}, not a number of pairs >= 0"
     for key in ("p", "p_holm", "power"):
         value = claim[key]
-        if value is not None and not 0 <= value <= 1:
+        if value is not None and not math.isnan(value) and not 0 <= value <= 1:
             return f"{key} is {value}, not a probability in [0, 1]"
-    if claim["mde"] is not None and not claim["mde"] >= 0:
+    if claim["mde"] is not None and claim["mde"] < 0:
         return f"mde is {claim['mde']}, not a size >= 0"
     for key in ("effect_ci", "difference_ci"):
         interval = claim[key]
