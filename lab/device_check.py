@@ -75,8 +75,15 @@ ALL = ("quickstart", "speed", "headline", "cudagraphs")
 # compiles in a fraction of that.
 COLD_COMPILE_S = 45
 COLD_SMALL_COMPILE_S = 20
-# CPU recipes on the GPU as the CPU ran them: eager, float32 (a recipe's --device=cpu is overridden by the later flag)
+# CPU recipes on the GPU as the CPU ran them: eager, float32 (these replace a recipe's --device=cpu, as sweep.py
+# replaces a recipe's flag the command line gives)
 ON_THE_GPU = ["--device=cuda", "--dtype=float32", "--compile=False"]
+
+
+def replaced(argv, flags):
+    """argv less the flags named in flags, then flags: each flag once, as train.py takes them."""
+    names = {f.partition("=")[0] for f in flags}
+    return [f for f in argv if f.partition("=")[0] not in names] + list(flags)
 # the lab part's estimate of a recipe run on one GPU, until a GPU run measures it: a process's start (Python, torch,
 # CUDA, the data and memory checks) and an eager step, which the host bounds at these sizes (kernel launches), per
 # layer; an evaluation batch is a forward alone, about a third of a step
@@ -217,7 +224,8 @@ def pack_sweep(out, jobs, cores):
     count = cores if jobs == "cores" else jobs
     return python("sweep.py", "--variants=nf_baseline,nf_normformer", "--lrs=1e-2", f"--seeds={PACK_SEEDS[jobs]}",
                   f"--jobs={count}", f"--out_dir={os.path.join(out, 'pack', f'jobs_{jobs}')}",
-                  *recipes.cpu(), *recipes.CURVE_TRAINING, *ON_THE_GPU, f"--data_dir={os.path.join(out, 'data')}")
+                  *replaced([*recipes.cpu(), *recipes.CURVE_TRAINING], ON_THE_GPU),
+                  f"--data_dir={os.path.join(out, 'data')}")
 
 
 def run_part(part, log):
@@ -423,12 +431,15 @@ def lab_plan(out, jobs, box_s):
     for name in recipes.RECIPES:
         recipe, folder = recipes.settings(name), os.path.join(out, "lab", name)
         # sweep.py's grid (lab/ runs below sweep.py and cannot import it; tests/test_device_check.py holds them equal)
+        pilot_end, tested = recipe["first_seed"] + recipes.RECIPES[name].pilot, recipe["tested_lrs"]
         runs = [Run(variant, lr, seed, os.path.join(folder, variant, lr, str(seed)))
                 for variant in recipe["variants"] for lr in recipe["lrs"]
-                for seed in range(recipe["first_seed"], recipe["first_seed"] + recipe["seeds"])]
-        common = [*recipe["train_argv"], *ON_THE_GPU, data]
+                for seed in range(recipe["first_seed"], recipe["first_seed"] + recipe["seeds"])
+                if seed < pilot_end or tested is None or lr in tested.get(variant, ())]
+        common = replaced(recipe["train_argv"], [*ON_THE_GPU, data])
         # a run an earlier lab part finished costs nothing: its sweep skips it
-        seconds = sum(lab_estimate([*common, *variant_flags(run.variant)]) for run in runs if not is_finished(run))
+        seconds = sum(lab_estimate(replaced(common, variant_flags(run.variant))) for run in runs
+                      if not is_finished(run))
         command = python("sweep.py", f"--recipe={name}", f"--jobs={jobs}", f"--out_dir={folder}", *ON_THE_GPU, data)
         plan.append((name, len(runs), seconds / jobs, command))
     planned, used = [], 0.0
