@@ -97,10 +97,10 @@ def train(run, stop):
     if checkpoint:
         step, best_val, best_step = run_folder.restore(checkpoint, raw_model, optimizer, scaler, tc, machine)
         instruments.load_state_dict(checkpoint)  # a resumed run flags, skips and diverges where the whole one would
-    log_path = run_folder.start_run(model_cfg, tc, machine, raw_model, step if checkpoint else None,
-                                    run.past_events, run.resume_changes, run.data_folder, run.data_meta)
+    run_folder.start_run(model_cfg, tc, machine, raw_model, step if checkpoint else None, run.past_events,
+                         run.resume_changes, run.data_folder, run.data_meta)
     if machine.master:
-        tensorboard_view.start(tc.out_dir, log_path, tc.tensorboard)
+        tensorboard_view.start(tc.out_dir, log.path, tc.tensorboard)
     model = torch.compile(raw_model) if tc.compile else raw_model
     if machine.ddp:
         model = DDP(model, device_ids=[int(machine.device.split(":")[1])] if machine.device_type == "cuda" else None)

@@ -458,11 +458,10 @@ def write_run_files(model_cfg, tc, machine, resumed_step, events, changes, meta)
 
 def start_run(model_cfg, tc, machine, model, resumed_step, events, changes, folder, meta):
     """The run folder's files (write_run_files, by process 0; a failure stops every process) and the run's first
-    lines, with a line for what a resume changed. Returns the log's path."""
-    log_path = run_reader.log_path(tc.out_dir)
+    lines, with a line for what a resume changed."""
     on_process_0(lambda: write_run_files(model_cfg, tc, machine, resumed_step, events, changes, meta), machine)
     if not machine.master:
-        return log_path
+        return
     said = {name: values for name, values in changes.items() if name not in ("dtype", "compile", "device")}
     if said:  # the machine's settings are in the line below, and restore says a dtype change
         print(f"train.py: note: resumed at step {resumed_step} with " + ", ".join(
@@ -476,7 +475,6 @@ def start_run(model_cfg, tc, machine, model, resumed_step, events, changes, fold
     if resumed_step is not None and tc.lr_schedule != "constant" and tc.max_iters > tc.lr_decay_iters > tc.warmup_iters:
         print(f"resumed at step {resumed_step}: the LR stays at --min_lr={tc.min_lr} after --lr_decay_iters="
               f"{tc.lr_decay_iters} (the checkpoint's schedule); raise --lr_decay_iters to decay over the longer run")
-    return log_path
 
 
 def interrupted(step, tc, machine, log_path):
