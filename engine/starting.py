@@ -5,7 +5,8 @@ seconds torch takes to import, before the script's own handlers are in place, st
 Nothing is written before main() runs, so there is nothing to clean up. Only where the script itself was started
 (its file is __main__'s): a test or a notebook that imports train keeps Python's own Ctrl-C. Once the script has
 defined its main(), a Ctrl-C is Python's KeyboardInterrupt again, which the script handles (or replaces with its
-own handler). Imports only the standard library.
+own handler). Its second effect: a closed pipe (`python sweep.py --dry_run | head`) ends the script quietly, as it
+ends `cat`, instead of a BrokenPipeError traceback. Imports only the standard library.
 """
 
 import os
@@ -27,3 +28,5 @@ def stop(signum, frame):
 main_file = getattr(sys.modules.get("__main__"), "__file__", None) or ""
 if os.path.dirname(os.path.abspath(main_file)) == HERE:
     signal.signal(signal.SIGINT, stop)
+    if hasattr(signal, "SIGPIPE"):  # POSIX: the reader went away, so nothing printed from here on can be read
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)

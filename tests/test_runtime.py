@@ -124,3 +124,16 @@ def test_a_ctrl_c_while_torch_imports_is_one_line_and_130(tmp_path, script):
     done = subprocess.run([sys.executable, os.path.join(ROOT, script), "--help"], env=env, capture_output=True,
                           text=True, timeout=60, cwd=tmp_path)
     assert (done.returncode, done.stderr) == (130, f"{script}: stopped by Ctrl-C while starting; nothing was written\n")
+
+
+@pytest.mark.parametrize("script", ["sweep.py", "train.py"])
+def test_a_closed_pipe_ends_the_script_quietly(script, tmp_path):
+    """`python sweep.py --recipe=... --dry_run | head -1` printed a BrokenPipeError traceback: the reader that went
+    away is no error of the command's."""
+    argv = (["--recipe=normformer_lr", "--dry_run", f"--out_dir={tmp_path}"] if script == "sweep.py" else ["--help"])
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has gone before the script prints, as `head -1` has once it has its line
+    done = subprocess.run([sys.executable, os.path.join(ROOT, script), *argv], stdout=write_end,
+                          stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=120)
+    os.close(write_end)
+    assert done.stderr == ""
