@@ -344,14 +344,17 @@ def headline_rows(summary, replicates=()):
 
 
 def shown_verdict(summary, replicates, i):
-    """A claim's verdict as the page shows it: for a chaotic recipe (recipes.Recipe.chaotic: the step a ramp
-    diverges moves with the thread count and the CPU), "unstable across machines" where its replicates read it
-    otherwise, and a note where it has none, so that one machine's rounding does not decide the word."""
+    """A claim's verdict as the page shows it: "unstable across machines" where a replicate (the same recipe on
+    another thread count or machine) reads it otherwise, so that one machine's rounding does not decide the word;
+    for a chaotic recipe (recipes.Recipe.chaotic: the step a ramp diverges moves with the thread count and the CPU)
+    without a replicate, a note that the spread was not measured."""
     claim = summary["claims"][i]
-    if not summary["recipe"].get("chaotic") or not claim.get("tested", True):
+    if not claim.get("tested", True):
         return claim["verdict"]
     if not replicates:
-        return f"{claim['verdict']} (one machine and thread count only: the spread across them not measured)"
+        if summary["recipe"].get("chaotic"):
+            return f"{claim['verdict']} (one machine and thread count only: the spread across them not measured)"
+        return claim["verdict"]
     readings = [claim["reading"]] + [r["claims"][i]["reading"] for r in replicates]
     if len(set(readings)) > 1:
         where = "; ".join(f"{name}: {reading}" for name, reading in zip(run_names(summary, replicates), readings))
@@ -420,11 +423,12 @@ def claim_lines(summary, data_link):
 
 
 def replicate_lines(summary, replicates):
-    """For a chaotic recipe: each run set's machine, threads and each claim's effect, p and reading, the spread
-    the verdict is judged against."""
-    if not summary["recipe"].get("chaotic"):
-        return []
+    """Where a recipe ran more than once: each run set's machine, threads and each claim's effect, p and reading,
+    the spread the verdict is judged against (descriptive rows too: spike counts are as chaotic as a divergence
+    step); for a chaotic recipe run once, that its spread was not measured."""
     if not replicates:
+        if not summary["recipe"].get("chaotic"):
+            return []
         return ["Spread across machines and thread counts: not measured (one run set). The endpoint is chaotic: "
                 "re-run with another --jobs (another thread count) into --out_dir=sweeps/NAME_threadsN.", ""]
     lines = ["Spread across machines and thread counts (the same recipe, seeds and flags; the verdict reads "
@@ -432,7 +436,8 @@ def replicate_lines(summary, replicates):
              "| run set | claim | effect: mean d [interval] | p (Holm) | reading |", "|---|---|---|---|---|"]
     for name, run in zip(run_names(summary, replicates), (summary, *replicates)):
         for c in run["claims"]:
-            lines.append(f"| {name} | {comparison_text(c)} | {interval_text(c['effect'], c['effect_ci'])} | "
+            lines.append(f"| {name} | {comparison_text(c)}: {metric_label(c['metric'])} | "
+                         f"{interval_text(c['effect'], c['effect_ci'])} | "
                          f"{p_value_text(c['p_holm'])} | {c['reading']} |")
     return [*lines, ""]
 
@@ -642,8 +647,8 @@ describes them, it did not choose the design.
 - **verdict**, one of four: "agrees" (p (Holm) < 0.05, in the paper's direction), "disagrees" (p (Holm) < 0.05, \
 against it), "smaller than" the target (the interval, at the family's level, ends short of it) or "not \
 detected" (with the observed MDE). Where the claim's arms had failed runs it is judged again without them, and a \
-verdict that changes says "rests on the failure rule". A chaotic endpoint's verdict reads "unstable across \
-machines" where run sets on other thread counts or CPUs read it otherwise. The page recomputes each verdict from \
+verdict that changes says "rests on the failure rule". A verdict reads "unstable across machines" where run \
+sets of the same recipe on other thread counts or CPUs read it otherwise. The page recomputes each verdict from \
 the numbers beside it and refuses a summary whose stored verdict differs.
 
 Descriptive numbers (LR curves, leakage, plateau counts) are shown, not tested."""
@@ -701,7 +706,7 @@ def not_run_section(summaries):
 
 def experiments_page(root, out):
     """docs/experiments.md, a figure per recipe and the page's data (DATA: one <name>.json a recipe, and
-    <name>.replicate<i>.json for a chaotic recipe's other run sets), from the recipes' summaries alone: root is
+    <name>.replicate<i>.json for a recipe's other run sets), from the recipes' summaries alone: root is
     sweeps/ (the runs' summary.json files) or a data folder this wrote, which regenerates the same page byte for
     byte. The headline table also goes to stdout."""
     summaries = read_recipe_summaries(root)

@@ -631,12 +631,32 @@ def test_a_chaotic_recipes_verdict_is_unstable_where_another_thread_count_reads_
     assert first["claims"][0]["reading"] == "agrees"
     assert ("| earlier design: unstable across machines (2-core CPU, 1 thread a run: agrees; 2-core CPU, 2 threads a "
             "run: not detected) |") in page
-    assert "| 2-core CPU, 2 threads a run | norm=rmsnorm vs baseline, expected better | +1.25 [-40, +45] |" in page
+    assert ("| 2-core CPU, 2 threads a run | norm=rmsnorm vs baseline, expected better: steps survived, LR ramp to "
+            "0.5 | +1.25 [-40, +45] |") in page
     assert (tmp_path / "docs" / "experiments" / "records" / "tiny.replicate1.json").exists()
     # one run set alone: the verdict says its spread was not measured
     os.remove(tmp_path / "sweeps" / "tiny_threads2" / "summary.json")
     page = page_of(tmp_path, first)
     assert "| earlier design: agrees (one machine and thread count only: the spread across them not measured) |" in page
+
+
+def test_a_replicate_of_a_recipe_not_marked_chaotic_shows_its_spread_descriptive_rows_too(tmp_path):
+    # spike counts are as chaotic as a divergence step: any recipe run on a second thread count shows the spread
+    first = chaotic_summary([30, 40, 35, 50, 45, 30, 60, 40], threads=1)
+    first["recipe"]["chaotic"] = False
+    second = chaotic_summary([30, -40, 35, -50, 45, -30, 60, -40], threads=2)
+    second["recipe"]["chaotic"] = False
+    write_json(tmp_path / "sweeps" / "tiny_threads2" / "summary.json", second)
+    assert "unstable across machines (2-core CPU, 1 thread a run: agrees; 2-core CPU, 2 threads a run: not" in page_of(
+        tmp_path, first)
+    for summary in (first, second):
+        summary["claims"][0].update(tested=False, verdict="descriptive", reading="descriptive", p_holm=None)
+    page = page_of(tmp_path, first)
+    assert "| unstable across machines" not in page and "earlier design: descriptive |" in page
+    assert "| 2-core CPU, 2 threads a run | norm=rmsnorm vs baseline, expected better: steps survived" in page
+    # run once and not chaotic: no spread section at all
+    os.remove(tmp_path / "sweeps" / "tiny_threads2" / "summary.json")
+    assert "Spread across machines" not in page_of(tmp_path, first)
 
 
 def test_a_pilot_alone_is_not_a_result(tmp_path):
