@@ -432,14 +432,34 @@ def replicate_lines(summary, replicates):
         return ["Spread across machines and thread counts: not measured (one run set). The endpoint is chaotic: "
                 "re-run with another --jobs (another thread count) into --out_dir=sweeps/NAME_threadsN.", ""]
     lines = ["Spread across machines and thread counts (the same recipe, seeds and flags; the verdict reads "
-             "\"unstable across machines\" where they differ):", "",
-             "| run set | claim | effect: mean d [interval] | p (Holm) | reading |", "|---|---|---|---|---|"]
+             "\"unstable across machines\" where they differ; a relative target follows each run set's own pilot):",
+             "", "| run set | claim | effect: mean d [interval] | p (Holm) | target | reading | time |",
+             "|---|---|---|---|---|---|---|"]
     for name, run in zip(run_names(summary, replicates), (summary, *replicates)):
+        minutes = run["wall_s"] / 60 if finite_number(run["wall_s"]) else None
         for c in run["claims"]:
             lines.append(f"| {name} | {comparison_text(c)}: {metric_label(c['metric'])} | "
-                         f"{interval_text(c['effect'], c['effect_ci'])} | "
-                         f"{p_value_text(c['p_holm'])} | {c['reading']} |")
+                         f"{interval_text(c['effect'], c['effect_ci'])} | {p_value_text(c['p_holm'])} | "
+                         f"{value_text(known(c['effect_to_detect']))} | {c['reading']} | "
+                         f"{'unknown' if minutes is None else f'{minutes:.1f} min'} |")
+    lines += ["", *seed_moves(summary, replicates)]
     return [*lines, ""]
+
+
+def seed_moves(summary, replicates):
+    """How far each claim's per-seed difference d moved from the first run set to each other one, on the seeds
+    both paired: the spread one machine's number carries."""
+    lines = []
+    for i, c in enumerate(summary["claims"]):
+        first = dict(zip(c["seeds"], c["differences"]))
+        for name, run in zip(run_names(summary, replicates)[1:], replicates):
+            other = dict(zip(run["claims"][i]["seeds"], run["claims"][i]["differences"]))
+            moves = [abs(other[seed] - first[seed]) for seed in first if seed in other]
+            if moves:
+                lines.append(f"- Claim {i + 1}, {name}: the per-seed d moved by up to {value_text(max(moves))} "
+                             f"(median {value_text(statistics.median(moves))}) over the {len(moves)} seeds both "
+                             "paired.")
+    return lines
 
 
 def per_seed_text(value):

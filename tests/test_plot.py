@@ -633,6 +633,8 @@ def test_a_chaotic_recipes_verdict_is_unstable_where_another_thread_count_reads_
             "run: not detected) |") in page
     assert ("| 2-core CPU, 2 threads a run | norm=rmsnorm vs baseline, expected better: steps survived, LR ramp to "
             "0.5 | +1.25 [-40, +45] |") in page
+    # per seed d moved 0, 80, 0, 100, 0, 60, 0, 80: the spread one machine's number carries
+    assert "2-core CPU, 2 threads a run: the per-seed d moved by up to 100 (median 30) over the 8 seeds both" in page
     assert (tmp_path / "docs" / "experiments" / "records" / "tiny.replicate1.json").exists()
     # one run set alone: the verdict says its spread was not measured
     os.remove(tmp_path / "sweeps" / "tiny_threads2" / "summary.json")
