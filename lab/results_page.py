@@ -415,6 +415,11 @@ def claim_lines(summary, data_link):
             text.append(f"**Against the paper's direction** ({kind}): its own p is {p_value_text(c['p'])}, the mean d "
                         f"{per_seed_text(c['effect'])} in the paper's sign; read it as a finding of this scale, not "
                         "as noise.")
+        elif (known(c["effect"]) is not None and c["effect"] < 0 and not c.get("tested", True)
+              and not c.get("control")):
+            text.append(f"Its estimate points against the paper's direction (mean d {per_seed_text(c['effect'])} in "
+                        f"the paper's sign, its own p {p_value_text(c['p'])}): not significant at this scale, and a "
+                        "descriptive row has no verdict, but nothing here supports the paper's direction either.")
         if c["metric"].startswith("log_z@"):
             text.append(f"The baseline's |mean log Z| at the end: median {value_text(c['arm_medians'][c['reference']])}"
                         f" over its seeds (near 0: nothing for z-loss to fix, so \"not detected\" above says little).")

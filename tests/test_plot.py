@@ -679,6 +679,19 @@ def test_a_row_against_the_papers_direction_is_called_out_descriptive_ones_too(t
     claim.update(tested=False, verdict="descriptive", reading="descriptive", p_holm=None)
     page = page_of(tmp_path, summary)
     assert "**Against the paper's direction** (a row outside Holm's family, all the same)" in page
+    # against the paper but not significant: a descriptive row, which has no verdict, still says where it points
+    summary = chaotic_summary([-30, -40, -35, 50, -45, -30, -60, -40], threads=1)
+    summary["recipe"]["chaotic"] = False
+    [claim] = summary["claims"]
+    assert claim["p"] >= 0.05 and claim["effect"] < 0
+    claim.update(tested=False, verdict="descriptive", reading="descriptive", p_holm=None)
+    page = page_of(tmp_path, summary)
+    assert ("Its estimate points against the paper's direction (mean d -28.75 in the paper's sign, its own p "
+            f"{lab.tables.p_value_text(claim['p'])}): not significant at this scale") in page
+    assert "**Against the paper's direction**" not in page
+    # a control: the paper predicts no effect, so there is no direction to go against
+    claim.update(control=True, verdict="control (outside the family: the paper predicts no gap here)")
+    assert "points against the paper's direction" not in page_of(tmp_path, summary)
 
 
 def test_an_a_priori_power_below_80_percent_says_the_scale_cannot_decide_the_claim(tmp_path):
