@@ -319,7 +319,11 @@ def judge(records, claims, reference, lrs, pilot=0, planned=None):
     stays in the family fixed before the runs; descriptive claims outside it. pilot: the sweep's first seeds that
     choose LRs and fix the a-priori power; they are never tested. planned: the tested seeds of the design (default:
     the sweep's seeds after the pilot), the n of the a-priori power."""
-    results = [judge_rule(records, claims, reference, lrs, pilot, rule, planned) for rule in (FAILURE, SECOND)]
+    first = judge_rule(records, claims, reference, lrs, pilot, FAILURE, planned)
+    # the second rule is judged against the same target, fixed before the runs: a relative target recomputed
+    # without the failed runs would scale with a reference median the failures no longer count in
+    targets = [result["effect_to_detect"] for result in first]
+    results = [first, judge_rule(records, claims, reference, lrs, pilot, SECOND, planned, targets)]
     for result, second in zip(*results):
         if any(result["diverged"].values()):
             result["second_rule"] = {key: second[key] for key in SECOND_KEYS}
@@ -328,9 +332,10 @@ def judge(records, claims, reference, lrs, pilot=0, planned=None):
     return results[0]
 
 
-def judge_rule(records, claims, reference, lrs, pilot, rule, planned=None):
+def judge_rule(records, claims, reference, lrs, pilot, rule, planned=None, targets=None):
     family = sum(claim.tested for claim in claims)
-    results = [judge_one(records, claim, reference, lrs, family, pilot, rule, planned) for claim in claims]
+    results = [judge_one(records, claim, reference, lrs, family, pilot, rule, planned,
+                         targets[i] if targets else None) for i, claim in enumerate(claims)]
     tested = [r for r in results if r["tested"]]
     adjusted = stats.holm([r["p"] if r["p"] is not None and not r["unbracketed"] else 1.0 for r in tested])
     for result, p_holm in zip(tested, adjusted):
@@ -341,7 +346,7 @@ def judge_rule(records, claims, reference, lrs, pilot, rule, planned=None):
     return results
 
 
-def judge_one(records, claim, reference, lrs, family, pilot=0, rule=FAILURE, planned=None):
+def judge_one(records, claim, reference, lrs, family, pilot=0, rule=FAILURE, planned=None, target=None):
     values = claim_values(records, claim, reference, lrs, pilot, rule)
     chosen_seeds = pilot_seeds(records, pilot)
     sweep_seeds = {r["seed"] for r in records}
@@ -362,6 +367,7 @@ def judge_one(records, claim, reference, lrs, family, pilot=0, rule=FAILURE, pla
     # the target is fixed before the tested seeds: a relative one scales with the pilot's reference median
     scale = pilot_median if pilot_median is not None else ref_median
     to_detect = claim.effect * abs(scale) if claim.relative and scale is not None else claim.effect
+    to_detect = to_detect if target is None else target  # the first rule's, where this judges the second
     planned = len(sweep_seeds - chosen_seeds) if planned is None else planned
     pilot_sd = statistics.stdev(pilot_signed) if len(pilot_signed) >= 2 else None
     continuous = name not in BINARY

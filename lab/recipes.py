@@ -437,11 +437,11 @@ RECIPES = {
                    "CPU; the claims are read at LR 3e-3, fixed before the runs (the paper keeps LN's hyperparameters "
                    "for every norm), the other two LRs are shown, not tested, and run on the 3 pilot seeds only; "
                    "PowerNorm's gain over LayerNorm (the PTB target, 0.0169 nats per byte) is far inside the pilot's "
-                   "spread, so at this scale it cannot be decided (39% power with 16 pairs); batch statistics in a causal LM let a "
-                   "token's training normalizer see other tokens of the batch, future ones included: the page shows "
-                   "each batch-statistic arm's validation loss with training-mode (batch) statistics beside its "
-                   "eval-mode (running) one, on the same windows, to separate that leakage from the paper's "
-                   "mechanism",
+                   "spread, so at this scale it cannot be decided (39% power with 16 pairs); batch statistics in a "
+                   "causal LM let a token's training normalizer see other tokens of the batch, future ones included: "
+                   "the page shows each batch-statistic arm's validation loss with training-mode (batch) "
+                   "statistics beside its eval-mode (running) one, on the same windows, to separate that leakage "
+                   "from the paper's mechanism",
         gpu_deviations="12 x 768 decoder-only LM, 5,000 steps with 500 warmup; batch statistics see the batch's "
                        "future tokens in training; the builtin corpus unless --dataset names a larger one",
         figure="loss_vs_lr"),

@@ -531,6 +531,28 @@ def test_a_verdict_that_only_the_failure_rule_gives_says_it_rests_on_it():
     assert "second_rule" not in result and "rests on" not in result["verdict"]
 
 
+def test_the_second_rule_is_judged_against_the_target_fixed_before_the_runs():
+    # a relative target, a quarter of the pilot reference's LR sensitivity: 0.25 x 5.7 / 8 with the failed LRs
+    # counted, 0.25 x 2.1 / 6 without them. v trains 0.15 lower at 3e-2 and about 0.55 lower at 1e-1: d about 0.089
+    # a seed under the failure rule and 0.119 without the failed runs, both short of the target fixed before the
+    # runs (0.178). Judged against a target recomputed without the failed runs (0.0875), the second rule read
+    # "agrees", and qk_norm_lr's verdict "rests on the failure rule" when it did not
+    lrs = ["3e-4", "1e-3", "3e-3", "1e-2", "3e-2", "1e-1", "3e-1", "1"]
+    ref = dict(zip(lrs, [3.0, 2.6, 2.3, 2.2, 2.4, 2.8, 0, 0]))
+    records = []
+    for seed in range(11):
+        lower = dict(zip(lrs, [0, 0, 0, 0, 0.15, 0.55 + 0.005 * seed, 0, 0]))
+        records += lr_records("ref", ref, [seed], failed_lrs=lrs[6:])
+        records += lr_records("v", {lr: x - lower[lr] for lr, x in ref.items()}, [seed], failed_lrs=lrs[6:])
+    claim = Claim("v", "lr_sensitivity", "better", "", 0.25, "", "nanonorm", relative=True)
+    [result] = claims.judge(records, [claim], "ref", lrs, pilot=3)
+    assert result["effect_to_detect"] == pytest.approx(0.25 * 5.7 / 8)
+    assert result["effect"] == pytest.approx((0.7 + 0.005 * 6.5) / 8, abs=1e-9)  # seeds 3-10: mean 6.5
+    assert result["second_rule"]["effect"] == pytest.approx((0.7 + 0.005 * 6.5) / 6, abs=1e-9)
+    assert result["reading"] == result["second_rule"]["reading"] == "smaller"
+    assert "rests on" not in result["verdict"]
+
+
 def test_a_failed_runs_worst_value_is_the_worst_at_the_claims_lr_only():
     # at 1e-2 the finished runs spiked 1 and 3 times; at 1e-1 a finished run spiked 9 times. The failed run at 1e-2
     # counts as 3, the worst at its own LR, not 9
