@@ -422,9 +422,21 @@ def claim_lines(summary, data_link):
                         "descriptive row has no verdict, but nothing here supports the paper's direction either.")
         if c["metric"].startswith("log_z@"):
             text.append(f"The baseline's |mean log Z| at the end: median {value_text(c['arm_medians'][c['reference']])}"
-                        f" over its seeds (near 0: nothing for z-loss to fix, so \"not detected\" above says little).")
+                        f" over its seeds, {drift_text(c['arm_medians'][c['reference']], c['effect_to_detect'])}.")
         lines += [" ".join(text), ""]
     return lines
+
+
+def drift_text(log_z, drift):
+    """What the baseline's |mean log Z| says of the z-loss claim beside it: below the drift the design counts (the
+    claim's target), nothing for z-loss to fix; at or past it, a drift it could have fixed."""
+    if known(log_z) is None:
+        return "unknown: whether there was a drift for z-loss to fix is not known"
+    if abs(log_z) < drift:
+        return (f"within {value_text(drift)} of 0: nothing for z-loss to fix, so a \"not detected\" above says "
+                "little")
+    return (f"at least {value_text(drift)} from 0: the drift z-loss is meant to prevent was there, so the verdict "
+            "above is about z-loss, not about a problem that never arose")
 
 
 def replicate_lines(summary, replicates):

@@ -706,3 +706,18 @@ def test_an_a_priori_power_below_80_percent_says_the_scale_cannot_decide_the_cla
     assert "`python sweep.py --recipe=tiny --scale=gpu`" in page
     claim.update(power=0.81, pairs_for_power=15)
     assert "Below 80%" not in page_of(tmp_path, summary)
+
+
+@pytest.mark.parametrize("log_z, says", [
+    (5.369, "median 5.369 over its seeds, at least 1 from 0: the drift z-loss is meant to prevent was there"),
+    (-1.5, "median -1.5 over its seeds, at least 1 from 0: the drift"),
+    (0.2, "median 0.2 over its seeds, within 1 of 0: nothing for z-loss to fix, so a \"not detected\" above says "
+          "little")])
+def test_the_baselines_log_z_says_whether_there_was_a_drift_to_fix(log_z, says):
+    # z_loss_lr's mechanism row: the baseline's |mean log Z| ended at 5.37, yet the page said "near 0: nothing for
+    # z-loss to fix"
+    summary = recipe_summary()
+    [claim] = summary["claims"]
+    claim.update(metric="log_z@1e-1", effect_to_detect=1.0, arm_medians={"baseline": log_z, "norm=rmsnorm": 0.1})
+    [text, _] = lab.results_page.claim_lines(summary, "data.json")
+    assert f"The baseline's |mean log Z| at the end: {says}" in text
