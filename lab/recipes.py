@@ -384,7 +384,11 @@ RECIPES = {
                  "the paper's 6-layer models: Post-LN trains, no gap expected",
                  effect=0.5, reference=depth(DN_POSTLN, 6), target_origin="nanonorm", tested=False, control=True,
                  effect_source="the per-depth target, for scale")],
-        lrs=["1e-3", "2e-3", "4e-3"],
+        # the first pilot (seeds 100-102 at 1e-3, 2e-3 and 4e-3, 1 thread a run, 2026-11-28, 973 s): DeepNorm best at
+        # 4e-3, the grid's top edge, at every depth; Post-LN best at 2e-3 at 6 layers and on the unigram plateau
+        # (3.186-3.188) at every LR at 18 and 36: the grid extended both ways before any tested seed, up for
+        # DeepNorm's optimum and down to 5e-4 (the paper's LR) so that deep Post-LN has the LRs where it might train
+        lrs=["5e-4", "1e-3", "2e-3", "4e-3", "8e-3", "1.6e-2"],
         flags=[*cpu(n_embd=64), "--max_iters=300", "--eval_interval=300", LOSS_EVAL, "--warmup_iters=100",
                "--dropout=0"],
         gpu_lrs=["5e-4", "1e-3", "2e-3"],
@@ -393,7 +397,9 @@ RECIPES = {
                    "translation models of up to 1,000 layers), 64 byte tokens of the Python standard library a "
                    "sequence, float32 on CPU, 300 steps with 100 warmup steps (the paper: 5e-4 with 4,000 warmup "
                    "steps for its translation models); each depth's Post-LN and DeepNorm at their own best LR of "
-                   "1e-3, 2e-3 and 4e-3 (2x apart) on the 3 pilot seeds, which are never tested; the 6-layer row is "
+                   "5e-4 to 1.6e-2 (2x apart) on the 3 pilot seeds, which are never tested (the pilot's first grid, "
+                   "1e-3 to 4e-3, put DeepNorm's best at its top edge at every depth, so the grid was extended both "
+                   "ways before the tested seeds ran); the 6-layer row is "
                    "a control outside Holm's family (the paper predicts no gap there); a run has left the unigram "
                    "plateau when its final val loss is below 0.9 x the val split's unigram entropy",
         gpu_deviations="a decoder-only model 256 wide at 6, 18 and 36 layers, 2,000 steps with 400 warmup, each arm "
