@@ -715,7 +715,14 @@ k = max(1, math.floor(alpha * 2 ** len(d) / 2))  # the interval drops k - 1 of t
 print(p, [means[k - 1], means[-k]], 1 - 2 * k / 2 ** len(d))  # p, the interval, its coverage
 ```
 
-p (Holm) is Holm's step-down adjustment of the recipe's tested claims' p-values together."""
+p (Holm) is Holm's step-down adjustment of the recipe's tested claims' p-values together.
+
+How to re-run one run and get its numbers bit for bit: `python sweep.py --recipe=NAME --dry_run` prints every \
+run's train.py command, and sweep.py pins each run to its share of the cores, which sets its thread count \
+(`--jobs=2` on 2 cores: 1 thread). Give the command the same number of cores, for 1 thread `taskset -c 0 python \
+train.py ...`: the float sums are then added in the same order. With another thread count (train.py uses every core \
+it may run on) the numbers differ in the third or fourth digit, and a chaotic endpoint, such as the step a ramp \
+diverges, can move by many steps: what the spread tables beside such claims measure."""
 
 
 def not_run_text(summaries):
