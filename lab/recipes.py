@@ -389,6 +389,17 @@ RECIPES = {
         # (3.186-3.188) at every LR at 18 and 36: the grid extended both ways before any tested seed, up for
         # DeepNorm's optimum and down to 5e-4 (the paper's LR) so that deep Post-LN has the LRs where it might train
         lrs=["5e-4", "1e-3", "2e-3", "4e-3", "8e-3", "1.6e-2"],
+        # the extended pilot (the same seeds at 5e-4, 8e-3 and 1.6e-2, 1,086 s more): every arm's best interior,
+        # DeepNorm 8e-3 at 6 layers and 4e-3 at 18 and 36, Post-LN 2e-3 at every depth (at 18 and 36 on the plateau
+        # at every LR, 3.186-3.196); best_loss d (variant - reference) -0.803, -0.811, -0.806 at 18 layers (sd
+        # 0.0042), -0.799, -0.776, -0.772 at 36 (sd 0.015), both against a 0.5 target, and -0.652, -0.647, -0.644
+        # for the gap's growth from 6 to 36 layers (sd 0.0039, target 0.25): 7 pairs give 100% power at alpha
+        # 0.05 / 3, and 7 is the fewest whose smallest p (2 / 2^7 = 0.016) is below 0.017; the tested seeds run
+        # only each arm's chosen LR
+        tested_seeds=7,
+        tested_lrs={depth(DN_POSTLN, 6): ["2e-3"], depth(DN_DEEPNORM, 6): ["8e-3"],
+                    depth(DN_POSTLN, 18): ["2e-3"], depth(DN_DEEPNORM, 18): ["4e-3"],
+                    depth(DN_POSTLN, 36): ["2e-3"], depth(DN_DEEPNORM, 36): ["4e-3"]},
         flags=[*cpu(n_embd=64), "--max_iters=300", "--eval_interval=300", LOSS_EVAL, "--warmup_iters=100",
                "--dropout=0"],
         gpu_lrs=["5e-4", "1e-3", "2e-3"],
