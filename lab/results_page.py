@@ -426,6 +426,17 @@ def claim_lines(summary, data_link):
             text.append(f"Its estimate points against the paper's direction (mean d {per_seed_text(c['effect'])} in "
                         f"the paper's sign, its own p {p_value_text(c['p'])}): not significant at this scale, and a "
                         "descriptive row has no verdict, but nothing here supports the paper's direction either.")
+        if c.get("control") and known(c["effect"]) is not None and c.get("effect_ci"):
+            low, high = c["effect_ci"]
+            if low > 0 or high < 0:
+                text.append(f"**A gap where the paper predicts none** (a control, outside Holm's family): mean d "
+                            f"{per_seed_text(c['effect'])} in the claim's sign, its interval "
+                            f"{interval_text(c['effect'], c['effect_ci'])} excludes 0, its own p "
+                            f"{p_value_text(c['p'])}; the claims above compare arms that differ by this much even "
+                            "where depth is not the problem.")
+            else:
+                text.append(f"No gap detected, as the paper predicts (a control): the interval "
+                            f"{interval_text(c['effect'], c['effect_ci'])} includes 0.")
         if c["metric"].startswith("log_z@"):
             text.append(f"The baseline's |mean log Z| at the end: median {value_text(c['arm_medians'][c['reference']])}"
                         f" over its seeds, {drift_text(c['arm_medians'][c['reference']], c['effect_to_detect'])}.")

@@ -731,3 +731,17 @@ def test_the_baselines_log_z_says_whether_there_was_a_drift_to_fix(log_z, says):
     claim.update(metric="log_z@1e-1", effect_to_detect=1.0, arm_medians={"baseline": log_z, "norm=rmsnorm": 0.1})
     [text, _] = lab.results_page.claim_lines(summary, "data.json")
     assert f"The baseline's |mean log Z| at the end: {says}" in text
+
+
+def test_a_control_that_shows_a_gap_says_so():
+    # deepnorm_depth's 6-layer control: the paper predicts no gap, the runs gave DeepNorm +0.109 [+0.075, +0.151]
+    summary = chaotic_summary([30, 40, 35, 50, 45, 30, 60, 40], threads=1)
+    [claim] = summary["claims"]
+    claim.update(tested=False, control=True, verdict="control (outside the family: the paper predicts no gap here)",
+                 reading="control", p_holm=None)
+    [text, _] = lab.results_page.claim_lines(summary, "data.json")
+    assert ("**A gap where the paper predicts none** (a control, outside Holm's family): mean d +41.25 in the claim's "
+            "sign, its interval +41.2 [") in text and "excludes 0, its own p 0.00781" in text
+    claim.update(effect_ci=[-3.0, 50.0])
+    [text, _] = lab.results_page.claim_lines(summary, "data.json")
+    assert "No gap detected, as the paper predicts (a control): the interval +41.2 [-3, +50] includes 0." in text
