@@ -516,15 +516,28 @@ def lr_curve_table(summary):
     lrs = summary["recipe"]["lrs"]
     lines = ["| variant | " + " | ".join(f"L({lr})" for lr in lrs) + " | diverged runs | LR sensitivity |",
              "|" + "---|" * (len(lrs) + 3)]
+    ended = [r for r in summary["runs"] if r["status"] != "unfinished"]
+    # where the tested seeds ran only each arm's chosen LR, the medians stand on different numbers of seeds: say how
+    # many behind each
+    counts = {(r["variant"], r["lr"]) for r in ended}
+    uneven = len({sum(1 for r in ended if (r["variant"], r["lr"]) == key) for key in counts}) > 1
     for variant in summary["recipe"]["variants"]:
-        mine = [r for r in summary["runs"] if r["variant"] == variant and r["status"] != "unfinished"]
-        cells = [value_text(median_of([capped(r) for r in mine if r["lr"] == lr])) for lr in lrs]
+        mine = [r for r in ended if r["variant"] == variant]
+        cells = [lr_cell([capped(r) for r in mine if r["lr"] == lr], uneven) for lr in lrs]
         sensitivity = [c for c in summary["claims"] if c["metric"] == "lr_sensitivity"]
         medians = [c["arm_medians"].get(variant) for c in sensitivity]
         lines.append(f"| {variant} | " + " | ".join(cells) + f" | {sum(r['status'] == 'diverged' for r in mine)} of "
                      f"{len(mine)} | {value_text(medians[0] if medians else None)} |")
-    return ["Final val loss per LR (median over seeds, min(L, ln V)); the LR sensitivity is the median over seeds of "
-            "each seed's own:", "", *lines, ""]
+    seeds = (" (in parentheses: the seeds behind each median, as the tested seeds ran only the LRs the pilot chose)"
+             if uneven else "")
+    return [f"Final val loss per LR (median over seeds, min(L, ln V)){seeds}; the LR sensitivity is the median over "
+            "seeds of each seed's own:", "", *lines, ""]
+
+
+def lr_cell(losses, counted):
+    """One cell of lr_curve_table: the median loss, with the number of seeds behind it where counted."""
+    text = value_text(median_of(losses))
+    return f"{text} ({len(losses)})" if counted and losses else text
 
 
 def leakage_table(summary):

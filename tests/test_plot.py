@@ -745,3 +745,17 @@ def test_a_control_that_shows_a_gap_says_so():
     claim.update(effect_ci=[-3.0, 50.0])
     [text, _] = lab.results_page.claim_lines(summary, "data.json")
     assert "No gap detected, as the paper predicts (a control): the interval +41.2 [-3, +50] includes 0." in text
+
+
+def test_the_per_lr_table_counts_the_seeds_behind_each_median_where_they_differ():
+    # deepnorm_depth's tested seeds ran only each arm's chosen LR: 3 pilot seeds at the other LRs, 10 at the chosen
+    def run(lr, seed, loss):
+        return {"variant": "a", "lr": lr, "seed": seed, "status": "done", "final_loss_capped": loss}
+    summary = {"recipe": {"lrs": ["1e-3", "2e-3"], "variants": ["a"]}, "claims": [],
+               "runs": [run("1e-3", s, 3.0 + s) for s in range(3)] + [run("2e-3", s, 2.0 + s) for s in range(5)]}
+    lines = lab.results_page.lr_curve_table(summary)
+    assert "(in parentheses: the seeds behind each median" in lines[0]
+    assert "| a | 4 (3) | 4 (5) | 0 of 8 | n/a |" in lines
+    summary["runs"] = summary["runs"][:3] + summary["runs"][3:6]  # 3 and 3: no counts
+    lines = lab.results_page.lr_curve_table(summary)
+    assert "| a | 4 | 3 | 0 of 6 | n/a |" in lines and "parentheses" not in lines[0]
