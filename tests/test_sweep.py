@@ -496,7 +496,9 @@ def test_a_gpu_sized_recipe_is_refused_on_a_cpu_unless_asked_for(tmp_path, capsy
 
 def test_a_recipe_takes_extra_flags_after_its_own_and_runs_its_own_seeds():
     args = sweep.parse_args(["--recipe=powernorm", "--device=cpu", "--max_iters=50"])
-    assert args.seeds == 3 + 8 and args.out_dir == os.path.join("sweeps", "powernorm")  # 3 pilot seeds first
+    powernorm = recipes.RECIPES["powernorm"]
+    assert powernorm.pilot == 3 and args.seeds == 3 + powernorm.tested_seeds  # 3 pilot seeds first
+    assert args.out_dir == os.path.join("sweeps", "powernorm")
     assert args.train_argv[-2:] == ["--device=cpu", "--max_iters=50"]  # after the recipe's --max_iters: they win
     assert configs.parse_flags(args.train_argv)["max_iters"] == 50
     gpu = sweep.parse_args(["--recipe=powernorm", "--scale=gpu", "--dry_run"])
@@ -522,7 +524,7 @@ def test_a_recipe_records_its_design_hash_before_its_runs_start(tmp_path, monkey
     assert entry["sha256"] == recipes.design_hash("qk_norm_lr") and entry["stage"] == "pilot"
     # the same stage and design again: recorded once; the design changed: recorded beside the first
     sweep.run_sweep(plan, runs, runs, {}, None)
-    monkeypatch.setattr(recipes.RECIPES["qk_norm_lr"], "tested_seeds", 9)
+    monkeypatch.setattr(recipes.RECIPES["qk_norm_lr"], "tested_seeds", recipes.RECIPES["qk_norm_lr"].tested_seeds + 1)
     sweep.run_sweep(sweep.parse_args(argv), runs, runs, {}, None)
     assert len(seen[1]) == 1 and len(seen[2]) == 2 and seen[2][1]["sha256"] != entry["sha256"]
     assert sweep.main(["--variants=baseline", "--lrs=1e-2", "--pilot", "--dry_run"]) == 2
