@@ -321,9 +321,9 @@ RECIPES = {
         tested_seeds=6, tested_lrs={NF_BASELINE + WIDE: ["6e-3"], NF_NORMFORMER + WIDE: ["3e-3"]},
         lrs=["1.5e-3", *NF_LOSS_LRS], flags=NF_LOSS_FLAGS, gpu_lrs=NF_LOSS_GPU_LRS, gpu_flags=NF_LOSS_GPU_FLAGS,
         deviations=NF_LOSS_DEVIATIONS + ", 128 wide (4 heads of 32), where the pilot put NormFormer's best at 3e-3, "
-                   "the grid's lowest, so the grid was extended to 1.5e-3 before the tested seeds ran; the pilot's spread "
-                   "(sd 0.041 a pair) is 4.6x the paper's 0.009: about 170 pairs would be needed for 80% power, so "
-                   "this scale cannot decide the claim, and 6 tested seeds ran at each arm's chosen LR only",
+                   "the grid's lowest, so the grid was extended to 1.5e-3 before the tested seeds ran; the pilot's "
+                   "spread (sd 0.041 a pair) is 4.6x the paper's 0.009: about 170 pairs would be needed for 80% "
+                   "power, so this scale cannot decide the claim, and 6 tested seeds ran at each arm's chosen LR only",
         gpu_deviations=NF_LOSS_GPU_DEVIATIONS, figure="metric"),
     "spike_no_more": Recipe(
         title="Scaled Embed and Embed LN keep the first layers' gradients from growing, and spike less than "
