@@ -6,6 +6,7 @@ extras, deviations, command), and a figure per recipe in docs/experiments/. It r
 cannot drift from the data.
 """
 
+import collections
 import glob
 import json
 import math
@@ -469,24 +470,25 @@ def replicate_lines(summary, replicates):
              "\"unstable across machines\" where they differ; a relative target follows each run set's own pilot):",
              "", "| run set | claim | effect: mean d [interval] | p (Holm) | target | reading | time |",
              "|---|---|---|---|---|---|---|"]
-    for name, run in zip(run_names(summary, replicates), (summary, *replicates)):
+    names = run_names(summary, replicates)
+    for name, run in zip(names, (summary, *replicates)):
         minutes = run["wall_s"] / 60 if finite_number(run["wall_s"]) else None
         for c in run["claims"]:
             lines.append(f"| {name} | {comparison_text(c)}: {metric_label(c['metric'])} | "
                          f"{interval_text(c['effect'], c['effect_ci'])} | {p_value_text(c['p_holm'])} | "
                          f"{value_text(known(c['effect_to_detect']))} | {c['reading']} | "
                          f"{'unknown' if minutes is None else f'{minutes:.1f} min'} |")
-    lines += ["", *seed_moves(summary, replicates)]
+    lines += ["", *seed_moves(summary, replicates, names[1:])]
     return [*lines, ""]
 
 
-def seed_moves(summary, replicates):
-    """How far each claim's per-seed difference d moved from the first run set to each other one, on the seeds
-    both paired: the spread one machine's number carries."""
+def seed_moves(summary, replicates, names):
+    """How far each claim's per-seed difference d moved from the first run set to each other one (named by names),
+    on the seeds both paired: the spread one machine's number carries."""
     lines = []
     for i, c in enumerate(summary["claims"]):
         first = dict(zip(c["seeds"], c["differences"]))
-        for name, run in zip(run_names(summary, replicates)[1:], replicates):
+        for name, run in zip(names, replicates):
             other = dict(zip(run["claims"][i]["seeds"], run["claims"][i]["differences"]))
             moves = [abs(other[seed] - first[seed]) for seed in first if seed in other]
             if moves:
@@ -519,8 +521,7 @@ def lr_curve_table(summary):
     ended = [r for r in summary["runs"] if r["status"] != "unfinished"]
     # where the tested seeds ran only each arm's chosen LR, the medians stand on different numbers of seeds: say how
     # many behind each
-    counts = {(r["variant"], r["lr"]) for r in ended}
-    uneven = len({sum(1 for r in ended if (r["variant"], r["lr"]) == key) for key in counts}) > 1
+    uneven = len(set(collections.Counter((r["variant"], r["lr"]) for r in ended).values())) > 1
     for variant in summary["recipe"]["variants"]:
         mine = [r for r in ended if r["variant"] == variant]
         cells = [lr_cell([capped(r) for r in mine if r["lr"] == lr], uneven) for lr in lrs]

@@ -14,7 +14,6 @@ from engine import run_reader
 from engine.flags import UsageError
 
 
-
 @dataclass
 class Run:
     """One (variant, LR, seed) of a sweep's grid and its run folder."""
