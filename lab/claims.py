@@ -387,9 +387,11 @@ def judge_one(records, claim, reference, lrs, family, pilot=0, rule=FAILURE, pla
               "arm_medians": {arm: statistics.median(values[arm][s] for s in seeds) if seeds else None
                               for arm in arms(claim, reference)},
               "chosen_lr": chosen, "unbracketed": unbracketed,
-              # a priori: the planned pairs, at the pilot's spread (fixed before the tested seeds ran)
+              # a priori: the planned pairs, at the pilot's spread (fixed before the tested seeds ran); the second
+              # rule keeps only SECOND_KEYS, so its power is not computed
               "power": (stats.sign_flip_power(planned, to_detect, pilot_sd, alpha)
-                        if continuous and pilot_sd is not None and to_detect is not None else None),
+                        if continuous and pilot_sd is not None and to_detect is not None and rule == FAILURE
+                        else None),
               "planned_pairs": planned,
               "pairs_for_power": (pairs_for_power(to_detect, pilot_sd, alpha)
                                   if continuous and pilot_sd is not None and to_detect is not None
