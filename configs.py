@@ -218,7 +218,7 @@ def machine_free(tc, given):
 SYSTEM_FLAGS = ("out_dir", "device", "dtype", "compile", "overwrite", "resume")
 # the settings resolve() makes concrete on the machine (runtime.resolve_device) where they are left at the default
 MACHINE_SETTINGS = ("dtype", "compile")
-MAX_LR = TrainConfig.__dataclass_fields__["lr"].metadata["allowed"].high  # for the scripts with an LR of their own
+LR_RANGE = TrainConfig.__dataclass_fields__["lr"].metadata["allowed"]  # for the scripts with an LR of their own
 
 
 def check_train_config(tc, given):

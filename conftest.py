@@ -41,7 +41,6 @@ if hasattr(os, "sched_setaffinity"):  # Linux; before torch is imported, which s
     pin_xdist_worker(os.environ, os.sched_getaffinity(0), os.sched_setaffinity)
 
 
-
 def cuda_available():
     """Whether PyTorch sees a CUDA GPU (imported here, not at the top: conftest.py is read before test files that
     need no torch)."""

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from norms import AFFINE, NORMS, PER_TOKEN_NORMS, make_norm, readers, upcast
 
+
 def norm(cfg, dim, dyt_alpha=None):
     """The norm module chosen by --norm for a slot of `dim` features (every norm slot of the model uses it), its
     arguments set by their flags (norms.ARGUMENTS). dyt_alpha: DyT's initial alpha in this slot, if not --dyt_alpha."""
@@ -251,6 +252,7 @@ class Block(nn.Module):
         x = self.attn_norm(scaled(x, self.alpha) + self.branch(x, *attn))
         return self.ffn_norm(scaled(x, self.alpha) + self.branch(x, *ffn))
 
+
 def sinusoidal_positions(T, d):
     """Vaswani et al. (2017): PE[t, 2i] = sin(t / 10000^(2i/d)), PE[t, 2i+1] = cos(...). No parameters
     (NormFormer (final) §4 and Shortformer use them)."""
@@ -260,6 +262,7 @@ def sinusoidal_positions(T, d):
     table[:, 0::2] = torch.sin(position * frequency)
     table[:, 1::2] = torch.cos(position * frequency[: d // 2])
     return table
+
 
 @dataclass(frozen=True)
 class Range:

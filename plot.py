@@ -13,7 +13,9 @@ folder's path with _ for each separator (numbered +1, +2 where two runs' names w
     attn_logits_<run>.png     the max attention logit per layer over steps
     powernorm_<run>.png       PowerNorm/PN-V running psi^2 and nu per layer over steps
     headroom_<run>.png        max |x| per op and layer at the last headroom step against float16's 65504
-A plot whose events are absent is skipped with a note.
+A plot whose events are absent is skipped with a note. With --tensorboard, no pictures: each run's TensorBoard view,
+the event files train.py --tensorboard writes, is written beside its log.jsonl (engine/tensorboard_view.py), for runs
+that ran without it.
 
 The results page (lab/results_page.py): `python plot.py --experiments=sweeps --out=docs` reads
 the summary.json of every recipe's sweep under sweeps/ (python sweep.py --recipe=NAME) and writes
@@ -77,17 +79,7 @@ def find_runs(paths):
     if len(paths) > 1:
         common = os.path.commonpath([os.path.abspath(p) for p in paths])
     for path in paths:
-        if not os.path.isdir(path):
-            raise UsageError(f"{path} is not a folder; pass run folders (train.py --out_dir) or sweep folders")
-        # include_hidden: a run in a folder whose name starts with a dot (--lrs=.01 names one .01/) is a run too
-        logs = sorted(glob.glob(run_reader.log_path(os.path.join(glob.escape(path), "**")), recursive=True,
-                                include_hidden=True))
-        if not logs and started(path):
-            raise UsageError(f"{path} holds no log.jsonl yet: its runs have started but logged nothing; plot it once "
-                             "they have")
-        if not logs:
-            raise UsageError(f"{path} holds no log.jsonl; pass run folders (train.py --out_dir) or sweep folders")
-        for log in logs:
+        for log in run_logs(path):
             label = os.path.relpath(os.path.dirname(log), path)
             if label == ".":  # a run folder given itself: its path below what all the given folders share
                 label = os.path.relpath(os.path.abspath(path), common)
@@ -96,6 +88,21 @@ def find_runs(paths):
         if os.path.lexists(summary):  # lexists: a broken symlink in its place is refused, not passed over
             sweeps.append((path, sweep_summary(summary)))
     return runs, sweeps
+
+
+def run_logs(path):
+    """The log.jsonl of the run folder path, or of every run below the sweep folder path; a UsageError if none."""
+    if not os.path.isdir(path):
+        raise UsageError(f"{path} is not a folder; pass run folders (train.py --out_dir) or sweep folders")
+    # include_hidden: a run in a folder whose name starts with a dot (--lrs=.01 names one .01/) is a run too
+    logs = sorted(glob.glob(run_reader.log_path(os.path.join(glob.escape(path), "**")), recursive=True,
+                            include_hidden=True))
+    if not logs and started(path):
+        raise UsageError(f"{path} holds no log.jsonl yet: its runs have started but logged nothing; plot it once "
+                         "they have")
+    if not logs:
+        raise UsageError(f"{path} holds no log.jsonl; pass run folders (train.py --out_dir) or sweep folders")
+    return logs
 
 
 def started(path):
@@ -295,6 +302,8 @@ class PlotOptions:
     op: str = help_of("the op of the grad_norms plot (an op label of model.py, such as fc2 or q)", default="fc2")
     experiments: str = help_of("a folder of recipe sweeps (sweep.py --recipe): writes OUT/experiments.md and its "
                                "figures from their summary.json files", default="")
+    tensorboard: bool = help_of("no pictures: write each run's TensorBoard view beside its log.jsonl, the event files "
+                                "train.py --tensorboard writes, for runs that ran without it", default=False)
 
 
 def parse_args(argv):
@@ -303,6 +312,8 @@ def parse_args(argv):
     paths, opts = given.pop("folders"), dataclasses.asdict(flags.build(PlotOptions, given))
     files.check_out_folder(opts["out"], "the pictures", "plots")
     if opts["experiments"]:
+        if opts["tensorboard"]:
+            raise UsageError("--tensorboard views runs, --experiments writes the results page; give one of them")
         if paths:
             raise UsageError(f"--experiments reads recipe sweeps only; drop the folders {' '.join(paths)}, or "
                              "--experiments")
@@ -312,6 +323,8 @@ def parse_args(argv):
         return paths, opts
     if not paths:
         raise UsageError("no folders given; usage: python plot.py RUN_OR_SWEEP_DIR [...] --out=DIR")
+    if opts["tensorboard"] and "out" in given:
+        raise UsageError("--tensorboard writes each run's view into its own folder, not --out; drop one of them")
     twice = [path for path, n in collections.Counter(os.path.realpath(p) for p in paths).items() if n > 1]
     if twice:
         # the same run twice would draw two identical curves under one label
@@ -339,6 +352,27 @@ def plot_runs(paths, opts):
         plot_headroom(label, file_name, headroom, opts["out"])
 
 
+def write_views(paths):
+    """--tensorboard: each run's TensorBoard view (engine/tensorboard_view.py) rebuilt from its log.jsonl, the files
+    train.py --tensorboard would have written, for runs that ran without it. Every log is read and checked first; a
+    run still training is refused, since its view is its own process's to write."""
+    from engine import tensorboard_view  # here: the view needs torch, which the pictures do not
+    tensorboard_view.check_installed(True)
+    logs = [log for path in paths for log in run_logs(path)]
+    for log in logs:
+        read_events(log)
+        who = files.held_by(os.path.dirname(log))
+        if who:
+            raise UsageError(f"{os.path.dirname(log)} is in use by a run ({who}); its view is that run's to write "
+                             "(train.py --tensorboard): rebuild it once the run has ended")
+    for log in logs:
+        tensorboard_view.start(os.path.dirname(log), log, True, script="plot.py")
+        tensorboard_view.close_all()
+    above = os.path.commonpath([os.path.abspath(path) for path in paths])
+    print(f"plot.py: the TensorBoard view of {len(logs)} run{'s' if len(logs) > 1 else ''} written beside "
+          f"{'its' if len(logs) == 1 else 'their'} log.jsonl: tensorboard --logdir={above}")
+
+
 def main(argv):
     if flags.wants_help(argv):
         flags.print_help(__doc__, PlotOptions)
@@ -347,6 +381,8 @@ def main(argv):
         paths, opts = parse_args(argv)
         if opts["experiments"]:
             experiments_page(opts["experiments"], opts["out"])
+        elif opts["tensorboard"]:
+            write_views(paths)
         else:
             plot_runs(paths, opts)
     except UsageError as e:

@@ -223,8 +223,8 @@ def apply_recipe(plan, given, shared):
     out_dir = plan.out_dir if "out_dir" in given else os.path.join(
         "sweeps", plan.recipe + ("_gpu" if plan.scale == "gpu" else ""))
     # the command line's flags replace the recipe's of the same name (train.py refuses a flag given twice)
-    kept = [f for f in recipe["train_argv"] if f[2:].partition("=")[0] not in shared]
-    plan = dataclasses.replace(plan, **{**recipe, "out_dir": out_dir, "train_argv": [*kept, *plan.train_argv]})
+    train_argv = flags.replaced(recipe["train_argv"], plan.train_argv)
+    plan = dataclasses.replace(plan, **{**recipe, "out_dir": out_dir, "train_argv": train_argv})
     return plan, {**configs.parse_flags(recipe["train_argv"]), **shared}
 
 
@@ -269,16 +269,15 @@ def train_flags(run, plan):
     """The flags of one run: the common ones less those the variant sets (a recipe's base flags; the command line's
     are refused where a variant sets them), the variant's, then what the sweep sets per run: each flag once, as
     train.py takes them."""
-    own = {part_flag(part) for part in run.variant.split("+")}
-    common = [f for f in plan.train_argv if f[2:].partition("=")[0] not in own]
-    flags = [*common, *variant_flags(run.variant), f"--lr={run.lr}", f"--seed={run.seed}", f"--out_dir={run.dir}"]
+    argv = [*flags.replaced(plan.train_argv, variant_flags(run.variant)), f"--lr={run.lr}", f"--seed={run.seed}",
+            f"--out_dir={run.dir}"]
     if plan.mode == "ramp":
-        flags.append("--lr_schedule=ramp")
+        argv.append("--lr_schedule=ramp")
     if run_reader.has_checkpoint(run.dir):
-        flags.append("--resume")
+        argv.append("--resume")
     elif os.path.isdir(run.dir) and os.listdir(run.dir):
-        flags.append("--overwrite")  # a previous attempt stopped before its first checkpoint
-    return flags
+        argv.append("--overwrite")  # a previous attempt stopped before its first checkpoint
+    return argv
 
 
 def train_command(run, plan):
@@ -322,9 +321,9 @@ def run_configs(run, plan, machine):
     the machine decides (configs.machine_free: --dry_run's commands may be meant for another machine, a GPU node);
     where the runs run on this machine, train.py's memory check passes here, with the device and dtype the
     resolution picks on it. Bad input is one line naming the variant."""
-    flags = [f for f in train_flags(run, plan) if f not in ("--resume", "--overwrite")]
+    argv = [f for f in train_flags(run, plan) if f not in ("--resume", "--overwrite")]
     try:
-        given = configs.parse_flags(flags)
+        given = configs.parse_flags(argv)
         model_cfg, tc, device, _ = configs.resolve(given, machine=not plan.dry_run)
         if not plan.dry_run:
             runtime.check_memory(model_cfg, tc, device, machine)

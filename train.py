@@ -274,6 +274,11 @@ def build(model_cfg, tc, machine, autocast, log):
     return model, optimizer, scaler, instruments
 
 
+def fresh_run(tc):
+    """A fresh run: neither --resume nor --overwrite, so a folder holding a run is refused (check_out_dir)."""
+    return not tc.resume and not tc.overwrite
+
+
 def setup(argv, machine):
     """Everything that can fail on bad input, checked by each process on its own before any work (no process group
     yet: bad input stops every process the same way, and only process 0 prints it): flags, run folder, checkpoint,
@@ -286,7 +291,7 @@ def setup(argv, machine):
     def checkpoint_of(tc):
         """The run folder checked for where the run goes (--out_dir, --resume, --overwrite); on --resume its newest
         checkpoint that loads."""
-        run_folder.check_out_dir(tc.out_dir, fresh=not tc.resume and not tc.overwrite)
+        run_folder.check_out_dir(tc.out_dir, fresh=fresh_run(tc))
         if not tc.resume:
             return None
         checkpoint, passed_over = run_folder.newest_checkpoint(tc.out_dir, configs.damaged_configs)
@@ -295,7 +300,6 @@ def setup(argv, machine):
 
     model_cfg, tc, device, checkpoint = configs.resolve(given, machine.world_size, checkpoint_of=checkpoint_of)
     tensorboard_view.check_installed(tc.tensorboard)
-    fresh = not tc.resume and not tc.overwrite
     past_events, log_notes = run_folder.past_events(tc.out_dir) if checkpoint else ([], [])
     if checkpoint:  # the checkpoint, config.json and the log are one run's (a copied-in piece is not adopted)
         run_folder.check_pieces(tc.out_dir, checkpoint, past_events, configs.kept_flags())
@@ -307,7 +311,7 @@ def setup(argv, machine):
     configs.check_data(data_meta, model_cfg, checkpoint)
     runtime.check_memory(model_cfg, tc, device, machine)
     runtime.start(device, machine)
-    lock = run_folder.claim(tc.out_dir, fresh, machine)
+    lock = run_folder.claim(tc.out_dir, fresh_run(tc), machine)
     if machine.master:
         for line in [*(f"train.py: note: {note}" for note in notes + log_notes),
                      *configs.no_effect_warnings(given, model_cfg, tc)]:

@@ -68,6 +68,7 @@ def probe_points(model):
     points += [ProbePoint(None, TOP_OPS[m], m, "output") for m in ("final_norm", "lm_head") if m in modules]
     return points
 
+
 def weight_splits(model):
     """{parameter name: labels} for the fused parameters: parameter.chunk(len(labels), dim=0)[j] is
     labels[j]. The qkv Linear stacks W_q, W_k, W_v; GEGLU's fc stacks W (gate) and V (value)."""
@@ -78,6 +79,7 @@ def weight_splits(model):
         elif model.config.activation == "geglu" and name.endswith(("mlp.fc.weight", "mlp.fc.bias")):
             splits[name] = ("fc1_gate", "fc1_value")
     return splits
+
 
 def op_label(name):
     """The papers' name of the operation a parameter or module belongs to: "blocks.3.mlp.proj.weight" ->

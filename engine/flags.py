@@ -139,6 +139,15 @@ def items(argv, types):
         i += 1
 
 
+def replaced(argv, new):
+    """argv less the flags that new names, then new: each flag once, as the parsers take them (they refuse a flag
+    given twice). sweep.py puts a recipe's and a variant's flags over the common ones this way, and lab.device_check
+    the GPU's over a recipe's."""
+    names = {entry[2:].partition("=")[0] for entry in new if entry.startswith("--")}
+    return [entry for entry in argv if not (entry.startswith("--") and entry[2:].partition("=")[0] in names)] + \
+        list(new)
+
+
 def split(argv, *classes):
     """argv's entries for the fields of these dataclasses, and the others as they were, in order."""
     types = field_types(*classes)

@@ -48,9 +48,11 @@ def check_installed(enabled):
                          "tensorboard, or run with --tensorboard=False") from None
 
 
-def start(out_dir, log_path, enabled):
+def start(out_dir, log_path, enabled, script="train.py"):
     """The run's view at the start of a run, on process 0: the folder's nanonorm event files removed, and with
-    enabled a new one that shows the events log.jsonl holds now and, from here on, each event logged to log_path."""
+    enabled a new one that shows the events log.jsonl holds now and, from here on, each event logged to log_path.
+    script: the command whose note a view that cannot be written is (plot.py --tensorboard rebuilds a finished run's
+    view this way)."""
     failed = None
     for path in glob.glob(os.path.join(glob.escape(out_dir), "events.out.tfevents.*" + SUFFIX)):
         try:
@@ -64,9 +66,9 @@ def start(out_dir, log_path, enabled):
     try:
         if failed:
             raise failed
-        view = View(out_dir)
+        view = View(out_dir, script)
     except OSError as e:
-        stopped(out_dir, e, "before it began")
+        stopped(out_dir, e, "before it began", script)
         return
     for event in run_reader.read_log(log_path)[0]:
         view.show(event)
@@ -84,9 +86,9 @@ class View:
     """A run's event files, written by torch's SummaryWriter: each event at its step (show). A write that fails
     (a full disk) ends the view with one note, not the run: log.jsonl holds every event."""
 
-    def __init__(self, out_dir):
+    def __init__(self, out_dir, script="train.py"):
         from torch.utils.tensorboard import SummaryWriter  # here: nanonorm without --tensorboard never needs it
-        self.out_dir = out_dir
+        self.out_dir, self.script = out_dir, script
         self.writer = SummaryWriter(out_dir, purge_step=0, flush_secs=FLUSH_SECS, filename_suffix=SUFFIX)
         self.figures = set()  # the per-layer figures charted so far (custom scalars)
 
@@ -121,13 +123,13 @@ class View:
         self.writer = None
 
     def stop(self, error, where):
-        stopped(self.out_dir, error, where)
+        stopped(self.out_dir, error, where, self.script)
         self.writer = None
 
 
-def stopped(out_dir, error, where):
+def stopped(out_dir, error, where, script):
     """The one note of a view whose event files cannot be written or removed (a full disk, a folder in the way)."""
-    print(f"train.py: note: --tensorboard: cannot write the event files in {out_dir} ({error.strerror or error}); "
+    print(f"{script}: note: --tensorboard: cannot write the event files in {out_dir} ({error.strerror or error}); "
           f"the view ends {where}, log.jsonl holds every event", file=sys.stderr)
 
 

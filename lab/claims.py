@@ -267,6 +267,13 @@ def paired_sensitivities(records, involved, lrs, seed, rule=FAILURE):
                                   for loss, run in losses[arm]) for arm in involved}
 
 
+def chosen_lrs(records, claim, reference, lrs, pilot):
+    """{arm: the LR it is read at} for a best_loss claim, each chosen by its pilot seeds (read_at); None otherwise."""
+    if claim.metric != "best_loss":
+        return None
+    return {arm: read_at(records, arm, lrs, pilot) for arm in arms(claim, reference)}
+
+
 def claim_values(records, claim, reference, lrs, pilot, rule):
     """{arm: {seed: value}} for a claim's arms, every seed of the sweep (pilot ones too): lr_sensitivity paired on
     each seed (paired_sensitivities), the rest per arm (seed_values). Under SECOND_RULE a seed on which a run behind
@@ -282,7 +289,7 @@ def claim_values(records, claim, reference, lrs, pilot, rule):
     values = {arm: seed_values(records, arm, claim.metric, lrs, pilot) for arm in involved}
     name = claim.metric.partition("@")[0]
     if rule == SECOND and name not in AT_FAILURE and name not in BINARY:
-        chosen = {arm: read_at(records, arm, lrs, pilot) for arm in involved} if name == "best_loss" else None
+        chosen = chosen_lrs(records, claim, reference, lrs, pilot)
         hit = {s for s in {r["seed"] for r in records} for arm in involved
                if any_failed(records, arm, s, claim.metric, chosen[arm] if chosen else None)}
         values = {arm: {s: v for s, v in by_seed.items() if s not in hit} for arm, by_seed in values.items()}
@@ -358,9 +365,7 @@ def judge_one(records, claim, reference, lrs, family, pilot=0, rule=FAILURE, pla
     name = claim.metric.partition("@")[0]
     ref_median = statistics.median(values[ref][s] for s in seeds) if seeds else None
     pilot_median = statistics.median(values[ref][s] for s in pilot_pairs) if pilot_pairs else None
-    # best_loss: the LR each arm is read at, chosen by its pilot seeds (all seeds without a pilot)
-    chosen = ({arm: read_at(records, arm, lrs, pilot) for arm in arms(claim, reference)}
-              if name == "best_loss" else None)
+    chosen = chosen_lrs(records, claim, reference, lrs, pilot)
     unbracketed = {arm: problem for arm in arms(claim, reference)
                    if name in ("best_loss", "lr_sensitivity") and (problem := bracket_problem(
                        finished(records, arm), lrs, chosen_seeds, BRACKET_SPACING if name == "best_loss" else None))}

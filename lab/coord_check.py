@@ -26,7 +26,7 @@ import data
 from engine.files import WriteError, cannot_write, nearest_existing, not_a_file, not_a_folder, write_atomic
 from engine import runtime
 import configs
-from configs import MAX_LR
+from configs import LR_RANGE
 from engine.flags import UsageError, build, fail, help_of, number, parse, print_help
 from engine.flags import wants_help
 from model import GPT, GPTConfig
@@ -133,8 +133,9 @@ def model_configs(opts, given, vocab_size):
 def check_options(opts):
     if opts.steps < 1 or opts.batch_size < 1:
         raise UsageError(f"--steps={opts.steps} and --batch_size={opts.batch_size} must be >= 1")
-    if not 0 < opts.lr <= MAX_LR:
-        raise UsageError(f"--lr={opts.lr} must be in (0, {MAX_LR:g}]")
+    problem = LR_RANGE.refusal("lr", opts.lr)  # train.py's range for --lr, in its words
+    if problem:
+        raise UsageError(problem)
     if opts.seed < 0:
         raise UsageError(f"--seed={opts.seed} must be in [0, 2^63), as train.py's")
     if opts.preset and opts.preset not in PRESETS:

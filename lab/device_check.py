@@ -37,6 +37,7 @@ import torch
 
 import configs
 from engine import files
+from engine import flags
 from engine import run_reader
 from engine.flags import UsageError, build, fail, help_of, parse, print_help, wants_help
 from lab import pool
@@ -80,10 +81,6 @@ COLD_SMALL_COMPILE_S = 20
 ON_THE_GPU = ["--device=cuda", "--dtype=float32", "--compile=False"]
 
 
-def replaced(argv, flags):
-    """argv less the flags named in flags, then flags: each flag once, as train.py takes them."""
-    names = {f.partition("=")[0] for f in flags}
-    return [f for f in argv if f.partition("=")[0] not in names] + list(flags)
 # the lab part's estimate of a recipe run on one GPU, until a GPU run measures it: a process's start (Python, torch,
 # CUDA, the data and memory checks) and an eager step, which the host bounds at these sizes (kernel launches), per
 # layer; an evaluation batch is a forward alone, about a third of a step
@@ -224,7 +221,7 @@ def pack_sweep(out, jobs, cores):
     count = cores if jobs == "cores" else jobs
     return python("sweep.py", "--variants=nf_baseline,nf_normformer", "--lrs=1e-2", f"--seeds={PACK_SEEDS[jobs]}",
                   f"--jobs={count}", f"--out_dir={os.path.join(out, 'pack', f'jobs_{jobs}')}",
-                  *replaced([*recipes.cpu(), *recipes.CURVE_TRAINING], ON_THE_GPU),
+                  *flags.replaced([*recipes.cpu(), *recipes.CURVE_TRAINING], ON_THE_GPU),
                   f"--data_dir={os.path.join(out, 'data')}")
 
 
@@ -436,9 +433,9 @@ def lab_plan(out, jobs, box_s):
                 for variant in recipe["variants"] for lr in recipe["lrs"]
                 for seed in range(recipe["first_seed"], recipe["first_seed"] + recipe["seeds"])
                 if seed < pilot_end or tested is None or lr in tested.get(variant, ())]
-        common = replaced(recipe["train_argv"], [*ON_THE_GPU, data])
+        common = flags.replaced(recipe["train_argv"], [*ON_THE_GPU, data])
         # a run an earlier lab part finished costs nothing: its sweep skips it
-        seconds = sum(lab_estimate(replaced(common, variant_flags(run.variant))) for run in runs
+        seconds = sum(lab_estimate(flags.replaced(common, variant_flags(run.variant))) for run in runs
                       if not is_finished(run))
         command = python("sweep.py", f"--recipe={name}", f"--jobs={jobs}", f"--out_dir={folder}", *ON_THE_GPU, data)
         plan.append((name, len(runs), seconds / jobs, command))
@@ -591,8 +588,8 @@ def profile_steps(device="cuda", shape=GPT2_SMALL, compile=True):
     the ones that take the most time."""
     calls = 5  # steps profiled, then as many timed
     given = {**configs.parse_flags(shape), "batch_size": 16, "device": device, "dtype": "bfloat16", "compile": compile}
-    for name, flags in VARIANTS["headline"].items():
-        model_cfg, tc, device, _ = configs.resolve({**flags, **given}, random_tokens=True)
+    for name, settings in VARIANTS["headline"].items():
+        model_cfg, tc, device, _ = configs.resolve({**settings, **given}, random_tokens=True)
         variant = Variant(model_cfg, tc, device, torch.bfloat16, name)
         kernels, total = profiled(variant, calls, device)
         start = time.perf_counter()

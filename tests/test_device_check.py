@@ -13,6 +13,7 @@ import torch
 
 import configs
 from conftest import pin_xdist_worker
+from engine import flags
 from lab import bench
 from lab import device_check
 from lab import recipes
@@ -189,7 +190,7 @@ def test_the_lab_plan_runs_every_recipe_as_designed_on_the_gpu_cheapest_first_wi
         # the CPU design's runs (variants, LRs, seeds) and flags, then the GPU's device, eager float32
         assert [(r.variant, r.lr, r.seed) for r in sweep.grid(on_gpu)] == \
             [(r.variant, r.lr, r.seed) for r in sweep.grid(on_cpu)] and len(sweep.grid(on_gpu)) == runs
-        assert on_gpu.train_argv == device_check.replaced(on_cpu.train_argv,
+        assert on_gpu.train_argv == flags.replaced(on_cpu.train_argv,
                                                           [*device_check.ON_THE_GPU, "--data_dir=/out/data"])
         assert seconds == pytest.approx(sum(device_check.lab_estimate(sweep.train_flags(run, on_gpu))
                                             for run in sweep.grid(on_gpu)) / 16)

@@ -107,6 +107,14 @@ def test_split_keeps_what_is_not_its_own_as_given():
     assert rest == ["--n_layer", "3", "--compile", "False", "x"]
 
 
+def test_replaced_puts_each_named_flag_once_and_last():
+    # a bare boolean and a --name=value flag are one name; a flag of the same prefix is another
+    argv = ["--compile", "--lr=1e-3", "--lr_schedule=ramp", "--seed=1", "--device=cpu"]
+    new = ["--lr=3e-3", "--compile=False", "--device=cuda"]
+    assert flags.replaced(argv, new) == ["--lr_schedule=ramp", "--seed=1", *new]
+    assert flags.replaced(argv, []) == argv
+
+
 def test_the_first_class_owns_a_shared_name():
     @dataclass
     class Other:

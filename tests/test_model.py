@@ -67,6 +67,7 @@ def test_every_norm_slot_uses_the_chosen_norm(kind):
     assert len(slots) == 8 * TINY_CONFIG["n_layer"] + 2
     assert all(type(m) is chosen for m in slots)
 
+
 def test_forward_logits_shape_and_initial_loss_is_ln_vocab():
     model = build(dtype=torch.float32, n_embd=48)
     idx, targets = tokens(B=8, seed=1), tokens(B=8, seed=2)
@@ -1543,7 +1544,8 @@ def test_coord_check_command_writes_png_and_numbers(tmp_path):
     (["--out=cc.jpg"], "--out=cc.jpg must be a .png path"),
     (["--seed=-1"], "--seed=-1 must be in [0, 2^63), as train.py's"),
     (["--widths=1_6"], "--widths=1_6 is not a comma-separated list of integers"),
-    (["--lr=1e300"], "--lr=1e+300 must be in (0, 1000]"),
+    (["--lr=1e300"], "--lr=1e+300 must be in [1e-07, 1000] (AdamW moves every weight"),
+    (["--lr=1e-9"], "--lr=1e-09 must be in [1e-07, 1000]"),
     (["--widths=10000000", "--head_dim=10000000"], "need about"),
 ])
 def test_coord_check_bad_input_is_one_line_and_exit_code_2(argv, expected, capsys):

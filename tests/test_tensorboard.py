@@ -20,6 +20,8 @@ import numpy as np
 import pytest
 
 from diagnostics import probes
+from engine import files
+import plot
 import sweep
 from conftest import ROOT, SWEEP_TINY, events, prepared, run, tiny, torchrun, train_argv
 
@@ -165,6 +167,46 @@ def test_a_view_that_cannot_be_written_ends_with_a_note_and_the_run_goes_on(corp
     assert note.endswith("the view ends before it began, log.jsonl holds every event")
     assert glob.glob(str(tmp_path / "out" / "events.out.tfevents.*")) == [
         str(tmp_path / "out" / "events.out.tfevents.0.host.1.0.nanonorm")]
+
+
+def test_plot_writes_a_finished_runs_view_as_train_would_have(corpus, tmp_path, monkeypatch, capsys):
+    """A run without --tensorboard, viewed afterwards: plot.py --tensorboard writes the event files train.py's
+    --tensorboard would have (every number and event of log.jsonl), draws no picture, and a second time replaces its
+    view rather than adding one."""
+    monkeypatch.chdir(tmp_path)
+    assert run(corpus, tmp_path, *tiny(max_iters=4, eval_interval=2), "--telemetry_interval=2",
+               "--fp16_headroom_interval=2") == 0
+    out = tmp_path / "out"
+    assert not glob.glob(str(out / "events.out.tfevents.*"))
+    capsys.readouterr()
+    for _ in range(2):
+        assert plot.main([str(out), "--tensorboard"]) == 0
+        assert len(glob.glob(str(out / "events.out.tfevents.*.nanonorm"))) == 1
+    _, acc = assert_shows_the_log(out)
+    assert any(tag.startswith("telemetry.") for tag in acc.Tags()["scalars"])
+    assert any(tag.startswith("headroom.") for tag in acc.Tags()["scalars"])
+    said = capsys.readouterr().out
+    assert said.splitlines()[-1] == (f"plot.py: the TensorBoard view of 1 run written beside its log.jsonl: "
+                                     f"tensorboard --logdir={out}")
+    assert not (tmp_path / "plots").exists()
+
+
+def test_plot_refuses_to_view_a_run_still_training_and_views_with_pictures_or_the_page(corpus, tmp_path, capsys):
+    assert run(corpus, tmp_path, *tiny(max_iters=2)) == 0
+    out = tmp_path / "out"
+    lock = files.claim(str(out))  # as a training process holds it
+    try:
+        assert plot.main([str(out), "--tensorboard"]) == 2
+    finally:
+        lock.close()
+    err = capsys.readouterr().err
+    assert err.startswith(f"plot.py: {out} is in use by a run (PID {os.getpid()}") and err.count("\n") == 1
+    assert not glob.glob(str(out / "events.out.tfevents.*"))
+    for argv in ([str(out), "--tensorboard", f"--out={tmp_path / 'pictures'}"],
+                 ["--tensorboard", f"--experiments={tmp_path}"]):
+        assert plot.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("plot.py: --tensorboard ") and err.count("\n") == 1
 
 
 def scalar_points(out_dir):

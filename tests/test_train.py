@@ -788,7 +788,6 @@ def test_leakage_names_the_eval_events_keys():
     assert per_token.measure(torch.zeros(2, 8, dtype=torch.long), torch.zeros(2, 8, dtype=torch.long)).numel() == 0
 
 
-
 def test_eval_does_not_update_running_statistics(corpus, tmp_path):
     """batchnorm: more eval batches change nothing in the checkpoint (weights and running statistics)."""
     few = checkpoint(finished_run(corpus, tmp_path / "few", "--max_iters=1", "--norm=batchnorm", "--eval_iters=1"))
