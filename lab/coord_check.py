@@ -1,7 +1,7 @@
 """
 The coord check of Tensor Programs V (Yang et al. 2022, "Tuning Large Neural Networks via Zero-Shot Hyperparameter
 Transfer"; the check their mup package ships): the same GPT at several widths, each trained a few AdamW steps on the
-same batches, with the mean |x| of every probed op's output (model.probe_points) recorded in each step's forward.
+same batches, with the mean |x| of every probed op's output (diagnostics/probe_points.py) recorded in each step's forward.
 Plotted against width, one line per step: under a parametrization whose hyperparameters transfer the lines are flat;
 under the standard one, activations after the first updates grow with width (an Adam update moves each entry of W by
 about lr, and a width-d matmul sums d such moves).
