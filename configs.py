@@ -513,5 +513,17 @@ def catalog():
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":
+def main(argv):
+    """`python configs.py`: the catalog on stdout, configurable.txt's text; it takes no arguments."""
+    if flags.wants_help(argv):
+        print(main.__doc__)
+        return 0
+    if argv:
+        return flags.fail("configs.py", f"{argv[0]} is not taken: configs.py takes no arguments; run "
+                                        "python configs.py > configurable.txt")
     sys.stdout.write(catalog())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -81,12 +81,21 @@ def read_own(path):
 
 def parse_json(text):
     """json.loads, with a file nested deeper than Python's recursion limit ('[' * 100000) a ValueError like any other
-    text that is not JSON nanonorm wrote (json.loads raises RecursionError on it). Every JSON reader of nanonorm's
-    files reads through it."""
+    text that is not JSON nanonorm wrote (json.loads raises RecursionError on it), and so is an integer past 2^63,
+    which nanonorm never writes (a step, a count, a seed) and which a reader would take for a number and overflow on
+    (math.isfinite(10**400)). Every JSON reader of nanonorm's files reads through it."""
     try:
-        return json.loads(text)
+        return json.loads(text, parse_int=integer)
     except RecursionError:
         raise ValueError("nested too deeply to be JSON nanonorm wrote") from None
+
+
+def integer(text):
+    """A JSON integer as parse_json reads it: within (-2^63, 2^63), else a ValueError."""
+    value = int(text)
+    if abs(value) >= 2 ** 63:
+        raise ValueError(f"an integer of {len(text)} digits, past 2^63: not JSON nanonorm wrote")
+    return value
 
 
 def read_json(path):

@@ -24,6 +24,7 @@ import os
 import re
 import shlex
 import sys
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -239,7 +240,9 @@ def read_checkpoint(path, check_configs=None):
     if problem:
         raise UsageError(f"cannot read {path}: it is {problem}")
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns of a pickle protocol it did not write: the one line is below
+            warnings.simplefilter("ignore")
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise UsageError(f"cannot read {path} ({type(e).__name__}); it is damaged or not a checkpoint") from None
     missing = [k for k in CHECKPOINT_KEYS if not isinstance(checkpoint, dict) or k not in checkpoint]
@@ -353,6 +356,9 @@ def restore(checkpoint, model, optimizer, scaler, tc, machine):
     try:
         model.load_state_dict(weights)
         optimizer.load_state_dict(checkpoint["optimizer"])
+        problem = optimizer_mismatch(optimizer)
+        if problem:  # fused AdamW would fail at the first step, or read past a moment's end (a crash)
+            raise ValueError(problem)
         rng = checkpoint["rng"][machine.rank]
         torch.set_rng_state(rng["cpu"])
         if "cuda" in rng and machine.device_type == "cuda":
@@ -368,6 +374,41 @@ def restore(checkpoint, model, optimizer, scaler, tc, machine):
         print(f"train.py: note: the checkpoint was trained in {saved_dtype}, this run uses {tc.dtype}{fresh_scaler}; "
               "not an exact continuation", file=sys.stderr)
     return checkpoint["step"], checkpoint["best_val"], checkpoint.get("best_step", checkpoint["step"])
+
+
+def optimizer_mismatch(optimizer):
+    """What of AdamW's loaded state does not fit its parameters ("param_groups[0].eps is None, not a number",
+    "the state of param_groups[1]'s parameter 0: exp_avg has shape (3,), not (32, 32)"), or None: load_state_dict
+    takes any value, and the fused kernel trusts each moment to have its parameter's shape."""
+    for i, group in enumerate(optimizer.param_groups):
+        for key, default in optimizer.defaults.items():
+            value = group.get(key)
+            if isinstance(default, bool) or default is None:
+                wanted, fits = "True, False or None", value is None or isinstance(value, bool)
+            elif key == "betas":
+                wanted = "two numbers"
+                fits = isinstance(value, (tuple, list)) and len(value) == 2 and all(map(is_number, value))
+            else:
+                wanted, fits = "a number", not is_number(default) or is_number(value)
+            if not fits:
+                return f"param_groups[{i}].{key} is {value!r:.40}, not {wanted}"
+        for j, param in enumerate(group["params"]):
+            state = optimizer.state.get(param)
+            if not state:
+                continue  # a parameter without a step yet: AdamW makes its state at its first
+            for key in ("step", "exp_avg", "exp_avg_sq"):
+                value = state.get(key)
+                shape = () if key == "step" else tuple(param.shape)
+                if not isinstance(value, torch.Tensor) or tuple(value.shape) != shape:
+                    got = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else \
+                        repr(value)[:40]
+                    return (f"the state of param_groups[{i}]'s parameter {j}: {key} is {got}, not a tensor of shape "
+                            f"{shape}")
+    return None
+
+
+def is_number(value):
+    return type(value) in (int, float) and math.isfinite(value)
 
 
 def load_error(error):

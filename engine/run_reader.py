@@ -46,7 +46,8 @@ def numbered_checkpoints(run_dir):
     found = {}
     for name in os.listdir(run_dir) if os.path.isdir(run_dir) else []:
         stem = name.removeprefix("ckpt-").removesuffix(".pt")
-        if name.startswith("ckpt-") and name.endswith(".pt") and stem.isdigit():
+        # ASCII digits: str.isdigit() takes "²" too, which int() refuses
+        if name.startswith("ckpt-") and name.endswith(".pt") and stem.isascii() and stem.isdigit():
             found[int(stem)] = os.path.join(run_dir, name)
     return found
 

@@ -1,10 +1,10 @@
 """
 The coord check of Tensor Programs V (Yang et al. 2022, "Tuning Large Neural Networks via Zero-Shot Hyperparameter
 Transfer"; the check their mup package ships): the same GPT at several widths, each trained a few AdamW steps on the
-same batches, with the mean |x| of every probed op's output (diagnostics/probe_points.py) recorded in each step's forward.
-Plotted against width, one line per step: under a parametrization whose hyperparameters transfer the lines are flat;
-under the standard one, activations after the first updates grow with width (an Adam update moves each entry of W by
-about lr, and a width-d matmul sums d such moves).
+same batches, with the mean |x| of every probed op's output (diagnostics/probe_points.py) recorded in each step's
+forward. Plotted against width, one line per step: under a parametrization whose hyperparameters transfer the lines
+are flat; under the standard one, activations after the first updates grow with width (an Adam update moves each
+entry of W by about lr, and a width-d matmul sums d such moves).
     python -m lab.coord_check --init=gpt2 --out=docs/coord_check.png
 writes the PNG and the numbers beside it (same name, .json). Any model flag of train.py works
 (--init, --preset, --norm, ...), except --n_embd and --n_head: --widths and --head_dim set them.

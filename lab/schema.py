@@ -18,7 +18,7 @@ import re
 from engine import files
 from engine import flags
 from engine.flags import UsageError
-from engine.run_reader import JSON_NAMES, mismatch  # the one shape checker, shared with the log's reader
+from engine.run_reader import JSON_NAMES, LAYER, mismatch  # the one shape checker, shared with the log's reader
 from lab import recipes
 
 NUMBER = (int, float)
@@ -29,12 +29,12 @@ MAYBE_NUMBER = (int, float, type(None))
 EVENTS = {
     "train": {"grad_norm": MAYBE_NUMBER},  # None: an fp16 overflow step
     "spike": {"loss": NUMBER},
-    "telemetry": {"gains": [{"layer": None, "op": None, "name": str, "mean": NUMBER, "std": NUMBER, "min": NUMBER,
+    "telemetry": {"gains": [{"layer": LAYER, "op": str, "name": str, "mean": NUMBER, "std": NUMBER, "min": NUMBER,
                              "max": NUMBER}],
                   "attn_logit_max": [{"layer": int}],
-                  "norm_stats": [{"layer": None, "op": None, **{f"{stat}_{k}": NUMBER for stat in ("psi2", "nu")
+                  "norm_stats": [{"layer": LAYER, "op": str, **{f"{stat}_{k}": NUMBER for stat in ("psi2", "nu")
                                                                 for k in ("mean", "min", "max")}}]},
-    "headroom": {"ops": [{"layer": None, "op": None, "pass": None, "max_abs": NUMBER}]},
+    "headroom": {"ops": [{"layer": LAYER, "op": str, "pass": str, "max_abs": NUMBER}]},
 }
 STATUSES = {"done", "diverged", "unfinished"}  # lab/summary.run_record's
 PLAIN_NAME = re.compile(r"[A-Za-z0-9_-]+")  # lab/recipes.py's names: a file name inside --out, no path
@@ -122,7 +122,8 @@ def check_values(path, summary, advice=SUMMARY_ALLOWED):
                 found = mismatch(row[key], NUMBER, f"variants[{i}].{key}")
             if found:
                 raise UsageError(f"{path}: {found[:80]}; {advice}")
-    found = recipe_meaning(summary) if summary.get("recipe") else None
+    # a summary that names a recipe is one: it has the rest of a recipe's summary (the claims) before its meaning
+    found = (mismatch(summary, RECIPE_SUMMARY, "") or recipe_meaning(summary)) if summary.get("recipe") else None
     if found:
         raise UsageError(f"{path}: {found}; {advice}")
 

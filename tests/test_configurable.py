@@ -36,6 +36,15 @@ def test_catalog_is_generated_from_the_declarations_and_current():
     assert result.stdout == configs.catalog()
 
 
+@pytest.mark.parametrize("argv", [["foo"], ["--nosuch"], ["--n_layer=3"]])
+def test_configs_py_takes_no_arguments(capsys, argv):
+    """An argument is refused in one line (it printed the whole catalog, exit code 0, as if it were taken)."""
+    assert configs.main(argv) == 2
+    printed = capsys.readouterr()
+    assert printed.out == "" and printed.err == (f"configs.py: {argv[0]} is not taken: configs.py takes no "
+                                                 "arguments; run python configs.py > configurable.txt\n")
+
+
 def test_catalog_fits_in_120_columns_and_lists_every_flag_and_preset_once():
     lines = configs.catalog().splitlines()
     assert max(map(len, lines)) <= 120

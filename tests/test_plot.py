@@ -228,6 +228,15 @@ def test_a_run_in_a_hidden_folder_is_plotted_and_runs_named_alike_keep_their_own
      "log.jsonl:5: eval event: step is a string, not an integer"),
     (lambda run: hand_run(run, json.dumps({**telemetry(4, random.Random(0)), "gains": [{"layer": 0}]}).encode()
                           + b"\n"), "log.jsonl:5: telemetry event: gains[0].op is missing"),
+    # an integer past 2^63 (a float's range: 10^400), which nanonorm never writes, overflowed the plots
+    (lambda run: hand_run(run, b'{"event": "train", "step": 5, "loss": 1' + b"0" * 400 + b', "lr": 0.001}\n'),
+     "log.jsonl:5: not JSON"),
+    # a layer or op that is not one (a list) could not key a plot's curves
+    (lambda run: hand_run(run, json.dumps({**telemetry(4, random.Random(0)), "norm_stats": [
+        {**telemetry(4, random.Random(0))["norm_stats"][0], "layer": [0]}]}).encode() + b"\n"),
+     "log.jsonl:5: telemetry event: norm_stats[0].layer is a list, not an integer or null"),
+    (lambda run: hand_run(run, json.dumps({**headroom(4), "ops": [{**headroom(4)["ops"][0], "op": {"a": 1}}]}).encode()
+                          + b"\n"), "log.jsonl:5: headroom event: ops[0].op is an object, not a string"),
     (lambda run: os.makedirs(run / "log.jsonl"), "log.jsonl is a folder"),
     (lambda run: os.makedirs(run) or os.symlink(run / "gone", run / "log.jsonl"), "which does not exist"),
 ])
@@ -313,11 +322,17 @@ def test_the_op_that_grew_most_is_named_where_none_went_over_float16(tmp_path):
     check_png(tmp_path / "docs" / "experiments" / "tiny.png")
 
 
+MISSING = object()  # set_path's value that removes the key
+
+
 def set_path(summary, path, value):
     *keys, last = path
     for key in keys:
         summary = summary[key]
-    summary[last] = value
+    if value is MISSING:
+        del summary[last]
+    else:
+        summary[last] = value
 
 
 MALFORMED = {
@@ -326,6 +341,9 @@ MALFORMED = {
     "a finished run without a final loss": ((["runs", 1, "status"], "done"), "runs[1] is done without a final_loss"),
     "a status sweep.py never writes": ((["runs", 3, "status"], "ok"), "runs[3].status is \"ok\", not one of"),
     "an L(lr) column at no LR": ((["variants", 0, "L(fast)"], 3.0), "variants[0].L(fast) is not L(an LR)"),
+    "an L(lr) past a float's range": ((["variants", 0, "L(0.5)"], 10 ** 400), "not JSON"),
+    # a summary that names a recipe and lacks its claims was a KeyError in the sweep folder's plots
+    "a recipe's summary without its claims": ((["claims"], MISSING), "claims is missing"),
 }
 
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from engine import run_folder
+from engine import run_reader
 import configs
 import model
 import train
@@ -103,6 +104,15 @@ def test_keep_checkpoints_keeps_the_last_k_and_the_best(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-4.pt", "ckpt-6.pt", "ckpt-8.pt", "ckpt.pt"]
     assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["step"] == 8
     assert torch.load(tmp_path / "ckpt-6.pt", weights_only=True)["step"] == 6
+
+
+def test_only_ckpt_and_ascii_digits_are_a_numbered_checkpoint(tmp_path):
+    # "²" is a digit to str.isdigit(), not to int(): a file of that name stopped a resume with a traceback
+    for name in ("ckpt-2.pt", "ckpt-10.pt", "ckpt-\u00b2.pt", "ckpt-\u0663.pt", "ckpt-.pt", "ckpt-3.pt.tmp",
+                 "xckpt-4.pt"):
+        (tmp_path / name).write_bytes(b"")
+    assert run_reader.numbered_checkpoints(str(tmp_path)) == {2: str(tmp_path / "ckpt-2.pt"),
+                                                              10: str(tmp_path / "ckpt-10.pt")}
 
 
 def test_resume_falls_back_to_the_newest_loadable_checkpoint(corpus, tmp_path, reference, capsys):
@@ -228,8 +238,41 @@ FOREIGN = [
     ("data_sha256 as a number", lambda c: {**c, "data_sha256": 5},
      "(data_sha256 is 5, not the sha256 of a text (64 hex digits))"),
 ]
+
+
+def optimizer_edit(group=None, **changes):
+    """A change of the checkpoint's AdamW state: each param group's values (group), or the first parameter's state
+    (changes; None removes the key)."""
+    def change(checkpoint):
+        optimizer = checkpoint["optimizer"]
+        if group:
+            optimizer["param_groups"] = [{**g, **group} for g in optimizer["param_groups"]]
+        first = optimizer["state"][min(optimizer["state"])]
+        for key, value in changes.items():
+            if value is None:
+                del first[key]
+            else:
+                first[key] = value
+        return checkpoint
+    return change
+
+
+# issue 46's successor: the optimizer's values as load_state_dict takes them, which fused AdamW trusts (a moment of
+# another shape crashed the process; a wrong type failed at the first step with a traceback)
+FOREIGN += [
+    ("a moment of another shape", optimizer_edit(exp_avg=torch.zeros(3)),
+     "the state of param_groups[0]'s parameter 0: exp_avg is a tensor of shape (3,), not a tensor of shape ("),
+    ("a moment missing", optimizer_edit(exp_avg_sq=None),
+     "the state of param_groups[0]'s parameter 0: exp_avg_sq is None, not a tensor of shape ("),
+    ("betas as text", optimizer_edit(group={"betas": "xx"}), "param_groups[0].betas is 'xx', not two numbers"),
+    ("eps as None", optimizer_edit(group={"eps": None}), "param_groups[0].eps is None, not a number"),
+    ("weight_decay as text", optimizer_edit(group={"weight_decay": "a"}),
+     "param_groups[0].weight_decay is 'a', not a number"),
+    ("fused as text", optimizer_edit(group={"fused": "yes"}), "param_groups[0].fused is 'yes', not True, False or"),
+]
 # refused once the checkpoint is read, by what it does not fit: the rest name the checkpoint as they read it
-NOT_FITTING = ("other shapes", "two processes")
+NOT_FITTING = ("other shapes", "two processes", "a moment of another shape", "a moment missing", "betas as text",
+               "eps as None", "weight_decay as text", "fused as text")
 
 
 @pytest.mark.parametrize("name, change, expected", FOREIGN, ids=[f[0] for f in FOREIGN])

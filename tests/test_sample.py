@@ -2,6 +2,7 @@
 greedy decoding checked against an argmax loop written out, the run's own tokenizer, and bad input."""
 
 import os
+import pickle
 import subprocess
 import sys
 
@@ -177,9 +178,11 @@ def edited(**changes):
     (edited(best_val="x"), "is not a nanonorm checkpoint (best_val is 'x', not a number)"),
     (edited(model=lambda m: {**m, "lm_head.weight": m["lm_head.weight"] * float("nan")}),
      "holds non-finite weights ("),
+    # a pickle torch did not write: torch's warning of its protocol was two more lines
+    (pickle.dumps({"a": os.system}), "it is damaged or not a checkpoint"),
 ], ids=["missing", "damaged", "no config", "a tensor", "no weights", "unknown field", "bad field", "no tokenizer",
-        "a negative step", "best_val as text", "NaN weights"])
-def test_bad_checkpoints_are_one_line_and_exit_code_2(out_dir, capsys, tmp_path, content, expected):
+        "a negative step", "best_val as text", "NaN weights", "a foreign pickle"])
+def test_bad_checkpoints_are_one_line_and_exit_code_2(out_dir, capsys, tmp_path, recwarn, content, expected):
     if content is None:
         (tmp_path / "out").mkdir()
     elif callable(content):
@@ -190,6 +193,7 @@ def test_bad_checkpoints_are_one_line_and_exit_code_2(out_dir, capsys, tmp_path,
     printed = capsys.readouterr()
     assert printed.out == "" and printed.err.count("\n") == 1
     assert printed.err.startswith("sample.py: ") and expected in printed.err
+    assert not recwarn.list, [str(w.message) for w in recwarn]  # a warning is more lines on stderr
 
 
 def test_a_model_smaller_than_its_tokenizer_is_refused(out_dir, capsys, tmp_path, small_bpe):
