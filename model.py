@@ -106,7 +106,7 @@ class Attention(nn.Module):
         self.dropout = cfg.dropout
         self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        # NormFormer Table 4/5 "+3 More LN": a norm on each of q, k and v, over all d features
+        # NormFormer (final) Table 4, arXiv v1 Table 5, "+3 More LN": a norm on each of q, k and v, over all d features
         self.qkv_norm = nn.ModuleList(norm(cfg, cfg.n_embd) for _ in range(3)) if cfg.qkv_norm else None
         # QK normalization (Dehghani et al. 2023 §2; Wortsman et al. 2023 §3.1, qk-layernorm): q and k of
         # each head normalized over head_dim, which keeps the attention logits from growing
@@ -226,7 +226,7 @@ class Block(nn.Module):
         self.ffn_out_norm = norm(cfg, d) if cfg.ffn_out_norm else None
         # GPT-2 (Vaswani et al. §5.4): dropout on each sublayer's output, before it is added to the residual
         self.attn_dropout, self.ffn_dropout = dropout(cfg), dropout(cfg)
-        # NormFormer §3 ResScale: lambda_resid * x + FFN(LN(x)), one lambda per channel
+        # NormFormer (final) §3 ResScale: lambda_resid * x + FFN(LN(x)), one lambda per channel
         self.resid_scale = nn.Parameter(torch.full((d,), cfg.scale_resids_init)) if cfg.scale_resids else None
         # LayerScale (CaiT): x + diag(lambda) * Branch(x) on both branches, lambda small at init
         self.attn_layer_scale = nn.Parameter(torch.full((d,), cfg.layer_scale_init)) if cfg.layer_scale else None
@@ -363,7 +363,7 @@ class GPTConfig:
     subln: bool = flag(False, "extra norms before W_O and W_2; v, W_O, W_1, W_2 times sqrt(log 2N)",
                        "Magneto SubLN (Wang et al. 2023 §2)")
     norm: Literal[NORMS] = flag("layernorm", "the normalization used in every norm slot (norms.TABLE)",
-                                "NormFormer Table 8; PowerNorm §3-4; DyT")
+                                "NormFormer (final) Table 8; PowerNorm §3-4; DyT")
     # the flags of the norms' arguments: each has an effect only with a norm that reads it (norms.reads)
     # DyT's alpha0 (Zhu et al. 2025): 0.5 is the paper's default outside LLMs; its LLaMA runs use 0.8 before
     # attention and 0.2 elsewhere at d = 4096 (smaller at larger d), and have no width near nanonorm's
@@ -380,7 +380,7 @@ class GPTConfig:
                                  "output toward 0; below BERT's 1e-12 it guards nothing, 1e-300 is 0 in float32)"),
                            needs=("norm", readers("norm_eps")))
     norm_affine: Literal[AFFINE] = flag("both", "which of gain g and bias b the norms learn",
-                                        "NormFormer Table 8 rows 15-17, 25, 27, 28",
+                                        "NormFormer (final) Table 8 rows 15-17, 25, 27, 28",
                                         needs=("norm", readers("norm_affine")))
     pn_alpha_fwd: float = flag(0.9, "EMA factor of the running quadratic mean (and running stats)",
                                "PowerNorm eq. (10)", EMA_FACTOR, needs=("norm", readers("pn_alpha_fwd")))
@@ -399,30 +399,31 @@ class GPTConfig:
         "before_proj", "each head before W_O (paper), or W_O's output in H groups (fairseq)",
         "NormFormer arXiv v1 eq. (3), Fig. 1; fairseq transformer_layer.py", needs="scale_heads")
     scale_attn: bool = flag(False, "a norm on the attention output, before the residual add",
-                            "NormFormer §2 (post-attn LN)")
-    scale_fc: bool = flag(False, "a norm on the FFN hidden features, after the activation", "NormFormer §2 (FFN LN)")
+                            "NormFormer §2.1 (post-attn LN)")
+    scale_fc: bool = flag(False, "a norm on the FFN hidden features, after the activation", "NormFormer §2.1 (FFN LN)")
     scale_resids: bool = flag(False, "ResScale: lambda * x + FFN(LN(x)), lambda per channel (pre only)",
-                              "NormFormer §3, §6.1")
-    # NormFormer §3 initializes ResScale's lambda at 1; CaiT's LayerScale starts near 0 (0.1 to 1e-6), so that each
-    # block starts near the identity. Below 1e-7 what lambda scales is lost in float32 (2^-24 = 6e-8) beside the sum's
-    # other term, of about 1
-    scale_resids_init: float = flag(1.0, "initial value of ResScale's lambda", "NormFormer §3",
+                              "NormFormer (final) §3, §6.1")
+    # NormFormer (final) §3 initializes ResScale's lambda at 1; CaiT's LayerScale starts near 0 (0.1 to 1e-6), so
+    # that each block starts near the identity. Below 1e-7 what lambda scales is lost in float32 (2^-24 = 6e-8) beside
+    # the sum's other term, of about 1
+    scale_resids_init: float = flag(1.0, "initial value of ResScale's lambda", "NormFormer (final) §3",
                                     Range(1e-7, 10, why=" (ResScale's lambda scales the residual: NormFormer starts "
                                           "it at 1, and below 1e-7 the residual is lost in float32 beside the "
                                           "branch)"), needs="scale_resids")
     ffn_out_norm: bool = flag(False, "a norm on the FFN output, before the residual add",
-                              "CogView sandwich-LN; NormFormer Table 8")
-    qkv_norm: bool = flag(False, "a norm on each of q, k and v", "NormFormer Table 4/5 (+3 More LN)")
+                              "CogView sandwich-LN; NormFormer (final) Table 8")
+    qkv_norm: bool = flag(False, "a norm on each of q, k and v",
+                          "NormFormer (final) Table 4, arXiv v1 Table 5 (+3 More LN)")
     qk_norm: bool = flag(False, "--norm on q and k per head over head_dim; a per-token norm only",
                          "Dehghani et al. 2023 §2 (QK Normalization); Wortsman et al. 2023 §3.1")
     layer_scale: bool = flag(False, "x + diag(lambda) * Branch(x) on both branches", "LayerScale (CaiT); NormFormer "
-                             "Table 8")
+                             "(final) Table 8")
     layer_scale_init: float = flag(1e-5, "initial value of LayerScale's lambda", "CaiT",
                                    Range(1e-7, 1, why=" (LayerScale starts each branch small, CaiT at 0.1 to 1e-6; "
                                          "below 1e-7 the branch is lost in float32 beside the residual)"),
                                    needs="layer_scale")
     # embeddings (Spike No More §3.2, §4.2; NormFormer (final) §4)
-    pos: Literal["learned", "sinusoidal"] = flag("learned", "position embeddings", "GPT-2; NormFormer §4")
+    pos: Literal["learned", "sinusoidal"] = flag("learned", "position embeddings", "GPT-2; NormFormer (final) §4")
     embed_scale: bool = flag(False, "token embeddings times sqrt(d) before adding positions",
                              "Spike No More (Scaled Embed)")
     embed_scale_learned: bool = flag(False, "--embed_scale's sqrt(d) is one learned scalar, init sqrt(d)",
@@ -435,8 +436,8 @@ class GPTConfig:
                                                       "al. §3.4")
     tie_embeddings: bool = flag(True, "the output head shares the token embedding", "GPT-2")
     # feed-forward and attention (NormFormer arXiv v1 Table 3, final Table 8)
-    activation: Literal["gelu", "relu", "relu2", "geglu"] = flag("gelu", "FFN activation", "GPT-2; Primer; "
-                                                                 "NormFormer Table 8 (FFNGeGLU)")
+    activation: Literal["gelu", "relu", "relu2", "geglu"] = flag(
+        "gelu", "FFN activation", "GPT-2; Primer; NormFormer (final) Table 8 (FFNGeGLU, in place of the FFN LN)")
     attn_impl: Literal["sdpa", "manual"] = flag("sdpa", "F.scaled_dot_product_attention, or the ops written out",
                                                 "NormFormer arXiv v1 Table 3 (failed op)")
     attn_softcap: float = flag(0.0, "attention logits c * tanh(s / c); forces the manual attention path",
@@ -452,7 +453,8 @@ class GPTConfig:
                                      Range(1e-4, 1, why=" (GPT-2 uses 0.02; past 1 every layer multiplies its input, "
                                            "below 1e-4 a weight is subnormal or 0 in float16)"),
                                      none="the scheme's sigma")
-    init_depth_scale: bool = flag(False, "DeepInit: block l's weights times 1/sqrt(l)", "NormFormer Table 8 rows 3-4")
+    init_depth_scale: bool = flag(False, "DeepInit: block l's weights times 1/sqrt(l)",
+                                  "NormFormer (final) Table 8 rows 3-4")
 
     def __post_init__(self):
         """Reject values and combinations that mean nothing, with one line saying why."""

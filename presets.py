@@ -75,10 +75,10 @@ CONTEXTS = {
                               **DEEPNET_CONTEXT),
     },
     "PowerNorm context: pre-norm (PowerNorm §5.1), every norm slot the norm under comparison": {
-        "pn_layernorm": Preset("PowerNorm Table 1 (Pre-Norm Transformer LN)", layout="pre", norm="layernorm"),
-        "pn_batchnorm": Preset("PowerNorm Table 1 (Pre-Norm Transformer BN)", layout="pre", norm="batchnorm"),
-        "pn_pnv": Preset("PowerNorm Table 1 (Pre-Norm Transformer PN-V)", layout="pre", norm="pnv"),
-        "pn_powernorm": Preset("PowerNorm Table 1 (Pre-Norm Transformer PN)", layout="pre", norm="powernorm"),
+        "pn_layernorm": Preset("PowerNorm Table 2, App. A.2 (LM, every norm: LN)", layout="pre", norm="layernorm"),
+        "pn_batchnorm": Preset("PowerNorm Table 2, App. A.2 (LM, every norm: BN)", layout="pre", norm="batchnorm"),
+        "pn_pnv": Preset("PowerNorm Table 2, App. A.2 (LM, every norm: PN-V)", layout="pre", norm="pnv"),
+        "pn_powernorm": Preset("PowerNorm Table 2, App. A.2 (LM, every norm: PN)", layout="pre", norm="powernorm"),
     },
     "Beyond the four papers: each method as its paper's model defines it, in nanonorm's GPT-2 context otherwise": {
         # Peri-LN: inside the blocks the residual stream itself is never normalized

@@ -44,8 +44,8 @@ from model import GPT, GPTConfig, configure_optimizer, flops_per_token
 
 def get_lr(step, tc):
     """Linear warmup to --lr, then cosine or linear decay to --min_lr at lr_decay_iters (or constant).
-    ramp: NormFormer §4's LR stability test, lr * step / max_iters from 0, no warmup and no decay (Table 8:
-    0 to 0.1 over 1,000 steps), run until the loss diverges."""
+    ramp: NormFormer's LR stability test (final §6, Fig. 5, and §9.1: 0 to 0.1 over 1,000 steps; arXiv v1 §4,
+    Table 3), lr * step / max_iters from 0, no warmup and no decay, run until the loss diverges."""
     if tc.lr_schedule == "ramp":
         return tc.lr * step / tc.max_iters
     if step < tc.warmup_iters:
