@@ -47,12 +47,13 @@ from lab.figures import FP16_MAX, legend_outside, log_lr_axis, make_folder, plt,
 from lab.results_page import experiments_page
 
 
-def read_events(path):
+def read_events(path, notes):
     """The events of a log.jsonl (run_reader.read_log), each with the keys the plots read; a last line cut short by a
-    killed run is left out with a note on stderr. Anything else foreign is a UsageError naming the file and line."""
+    killed run is left out with a note, appended to notes (said once every log is read: a refusal is one line).
+    Anything else foreign is a UsageError naming the file and line."""
     events, note = run_reader.read_log(path)
     if note:
-        print(f"plot.py: {note}", file=sys.stderr)
+        notes.append(note)
     for line, event in enumerate(events, 1):  # read_log gives one event a line, or refuses the log
         found = schema.mismatch(event, schema.EVENTS.get(event["event"]), "")
         if found:
@@ -73,7 +74,7 @@ def sweep_summary(path):
 def find_runs(paths):
     """(label, events) of every run (a folder holding log.jsonl, or each run folder under a sweep folder) and
     (folder, summary) of every sweep folder; all read and checked before anything is drawn."""
-    runs, sweeps = [], []
+    runs, sweeps, notes = [], [], []
     # sweep runs end in .../<variant>/<lr>/<seed>: several given run folders differ only higher up
     common = os.path.dirname(os.path.commonpath([os.path.abspath(p) for p in paths]))
     if len(paths) > 1:
@@ -83,11 +84,17 @@ def find_runs(paths):
             label = os.path.relpath(os.path.dirname(log), path)
             if label == ".":  # a run folder given itself: its path below what all the given folders share
                 label = os.path.relpath(os.path.abspath(path), common)
-            runs.append((label, read_events(log)))
+            runs.append((label, read_events(log, notes)))
         summary = os.path.join(path, "summary.json")
         if os.path.lexists(summary):  # lexists: a broken symlink in its place is refused, not passed over
             sweeps.append((path, sweep_summary(summary)))
+    say(notes)
     return runs, sweeps
+
+
+def say(notes):
+    for note in notes:
+        print(f"plot.py: {note}", file=sys.stderr)
 
 
 def run_logs(path):
@@ -358,13 +365,14 @@ def write_views(paths):
     run still training is refused, since its view is its own process's to write."""
     from engine import tensorboard_view  # here: the view needs torch, which the pictures do not
     tensorboard_view.check_installed(True)
-    logs = [log for path in paths for log in run_logs(path)]
+    logs, notes = [log for path in paths for log in run_logs(path)], []
     for log in logs:
-        read_events(log)
+        read_events(log, notes)
         who = files.held_by(os.path.dirname(log))
         if who:
             raise UsageError(f"{os.path.dirname(log)} is in use by a run ({who}); its view is that run's to write "
                              "(train.py --tensorboard): rebuild it once the run has ended")
+    say(notes)
     for log in logs:
         tensorboard_view.start(os.path.dirname(log), log, True, script="plot.py")
         tensorboard_view.close_all()

@@ -44,8 +44,10 @@ from engine import signals
 from engine import tensorboard_view
 from lab import pool
 from lab import recipes
-from lab.runs import Run, exit_code, is_finished
-from lab.summary import previous_summary, write_summary
+from lab import runs as lab_runs
+from lab.runs import Run, exit_code, is_finished, say_notes
+from lab.summary import design_record, previous_summary, write_summary
+from presets import PRESETS
 from engine.files import WriteError
 from engine.flags import UsageError, help_of
 
@@ -220,6 +222,15 @@ def apply_recipe(plan, given, shared):
         raise UsageError(f"--{name} is set by the recipe's variants ({settings[name]}), "
                          f"which come after the command line's flags: --{name} would change nothing; run the recipe "
                          "without it, or run its variants yourself without --recipe")
+    # an explicit flag wins over a preset's (configs.resolve: the preset first), so one that an arm's preset sets
+    # would change that arm, and the recipe's claims would be judged on runs it did not design
+    changed = preset_settings(recipe["variants"]).keys() & shared.keys()
+    if changed:
+        name = sorted(changed)[0]
+        raise UsageError(f"--{name} is set by the preset of the recipe's variant "
+                         f"{preset_settings(recipe['variants'])[name]}: given on the command line it would change that "
+                         "arm, and the recipe would not run as designed; run the recipe without it, or run its "
+                         "variants yourself without --recipe")
     out_dir = plan.out_dir if "out_dir" in given else os.path.join(
         "sweeps", plan.recipe + ("_gpu" if plan.scale == "gpu" else ""))
     # the command line's flags replace the recipe's of the same name (train.py refuses a flag given twice)
@@ -245,6 +256,17 @@ def variant_settings(variants):
     for variant in variants:
         for part in variant.split("+"):
             found.setdefault(part_flag(part), variant)
+    return found
+
+
+def preset_settings(variants):
+    """{flag: the first variant whose preset sets it} of the model flags the variants' presets set (presets.py)."""
+    found = {}
+    for variant in variants:
+        for part in variant.split("+"):
+            if part_flag(part) == "preset":  # "normformer" or "preset=normformer"
+                for name in PRESETS.get(part.partition("=")[2] or part, {}):
+                    found.setdefault(name, variant)
     return found
 
 
@@ -414,6 +436,7 @@ def main(argv):
     if flags.wants_help(argv):
         flags.print_help(__doc__, SweepOptions)
         return 0
+    lab_runs.NOTES.clear()  # this invocation's notes only
     try:
         plan = parse_args(argv)
         machine = runtime.Machine.from_env()  # every run inherits sweep.py's environment: a bad one would fail them all
@@ -421,10 +444,14 @@ def main(argv):
         metas = {}
         check_runs(runs, plan, metas, machine)
         previous_summary(plan.out_dir)  # a damaged one is refused now, not after hours of runs
+        design_record(plan.out_dir)  # so is a damaged record of the design, which the summary carries
         # the same sweep started twice at once would start the same runs twice: the second is refused
         with contextlib.nullcontext() if plan.dry_run else files.claim(plan.out_dir, RUNNING, "another sweep"):
             todo = [run for run in runs if not is_finished(run)]
-            return run_sweep(plan, runs, todo, metas, machine)
+            say_notes()  # the checks have passed: the logs' notes, each once (a refusal is its one line alone)
+            code = run_sweep(plan, runs, todo, metas, machine)
+        say_notes()
+        return code
     except UsageError as e:
         return flags.fail("sweep.py", e)
     except WriteError as e:
@@ -469,7 +496,7 @@ def record_design(plan):
     runs of a design or stage not yet recorded start, so that the summary shows the design the runs started
     under."""
     path = os.path.join(plan.out_dir, "design.json")
-    entries = json.loads(open(path).read()) if os.path.exists(path) else []
+    entries = design_record(plan.out_dir)
     entry = {"sha256": recipes.design_hash(plan.recipe, plan.scale), "stage": "pilot" if plan.pilot else "all seeds"}
     if any({k: e.get(k) for k in entry} == entry for e in entries):
         return

@@ -37,8 +37,9 @@ def is_run_file(name):
 
 
 def has_checkpoint(run_dir):
-    """Whether the run left a checkpoint to resume from."""
-    return os.path.exists(checkpoint_path(run_dir))
+    """Whether the run left a checkpoint to resume from: ckpt.pt, or a ckpt-<step>.pt, from which train.py --resume
+    goes on where ckpt.pt is gone (run_folder.newest_checkpoint)."""
+    return os.path.exists(checkpoint_path(run_dir)) or bool(numbered_checkpoints(run_dir))
 
 
 def numbered_checkpoints(run_dir):

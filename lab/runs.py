@@ -23,13 +23,26 @@ class Run:
     dir: str
 
 
+# the notes of the logs read so far, each once and in order, True once said: sweep.py says them once its checks have
+# passed (say_notes), so that a refusal is one line, and a log read again is not noted again
+NOTES = {}
+
+
 def read_events(run_dir):
     """The events of a run's log.jsonl ([] if none) through run_reader.read_log: a last line cut short by a killed
-    run is left out with a note on stderr; any other damage is a UsageError naming the file and line."""
+    run is left out with a note (NOTES); any other damage is a UsageError naming the file and line."""
     events, note = run_reader.read_log(run_reader.log_path(run_dir))
     if note:
-        print(f"sweep.py: {note}", file=sys.stderr)
+        NOTES.setdefault(note, False)
     return events
+
+
+def say_notes():
+    """The notes of the logs read so far that have not been said, on stderr, each once."""
+    for note, said in NOTES.items():
+        if not said:
+            print(f"sweep.py: {note}", file=sys.stderr)
+            NOTES[note] = True
 
 
 def exit_code(run):

@@ -447,13 +447,27 @@ def previous_summary(out_dir):
     return summary
 
 
+DESIGN_ADVICE = ("design.json is the record of the designs sweep.py writes before a recipe's runs start (a list of "
+                 "sha256, stage, recorded): put back the one the runs started under, or remove it to record the "
+                 "design anew")
+
+
 def design_record(out_dir):
-    """The designs sweep.py recorded before the runs started (out_dir/design.json: hash, stage, time), [] if none."""
+    """The designs sweep.py recorded before the runs started (out_dir/design.json: hash, stage, time), [] if none; a
+    file that is not that list (not JSON, a folder, a FIFO, a string) is a UsageError naming it."""
     path = os.path.join(out_dir, "design.json")
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         return []
-    with open(path) as f:
-        return json.load(f)
+    try:
+        entries = files.parse_json(files.read_own(path).decode("utf-8"))
+    except OSError as e:  # a folder, a FIFO or a link there is files.NotAFile, a UsageError of its own
+        raise UsageError(f"{path}: cannot read it ({e.strerror}); {DESIGN_ADVICE}") from None
+    except ValueError:  # not UTF-8 (UnicodeDecodeError is one) or not JSON
+        raise UsageError(f"{path}: not JSON; {DESIGN_ADVICE}") from None
+    found = schema.mismatch(entries, [{"sha256": str, "stage": str}], "design")
+    if found:
+        raise UsageError(f"{path}: {found}; {DESIGN_ADVICE}")
+    return entries
 
 
 def threads(jobs):

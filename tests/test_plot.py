@@ -206,6 +206,14 @@ def test_a_torn_last_line_is_left_out_with_a_note(tmp_path, capsys):
     check_png(tmp_path / "png" / "loss.png")
 
 
+def test_a_refusal_after_a_torn_line_is_one_line(tmp_path, capsys):
+    """The torn line's note is said once every log has been read: a foreign log after it is the one line."""
+    hand_run(tmp_path / "sweep" / "a", b'{"event": "train", "step": 4, "lo')
+    hand_run(tmp_path / "sweep" / "b", b"not json\n")
+    assert plot.main([str(tmp_path / "sweep"), f"--out={tmp_path / 'png'}"]) == 2
+    assert_one_line(capsys, "b/log.jsonl:5: not JSON")
+
+
 def test_a_run_in_a_hidden_folder_is_plotted_and_runs_named_alike_keep_their_own_plots(tmp_path, capsys):
     """--lrs=.01 names a run's folder .01/; "a b" and "a_b" slug alike, as do the same run names in two sweeps."""
     for run in ("sweep/.01/0", "sweep/a b", "sweep/a_b", "other/a_b"):

@@ -9,6 +9,7 @@ import os
 import shlex
 import shutil
 import signal
+from pathlib import Path
 import statistics
 import subprocess
 import sys
@@ -471,6 +472,11 @@ def test_paired_not_detected_names_the_minimum_detectable_mean_difference():
     (["--recipe=deepnorm_depth", "--n_layer=2"], "--n_layer is set by the recipe's variants (dn_postln+n_layer=6)"),
     (["--recipe=z_loss_lr", "--weight_decay=0.1"], "--weight_decay is set by the recipe's variants"),
     (["--recipe=powernorm", "--preset=baseline"], "--preset is set by the recipe's variants"),
+    # an explicit flag wins over a preset's: one an arm's preset sets would change that arm without a word
+    (["--recipe=normformer_stability", "--scale_fc=False"],
+     "--scale_fc is set by the preset of the recipe's variant nf_normformer: given on the command line it would "
+     "change that arm"),
+    (["--recipe=powernorm", "--norm=rmsnorm"], "--norm is set by the preset of the recipe's variant pn_layernorm"),
     (["--variants=baseline", "--lrs=1e-2", "--first_seed=-1"], "--first_seed=-1 must be an integer from 0"),
     (["--variants=baseline", "--lrs=1e-2", "--scale=gpu"], "--scale sizes a recipe"),
     (["--variants=baseline,postln", "--lrs=1e-2", "--reference=normformer"], "--reference=normformer is not one of"),
@@ -594,9 +600,13 @@ def test_torn_and_foreign_logs_exit_files_and_summaries(corpus, tmp_path, capsys
     with open(os.path.join(first.dir, "log.jsonl"), "a") as f:
         f.write('{"event": "tra')  # a SIGKILL mid-write
     assert lab.runs.is_finished(first)
-    assert "the last line was cut short" in capsys.readouterr().err
-    os.remove(os.path.join(first.dir, "log.jsonl"))  # whole again, so that each line below is the one error
-    os.rmdir(first.dir)
+    assert any("the last line was cut short" in note for note in lab.runs.NOTES)
+    # said once by a sweep whose checks pass, however often the log is read
+    write_config(first, argv)
+    assert sweep.main([*argv, "--dry_run"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("the last line was cut short") == 1, err
+    shutil.rmtree(first.dir)  # whole again, so that each line below is the one error
     write_log(first.dir, [start, diverged(3, 0.01, "fc2", 0)])
     write_config(first, argv)
 
@@ -642,6 +652,51 @@ time.sleep(120)
 
 
 @pytest.mark.slow
+def test_a_refusal_after_a_torn_line_is_one_line(corpus, tmp_path, capsys):
+    """A log cut mid-line beside a .exit that says done: the refusal alone (the torn line's note came first)."""
+    argv, (first, _) = two_runs(tmp_path, corpus)
+    start = {"event": "eval", "step": 0, "train_loss": 5.5, "val_loss": 5.6, "lr": 0.0, "rank_spread": 0.0}
+    write_log(first.dir, [start])
+    with open(os.path.join(first.dir, "log.jsonl"), "a") as f:
+        f.write('{"event": "done", "st')
+    write_config(first, argv)
+    with open(first.dir + ".exit", "w") as f:
+        f.write("0\n")
+    assert sweep.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"sweep.py: {first.dir}.exit records exit code 0 (done)") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("damage, says", [
+    (lambda path: path.write_text("{"), "design.json: not JSON"),
+    (lambda path: path.write_text('"hello"'), "design.json: design is a string, not a list"),
+    (lambda path: path.write_text('[{"sha256": 5, "stage": "pilot"}]'), "design[0].sha256 is an integer, not a string"),
+    (lambda path: path.mkdir(), "design.json is a folder, not a file"),
+    (lambda path: os.mkfifo(path), "design.json is not a regular file"),
+])
+def test_a_damaged_design_record_is_one_line_before_any_run(corpus, tmp_path, capsys, damage, says):
+    """design.json, the record of the design the runs started under, which the summary carries: a traceback (not
+    JSON, a folder), a sweep that waited forever (a FIFO) or a summary that published "hello" as its design."""
+    argv, runs = two_runs(tmp_path, corpus)
+    os.makedirs(tmp_path / "sweep")
+    damage(tmp_path / "sweep" / "design.json")
+    assert sweep.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sweep.py: ") and says in err and err.count("\n") == 1, err
+    assert not any(os.path.exists(run.dir) for run in runs)
+
+
+def test_a_run_whose_ckpt_pt_is_gone_resumes_from_its_numbered_checkpoint(corpus, tmp_path):
+    """train.py --resume goes on from the newest ckpt-<step>.pt where ckpt.pt is gone: the sweep resumed nothing and
+    passed --overwrite, which trained the run from step 0 and removed its checkpoints."""
+    argv, (first, _) = two_runs(tmp_path, corpus)
+    plan = sweep.parse_args(argv)
+    os.makedirs(first.dir)
+    (Path(first.dir) / "ckpt-400.pt").write_bytes(b"")
+    assert "--resume" in sweep.train_flags(first, plan) and "--overwrite" not in sweep.train_flags(first, plan)
+    assert "1 resume from a checkpoint, 0 start afresh" in sweep.stop_message(signal.SIGINT, [first])
+
+
 def test_a_held_run_folder_is_left_to_its_holder_and_reported_as_running(corpus, tmp_path, capsys):
     """Another process holds one run's folder (a sweep started twice): this sweep neither starts that run nor
     counts it as failed; it runs the other one and says the first is still running."""
