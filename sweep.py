@@ -44,8 +44,7 @@ from engine import signals
 from engine import tensorboard_view
 from lab import pool
 from lab import recipes
-from lab import runs as lab_runs
-from lab.runs import Run, exit_code, is_finished, say_notes
+from lab.runs import Run, exit_code, forget_notes, is_finished, say_notes
 from lab.summary import design_record, previous_summary, write_summary
 from presets import PRESETS
 from engine.files import WriteError
@@ -436,7 +435,7 @@ def main(argv):
     if flags.wants_help(argv):
         flags.print_help(__doc__, SweepOptions)
         return 0
-    lab_runs.NOTES.clear()  # this invocation's notes only
+    forget_notes()
     try:
         plan = parse_args(argv)
         machine = runtime.Machine.from_env()  # every run inherits sweep.py's environment: a bad one would fail them all

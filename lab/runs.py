@@ -37,6 +37,11 @@ def read_events(run_dir):
     return events
 
 
+def forget_notes():
+    """A new invocation's notes only (sweep.main, which the tests call many times in one process)."""
+    NOTES.clear()
+
+
 def say_notes():
     """The notes of the logs read so far that have not been said, on stderr, each once."""
     for note, said in NOTES.items():
