@@ -89,7 +89,8 @@ class DivergenceCheck:
        (one step above it is a spike, which the SpikeMonitor reports; a divergence stays up);
     3. the mean of the last `window` losses is above the best such mean by more than `gap` (0: off): a
        loss that blows up, or stalls far above its best, which is how float32 runs fail at high LR.
-    NormFormer §4 (Table 3, Fig. 5) runs the LR ramp until this point and reports the step and LR."""
+    NormFormer (arXiv v1 §4, Table 3; final §6, Fig. 5) runs the LR ramp until this point and reports the step and
+    LR."""
 
     def __init__(self, max_loss=None, margin=1.0, gap=1.5, window=10, tail=20, patience=3):
         self.max_loss, self.margin, self.gap, self.patience = max_loss, margin, gap, patience

@@ -5,6 +5,7 @@ input under a real 2-process torchrun."""
 
 import builtins
 import errno
+import fcntl
 import io
 import json
 import os
@@ -97,6 +98,15 @@ def test_claim_and_held_by_in_one_process(tmp_path):
     lock.close()
     assert files.held_by(str(tmp_path / "run")) is None
     assert files.held_by(str(tmp_path / "never-made")) is None and not (tmp_path / "never-made").exists()
+
+
+def test_held_by_only_looks_so_two_lookers_do_not_see_each_other_as_a_run(tmp_path):
+    """held_by takes a shared lock: another command looking at the folder at the same moment (a sweep, plot.py, a
+    summary) holds one too, and is not a run."""
+    (tmp_path / files.LOCK).write_text("")
+    with open(tmp_path / files.LOCK) as looker:
+        fcntl.flock(looker, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        assert files.held_by(str(tmp_path)) is None
 
 
 # Disk full or read-only, at every write site

@@ -399,6 +399,9 @@ def test_divergence_gap_over_the_best_windowed_mean():
     assert reason is not None and "above its best 1.5000" in reason
     off = DivergenceCheck(max_loss=100.0, gap=0, window=3)
     assert all(off.check(x, 1.0) is None for x in (1.0, 1.0, 1.0, 9.0, 9.0, 9.0))
+    # "more than gap": a mean exactly gap above the best has not diverged (binary fractions: exact sums)
+    edge = DivergenceCheck(max_loss=100.0, gap=1.5, window=1)
+    assert edge.check(2.0, 1.0) is None and edge.check(3.5, 1.0) is None and edge.check(3.75, 1.0) is not None
 
 
 def test_divergence_state_round_trip_and_tail():

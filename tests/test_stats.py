@@ -154,6 +154,12 @@ def test_holm_by_hand():
 
 # Hodges-Lehmann
 
+def test_an_order_statistic_at_exactly_alpha_over_2_is_kept():
+    """k is the largest with P(S <= k - 1) <= alpha / 2: at equality the interval keeps that order statistic and
+    covers exactly 1 - alpha (80 equally likely values of S: P(S <= 1) = 2/80 = 0.025)."""
+    assert stats.order_statistic_interval(list(range(79)), [1] * 80, 0.05) == (1, 77, 0.95)
+
+
 def test_hodges_lehmann_paired_by_hand():
     # d = 1, 3, -2. Walsh averages (d_i + d_j) / 2, i <= j: 1, 2, -0.5, 3, 0.5, -2; sorted -2, -0.5, 0.5, 1, 2, 3,
     # median 0.75. With 3 pairs P(T+ = 0) = 1/8 > 0.025: no 95% interval exists, [min, max] covers 1 - 2/8
