@@ -1,8 +1,9 @@
 """
 A GPT language model in one file, with every normalization, layout, embedding and init variant of
-nanonorm switched by a field of GPTConfig. Read it top to bottom: the pieces (attention, MLP, block), then
-GPTConfig (every model flag declared once: default, allowed values, meaning, source), then the whole model: its
-initialization, embeddings, forward and generate, and last the FLOPs count of MFU. The papers' names of each
+nanonorm switched by a field of GPTConfig. Read it top to bottom: the pieces (attention, MLP, block; class Block
+is where every variant meets, and where README's reading order starts), then GPTConfig (every model flag declared
+once: default, allowed values, meaning, source), then the whole model: its initialization, embeddings, forward and
+generate, and last the FLOPs count of MFU and the optimizer (configure_optimizer). The papers' names of each
 operation, which the probes report, are in diagnostics/probe_points.py; the presets in presets.py.
 
 Papers: NormFormer (Shleifer, Weston, Ott 2021, "NormFormer: Improved Transformer Pretraining with Extra
@@ -38,7 +39,7 @@ def norm(cfg, dim, dyt_alpha=None):
 
 def block_layout(cfg, layer):
     """The layout of block `layer` (0-based). Mix-LN (Li, Yin, Liu 2025): Post-LN in the first
-    round(mix_ln_ratio * n_layer) layers, Pre-LN in the rest."""
+    mix_ln_ratio * n_layer layers (rounded half up), Pre-LN in the rest."""
     if cfg.layout != "mix":
         return cfg.layout
     # rounded half up (Python's round() would send 2.5 to 2)
@@ -160,7 +161,7 @@ class Attention(nn.Module):
 
 
 class ReLU2(nn.Module):
-    """y = max(x, 0)^2, Primer's squared ReLU (So et al. 2021; NormFormer's 2.7B models)."""
+    """y = max(x, 0)^2, Primer's squared ReLU (So et al. 2021; NormFormer (final) §4's 2.7B models)."""
 
     def forward(self, x):
         return F.relu(x).square()
@@ -202,7 +203,7 @@ class Block(nn.Module):
     post:     x = N(x + A(x));           x = N(x + F(x))
     deepnorm: x = N(alpha*x + A(x));     x = N(alpha*x + F(x)),   alpha = (2 n_layer)^(1/4)
     reordered: x = x + N(A(x));          x = x + N(F(x))          (OLMo 2)
-    mix:      post in layers l < round(mix_ln_ratio * n_layer), pre after (Mix-LN)
+    mix:      post in layers l < mix_ln_ratio * n_layer (rounded half up), pre after (Mix-LN)
     LayerNorm Scaling (Sun et al. 2025, Curse of Depth), pre only: N(x) becomes N(x) / sqrt(l), l = layer + 1.
     """
 
@@ -215,7 +216,8 @@ class Block(nn.Module):
         # identities; 1/sqrt(l) on each pre-LN norm output of layer l (1-based) keeps that growth polynomial
         use_lns = cfg.layer_norm_scaling and self.layout == "pre"
         self.depth_scale = 1 / math.sqrt(layer + 1) if use_lns else None
-        # DyT's LLaMA setting (Zhu et al. 2025): the norm before attention gets its own alpha0 (0.8 vs 0.2 at 7B)
+        # DyT's LLaMA setting (Zhu et al. 2025): the attention sublayer's norm (before attention in pre) gets its own
+        # alpha0 (0.8 vs 0.2 at 7B)
         self.attn_norm = norm(cfg, d, cfg.dyt_alpha_attn)
         self.attn = Attention(cfg)
         self.ffn_norm = norm(cfg, d)
@@ -355,7 +357,7 @@ class GPTConfig:
     layout: Literal["pre", "post", "deepnorm", "mix", "reordered"] = flag(
         "pre", "where the norm sits; mix: post then pre; reordered: x + N(F(x))",
         "DeepNet eq. (1); Xiong et al. 2020; Mix-LN; OLMo 2")
-    mix_ln_ratio: float = flag(0.25, "the first round(ratio * n_layer) layers are Post-LN",
+    mix_ln_ratio: float = flag(0.25, "the first ratio * n_layer layers (rounded half up) are Post-LN",
                                "Mix-LN (Li, Yin, Liu, ICLR 2025)", Range(0, 1, why=" (the share of Post-LN layers)"),
                                needs=("layout", ("mix",)))
     layer_norm_scaling: bool = flag(False, "each pre-LN norm output of layer l (1-based) times 1/sqrt(l)",
@@ -369,7 +371,7 @@ class GPTConfig:
     # attention and 0.2 elsewhere at d = 4096 (smaller at larger d), and have no width near nanonorm's
     dyt_alpha: float = flag(0.5, "DyT's initial alpha in y = g * tanh(alpha * x) + b", "DyT (Zhu et al., CVPR 2025)",
                             DYT_ALPHA, needs=("norm", readers("dyt_alpha")))
-    dyt_alpha_attn: Optional[float] = flag(None, "DyT's initial alpha of the norm before attention",
+    dyt_alpha_attn: Optional[float] = flag(None, "DyT's initial alpha of the attention sublayer's norm",
                                            "DyT (Zhu et al. 2025), LLaMA setting", DYT_ALPHA, none="dyt_alpha",
                                            needs=("norm", readers("dyt_alpha_attn")))
     # eps guards a variance that is about 1 at init (Ba et al. 2016); a larger one outweighs it, and every norm output

@@ -321,10 +321,11 @@ class Identity(nn.Module):
 
 
 # What each norm is: its class, and what a token's output depends on ("token": that token alone, so the norm means
-# something over one head's q or k too; "batch": statistics of the whole batch, future tokens included, in training,
+# something over one head's q or k too, but for cogview, whose max over the whole tensor couples the tokens through
+# eps, in eval too (CogViewLayerNorm); "batch": statistics of the whole batch, future tokens included, in training,
 # PowerNorm §3; None: nothing, it normalizes nothing). The flags a norm reads are those of its class's arguments
-# (ARGUMENTS). A new norm is its class and its row here; an argument no norm had before is also its line in ARGUMENTS
-# and its flag in model.GPTConfig.
+# (ARGUMENTS). A new norm is its class and its row here; an argument no norm had before is also its line in
+# ARGUMENTS, a keyword of make_norm (below) and of model.norm, and its flag in model.GPTConfig.
 TABLE = {
     "layernorm": (LayerNorm, "token"),
     "rmsnorm": (RMSNorm, "token"),

@@ -281,7 +281,7 @@ def plot_powernorm(label, file_name, telemetry, out):
 
 
 def plot_headroom(label, file_name, headroom, out):
-    """Max |x| per op and layer at the last headroom step against float16's largest value 65504 (NormFormer §4,
+    """Max |x| per op and layer at the last headroom step against float16's largest value 65504 (NormFormer arXiv v1 §4,
     Table 3: the first op past it is the failed one). Non-finite values are drawn as red x at the top."""
     rows = headroom[-1]["ops"] if headroom else []
     if not rows:

@@ -5,10 +5,11 @@ into out_dir/<variant>/<lr>/<seed>/, --jobs at a time; any other flag goes to ev
         --jobs=2 --out_dir=sweeps/lr --max_iters=300
 A variant is a preset name (presets.py) or flags without their dashes, several joined by "+":
     normformer    norm=powernorm    preset=normformer+qk_norm=True    normformer+z_loss=1e-4
-Seeds are --first_seed .. --first_seed + --seeds - 1. --mode=ramp is the LR stability test (NormFormer §4: the LR
-rises from 0 to --lr at --max_iters); --mode=lr runs each LR on the runs' own schedule. --reference=VARIANT compares
-every other variant with it, seed by seed. --recipe=NAME runs one paper's claims (lab/recipes.py: its variants,
-LRs, seeds, mode, reference and flags, fixed before the runs) into sweeps/NAME, --scale=gpu at a GPU's size:
+Seeds are --first_seed .. --first_seed + --seeds - 1. --mode=ramp is the LR stability test (NormFormer arXiv v1 §4,
+final §6: the LR rises from 0 to --lr at --max_iters); --mode=lr runs each LR on the runs' own schedule.
+--reference=VARIANT compares every other variant with it, seed by seed. --recipe=NAME runs one paper's claims
+(lab/recipes.py: its variants, LRs, seeds, mode, reference and flags, fixed before the runs) into sweeps/NAME,
+--scale=gpu at a GPU's size:
     python sweep.py --recipe=normformer_stability --jobs=2
 A recipe's first seeds are a pilot (--pilot runs only them) that chooses each arm's LR and the number of tested
 seeds, never tested; the design's hash goes into the sweep's design.json before any run starts.

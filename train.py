@@ -10,7 +10,7 @@ uses an out_dir (it holds out_dir/run.lock).
 The flags become the run's configs in configs.py (TrainConfig, and the one resolution of both configs). Read on
 for the LR schedule and train(), the loop; engine/ holds the command line (flags.py), the run folder
 (run_folder.py), the device and processes (runtime.py) and stops and exit codes (signals.py); diagnostics/ the
-loss-spike instruments (instruments.py) and PowerNorm's leakage measurement (leakage.py).
+loss-spike instruments (instruments.py) and the batch-statistic norms' leakage measurement (leakage.py).
 """
 
 import contextlib
@@ -113,6 +113,7 @@ def train(run, stop):
         for group in optimizer.param_groups:
             group["lr"] = lr
         # ---- EVALUATE AND CHECKPOINT every eval_interval steps: both splits' loss, then a checkpoint if it improved
+        # (or at every evaluation: --always_save_checkpoint, the default)
         evaluated = (step % tc.eval_interval == 0 or step == tc.max_iters) and step != resumed_at
         losses = None
         if evaluated:
@@ -231,7 +232,8 @@ def get_batch(folder, split, tc, machine, *stream, shape):
 def evaluate(model, raw_model, folder, tc, machine, autocast, block_size, stop):
     """Mean loss per split over the same eval_iters x batch_size windows at every evaluation, in every run
     (data.eval_starts), shared among the processes, in eval mode (running statistics), and with a batch-statistic
-    norm PowerNorm §3's leakage of the same batches (diagnostics/leakage.py). None when a stop request (Ctrl-C)
+    norm the leakage of the same batches (diagnostics/leakage.py: nanonorm's measure, on PowerNorm §3's batch
+    statistics). None when a stop request (Ctrl-C)
     comes first: the processes agree on it before each batch."""
     if machine.ddp:
         # running statistics are per process; rank 0's win, as DDP's own broadcast does
@@ -333,7 +335,8 @@ def fail(code, error, machine):
 
 
 def main(argv):
-    """Exit codes: 0 done, 1 a file could not be written, 2 bad input, 3 diverged, 130 stopped (docs/guarantees.md)."""
+    """Exit codes: 0 done, 1 a file could not be written, 2 bad input, 3 diverged, 130 stopped (with a checkpoint;
+    143 or 129 for a SIGTERM or SIGHUP before training): docs/guarantees.md."""
     if flags.wants_help(argv):
         flags.print_help(__doc__, catalog=configs.catalog())
         return 0

@@ -1,9 +1,9 @@
 """
-PowerNorm's leakage measurement for evaluations. A norm that normalizes with statistics of the whole batch
-(BatchNorm; PowerNorm §3) trains with each token seeing the rest of its batch, future tokens included, and is
-evaluated with running statistics instead. The eval loss alone cannot show how much a training loss gained from
-the batch: this measures the same eval batches with those norms in training mode, and PowerNorm §3's distance
-between the batch's statistics and the running ones.
+The batch-statistic norms' leakage measurement for evaluations (nanonorm's, not a paper's). A norm that normalizes with
+statistics of the whole batch (BatchNorm; PowerNorm §3) trains with each token seeing the rest of its batch, future
+tokens included, and is evaluated with running statistics instead. The eval loss alone cannot show how much a training
+loss gained from the batch: this measures the same eval batches with those norms in training mode, and PowerNorm §3's
+distance between the batch's statistics and the running ones.
 """
 
 import torch

@@ -4,8 +4,8 @@ model.py does not import it."""
 from diagnostics.probes import ProbePoint
 from model import block_layout
 
-# The papers' names of what each module outputs (NormFormer Table 3 "failed operation", Fig. 3-4), by module
-# name inside a block; probe_points and op_label (below) read them.
+# The papers' names of what each module outputs (NormFormer arXiv v1 Table 3 "failed operation"; final Fig. 3-4),
+# by module name inside a block; probe_points and op_label (below) read them.
 BLOCK_OPS = {
     "attn_norm": "attn_ln", "attn.qkv": "qkv", "attn.scores": "q@k", "attn.sub_norm": "attn_sub_ln",
     "attn.proj": "out_proj",

@@ -15,7 +15,7 @@ import matplotlib.ticker  # noqa: E402
 
 from engine import files  # noqa: E402
 
-FP16_MAX = 65504.0  # float16's largest value: the first op past it is the failed one (NormFormer §4)
+FP16_MAX = 65504.0  # float16's largest value: the first op past it is the failed one (NormFormer arXiv v1 §4)
 
 
 def save_png(fig, path, **options):

@@ -324,7 +324,7 @@ def without_paths(argv):
 
 def ended_text(row):
     """How a variant's diverged runs ended: the most frequent rule, and the op that went over float16's range first
-    (NormFormer §4) or, where none did, the op whose forward max |x| grew the most before the end (train.py's
+    (NormFormer arXiv v1 §4) or, where none did, the op whose forward max |x| grew the most before the end (train.py's
     diverged event, "grew_most"; older summaries have no such field)."""
     text = f"{row['variant']}: {row['criterion']} in {row['criterion_count']} of {row['runs']}"
     if row.get("failed_op"):

@@ -41,7 +41,7 @@ REBUILD = ("this summary.json is not a summary sweep.py wrote: move it away and 
 
 
 def median_summary(values):
-    """Median, min and max over seeds (NormFormer Table 3 reports the median of seeds)."""
+    """Median, min and max over seeds (NormFormer (final) Fig. 5 reports the median of seeds)."""
     if not values:
         return {"median": None, "min": None, "max": None}
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
@@ -248,8 +248,8 @@ def references(variants, reference):
 
 def metric_names(mode, lrs, records, claims=()):
     """The metrics a sweep compares: NAME@LR for each of the mode's metrics that its runs logged, and in lr mode
-    best_loss (each variant at its own best LR, as NormFormer §4 tunes baseline and NormFormer separately); then the
-    binary endpoints of a recipe's claims (left_plateau@LR, survived@LR)."""
+    best_loss (each variant at its own best LR, as NormFormer (final) §4, Table 1, tunes baseline and NormFormer
+    separately); then the binary endpoints of a recipe's claims (left_plateau@LR, survived@LR)."""
     names = [f"{name}@{lr}" for lr in lrs for name in METRICS[mode]
              if any(r[name] is not None for r in records if r["lr"] == lr)]
     binary = [c.metric for c in claims if c.metric.partition("@")[0] in claims_lib.BINARY]

@@ -1,6 +1,6 @@
 """Tests of model.py against the papers: every flag acts where its paper says and adds the parameters it says,
 layouts and attention are checked against the equations written out here, inits against the stds of GPT-2 §2.3,
-Spike No More §3 and DeepNet, parameter counts against NormFormer Table 2, and gradient norms at init against
+Spike No More §3 and DeepNet, parameter counts against NormFormer arXiv v1 Table 6, and gradient norms at init against
 Spike No More Fig. 3."""
 
 import math
@@ -87,7 +87,7 @@ def test_builds_on_meta_device(preset):
     assert model.num_params() == GPT(cfg).num_params()
 
 
-# 2. parameter counts, NormFormer Table 2
+# 2. parameter counts, NormFormer arXiv v1 Table 6 (final Table 2 rounds them to 0.1M)
 
 def gpt3_params(N, d, H, V=51200, normformer=False):
     """--pos=sinusoidal --embed_norm, bias on, tied head, layernorm with gain and bias."""
@@ -107,7 +107,7 @@ def test_parameter_counts_of_gpt3_small_and_medium(N, d, H, baseline, paper_m, p
     with torch.device("meta"):
         base = GPT(GPTConfig(**common)).num_params()
         nf = GPT(GPTConfig(**common, **PRESETS["normformer"])).num_params()
-    assert base == gpt3_params(N, d, H) == baseline  # NormFormer Table 2
+    assert base == gpt3_params(N, d, H) == baseline  # NormFormer arXiv v1 Table 6
     assert nf == gpt3_params(N, d, H, normformer=True)
     assert nf - base == N * (2 * d + 8 * d + H)
     # NormFormer Table 2 (later version, 0.1M) and Table 1 (earlier version, 0.01M). The earlier version
@@ -623,7 +623,7 @@ def test_qk_norm_adds_two_norms_over_head_dim_per_layer(kind, affine, per_norm):
     assert model.num_params() - base.num_params() == N * 2 * per_norm * (d // H)
 
 
-# 14. probe points: the papers' operation names, for hooks (NormFormer Table 3)
+# 14. probe points: the papers' operation names, for hooks (NormFormer arXiv v1 Table 3)
 
 PAPER_OPS = ["embed", "attn_ln", "q", "k", "v", "q@k", "probs@v", "attn_sub_ln", "out_proj", "attn_out_ln",
              "resid_attn", "ffn_ln",

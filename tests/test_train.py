@@ -375,7 +375,7 @@ def test_keep_freed_memory_stops_the_page_faults_of_each_training_step():
 # The training math of train.py, pinned against expectations computed independently of it.
 #
 # - get_lr: the warmup shape, the step where the decay reaches min_lr, cosine and linear values written
-#   out from their formulas, constant, and the ramp of NormFormer §4.
+#   out from their formulas, constant, and the ramp of NormFormer arXiv v1 §4 (final §6).
 # - AdamW groups: weight decay on every weight matrix (Linear, Embedding) and on nothing else: not on
 #   biases, norm gains and shifts, HeadScale, ResScale or LayerScale.
 # - Gradient accumulation: one optimizer step over k micro-batches equals one step on their concatenation
@@ -487,7 +487,8 @@ def test_constant_schedule_holds_lr_after_warmup():
 
 
 def test_ramp_is_lr_times_step_over_max_iters():
-    """NormFormer §4: LR = lr * step / max_iters, 0 at step 0 and lr at max_iters, ignoring the warmup."""
+    """NormFormer arXiv v1 §4 (final §6): LR = lr * step / max_iters, 0 at step 0 and lr at max_iters, ignoring the
+    warmup."""
     schedules = typing.get_args(typing.get_type_hints(configs.TrainConfig)["lr_schedule"])
     if "ramp" not in schedules:
         pytest.skip(f"--lr_schedule=ramp is not implemented yet (allowed: {', '.join(schedules)})")
