@@ -368,9 +368,10 @@ def write_views(paths):
     logs, notes = [log for path in paths for log in run_logs(path)], []
     for log in logs:
         read_events(log, notes)
-        who = files.held_by(os.path.dirname(log))
+        folder = os.path.dirname(log)
+        who = files.held_by(folder)
         if who:
-            raise UsageError(f"{os.path.dirname(log)} is in use by a run ({who}); its view is that run's to write "
+            raise UsageError(f"{folder} is in use by a run ({who}); its view is that run's to write "
                              "(train.py --tensorboard): rebuild it once the run has ended")
     say(notes)
     for log in logs:

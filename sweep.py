@@ -224,13 +224,13 @@ def apply_recipe(plan, given, shared):
                          "without it, or run its variants yourself without --recipe")
     # an explicit flag wins over a preset's (configs.resolve: the preset first), so one that an arm's preset sets
     # would change that arm, and the recipe's claims would be judged on runs it did not design
-    changed = preset_settings(recipe["variants"]).keys() & shared.keys()
+    by_preset = preset_settings(recipe["variants"])
+    changed = by_preset.keys() & shared.keys()
     if changed:
         name = sorted(changed)[0]
-        raise UsageError(f"--{name} is set by the preset of the recipe's variant "
-                         f"{preset_settings(recipe['variants'])[name]}: given on the command line it would change that "
-                         "arm, and the recipe would not run as designed; run the recipe without it, or run its "
-                         "variants yourself without --recipe")
+        raise UsageError(f"--{name} is set by the preset of the recipe's variant {by_preset[name]}: given on the "
+                         "command line it would change that arm, and the recipe would not run as designed; run the "
+                         "recipe without it, or run its variants yourself without --recipe")
     out_dir = plan.out_dir if "out_dir" in given else os.path.join(
         "sweeps", plan.recipe + ("_gpu" if plan.scale == "gpu" else ""))
     # the command line's flags replace the recipe's of the same name (train.py refuses a flag given twice)

@@ -387,9 +387,9 @@ def optimizer_mismatch(optimizer):
                 wanted, fits = "True, False or None", value is None or isinstance(value, bool)
             elif key == "betas":
                 wanted = "two numbers"
-                fits = isinstance(value, (tuple, list)) and len(value) == 2 and all(map(is_number, value))
+                fits = isinstance(value, (tuple, list)) and len(value) == 2 and all(map(finite_number, value))
             else:
-                wanted, fits = "a number", not is_number(default) or is_number(value)
+                wanted, fits = "a number", not finite_number(default) or finite_number(value)
             if not fits:
                 return f"param_groups[{i}].{key} is {value!r:.40}, not {wanted}"
         for j, param in enumerate(group["params"]):
@@ -407,7 +407,8 @@ def optimizer_mismatch(optimizer):
     return None
 
 
-def is_number(value):
+def finite_number(value):
+    """A finite int or float, not a bool (lab/tables.finite_number takes a bool as a number)."""
     return type(value) in (int, float) and math.isfinite(value)
 
 

@@ -397,16 +397,14 @@ def claim_lines(summary, data_link):
                         f"never tested: {pilot}); 80% power would take "
                         f"{f'{needs} pairs' if needs else 'more than 16 pairs'}.")
             if known(c["power"]) is not None and c["power"] < claims_lib.TARGET_POWER:
-                name = summary["recipe"]["name"]
-                if c.get("reading") in ("agrees", "disagrees"):
-                    text.append(f"Below {claims_lib.TARGET_POWER:.0%} for the target, yet the effect was large enough "
-                                "to detect: a significant result from a design this weak overstates the effect's size "
-                                "more often than a well-powered one (the winner's curse), so read the estimate with "
-                                f"care; the GPU-sized version is `python sweep.py --recipe={name} --scale=gpu`.")
-                else:
-                    text.append(f"Below {claims_lib.TARGET_POWER:.0%}: at this scale the design cannot reliably "
-                                f"decide the claim, and \"not detected\" here says little; the GPU-sized version is "
-                                f"`python sweep.py --recipe={name} --scale=gpu`.")
+                weak = (f"Below {claims_lib.TARGET_POWER:.0%} for the target, yet the effect was large enough to "
+                        "detect: a significant result from a design this weak overstates the effect's size more often "
+                        "than a well-powered one (the winner's curse), so read the estimate with care"
+                        if c.get("reading") in ("agrees", "disagrees") else
+                        f"Below {claims_lib.TARGET_POWER:.0%}: at this scale the design cannot reliably decide the "
+                        "claim, and \"not detected\" here says little")
+                text.append(f"{weak}; the GPU-sized version is `python sweep.py --recipe={summary['recipe']['name']} "
+                            "--scale=gpu`.")
         elif c["endpoint"] == "continuous":
             text.append("No pilot: no a-priori power.")
         if c.get("mde") is not None and c["endpoint"] == "continuous":
