@@ -359,8 +359,10 @@ def marked(tmp):
 
 
 def prepared_with(data_dir, prefix, files_stamp):
-    """The prepared folder <data_dir>/<prefix><content> whose meta.json records this stamp, or None."""
-    for meta_path in sorted(Path(data_dir).glob(glob.escape(prefix) + "*/meta.json")):
+    """The prepared folder <data_dir>/<prefix><content> whose meta.json records this stamp, or None. Only a name
+    that ends in the content's 12 hex digits: a preparation's <folder>.<pid>.tmp holds a whole meta.json just
+    before it is renamed, and a process that took it would find it gone."""
+    for meta_path in sorted(Path(data_dir).glob(glob.escape(prefix) + "[0-9a-f]" * 12 + "/meta.json")):
         try:
             if read_json(meta_path)["source"]["stamp"] == files_stamp:
                 return meta_path.parent

@@ -435,6 +435,22 @@ def test_a_dead_preparations_tmp_folder_is_removed_by_the_next_preparation_and_n
     assert not (Path(data.prepare(str(tmp_path / "corpus.txt"), data_dir=str(data_dir))) / data.MARKER).exists()
 
 
+def test_a_preparation_in_progress_is_never_taken_for_the_prepared_folder(tmp_path):
+    """Another process's <folder>.<pid>.tmp holds a whole meta.json, with this corpus's stamp, for a moment before
+    it renames the folder: a process that found it there would read files that are gone a moment later (two
+    torchrun processes preparing at once did). prepare finds only the folder itself."""
+    corpus, data_dir = tmp_path / "corpus.txt", tmp_path / "data"
+    corpus.write_text("a corpus two processes prepare at once\n" * 50)
+    folder = Path(data.prepare(str(corpus), data_dir=str(data_dir)))
+    tmp = folder.parent / f"{folder.name}.{os.getppid()}.tmp"  # a live process's (pytest's parent): not a leftover
+    folder.rename(tmp)  # the moment before os.replace(tmp, folder): a complete preparation, still under its tmp name
+    (tmp / data.MARKER).write_bytes(data.MARKER_TEXT)
+    assert data.prepared_with(data_dir, folder.name[:-12], data.stamp(data.corpus_files(str(corpus), data_dir,
+                                                                                         None)[0])) is None
+    assert data.prepare(str(corpus), data_dir=str(data_dir)) == str(folder)
+    assert tmp.exists() and not (folder / data.MARKER).exists()
+
+
 def test_shakespeare_downloads_once(tmp_path, monkeypatch):
     src = tmp_path / "tiny.txt"
     src.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 10)
