@@ -89,9 +89,15 @@ def wrong_type(name, value, kind, choices=None):
     allowed = allowed_values(name, kind, choices)
     if allowed is not None:
         return None if value in allowed else f"{name} is {value!r:.40}, not one of {', '.join(map(str, allowed))}"
-    fits = type(value) in (int, float) and math.isfinite(value) if kind is float else type(value) is kind
+    fits = finite_number(value) if kind is float else type(value) is kind
     what = {bool: "a boolean", int: "an integer", float: "a finite number", str: "a string"}[kind]
     return None if fits else f"{name} is {value!r:.40}, not {what}"
+
+
+def finite_number(value):
+    """A finite int or float, not a bool (lab/tables.finite_number takes a bool as a number): what a file's float
+    field, or AdamW's state (run_folder.optimizer_mismatch), may hold."""
+    return type(value) in (int, float) and math.isfinite(value)
 
 
 # int() and float() also take " 3", "1_0" and other scripts' digits (Arabic-Indic, fullwidth): a number on a command

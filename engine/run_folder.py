@@ -33,7 +33,7 @@ from engine import files
 from engine import run_reader
 from engine import runtime
 from engine.files import WriteError
-from engine.flags import UsageError
+from engine.flags import UsageError, finite_number
 
 CHECKPOINT_KEYS = ("model", "optimizer", "scaler", "step", "best_val", "rng", "model_config", "train_config")
 # The keys an older checkpoint may lack, with the shape each has where present (run_reader.mismatch): the
@@ -405,11 +405,6 @@ def optimizer_mismatch(optimizer):
                     return (f"the state of param_groups[{i}]'s parameter {j}: {key} is {got}, not a tensor of shape "
                             f"{shape}")
     return None
-
-
-def finite_number(value):
-    """A finite int or float, not a bool (lab/tables.finite_number takes a bool as a number)."""
-    return type(value) in (int, float) and math.isfinite(value)
 
 
 def load_error(error):
