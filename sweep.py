@@ -75,6 +75,8 @@ class SweepOptions:
     recipe: str = help_of(f"a paper's claim as one command: {', '.join(recipes.RECIPES)}", default="")
     scale: Literal["cpu", "gpu"] = help_of("a recipe's size: cpu (minutes on 2 cores) or gpu", default="cpu")
     pilot: bool = help_of("a recipe's pilot seeds only (they choose its LRs and seeds; never tested)", default=False)
+    replicate: bool = help_of("a recipe's replicate: its tested claims again on fresh seeds fixed in the recipe",
+                              default=False)
 
 
 @dataclass
@@ -95,6 +97,11 @@ class Plan:
     claims: list = dataclasses.field(default_factory=list)  # a recipe's (recipes.Claim)
     pilot: bool = False
     tested_lrs: Optional[dict] = None  # a recipe's {variant: LRs} after its pilot seeds (recipes.Recipe.tested_lrs)
+    replicate: bool = False  # a recipe's fresh-seed replicate (recipes.Replication)
+    run_lrs: Optional[dict] = None  # the replicate's {variant: LRs} on every seed
+    check_lrs: Optional[dict] = None  # the replicate's {variant: LRs} on its first check_seeds seeds (the grid check)
+    check_seeds: int = 0
+    best_lrs: Optional[dict] = None  # the replicate's {variant: LR} a best_loss claim reads (the original pilot's)
 
 
 def parse_args(argv):
@@ -106,9 +113,12 @@ def parse_args(argv):
     plan = Plan(variants=[v for v in opts.variants.split(",") if v], lrs=[lr for lr in opts.lrs.split(",") if lr],
                 seeds=opts.seeds, first_seed=opts.first_seed, mode=opts.mode, jobs=opts.jobs, out_dir=opts.out_dir,
                 dry_run=opts.dry_run, train_argv=train_argv, reference=opts.reference or None,
-                recipe=opts.recipe or None, scale=opts.scale, pilot=opts.pilot)
-    if plan.pilot and not plan.recipe:
-        raise UsageError("--pilot runs a recipe's pilot seeds; give --recipe=NAME")
+                recipe=opts.recipe or None, scale=opts.scale, pilot=opts.pilot, replicate=opts.replicate)
+    if (plan.pilot or plan.replicate) and not plan.recipe:
+        raise UsageError(f"--{'pilot' if plan.pilot else 'replicate'} runs a recipe's "
+                         f"{'pilot' if plan.pilot else 'replicate'} seeds; give --recipe=NAME")
+    if plan.pilot and plan.replicate:
+        raise UsageError("--pilot and --replicate are two stages of a recipe; give one")
     if plan.recipe:
         plan, shared = apply_recipe(plan, given, shared)
         check_scale(plan, shared)
@@ -214,7 +224,7 @@ def apply_recipe(plan, given, shared):
     taken = [f"--{name}" for name in ("variants", "lrs", "mode", "reference") if name in given]
     if taken:
         raise UsageError(f"{', '.join(taken)} come from the recipe; run without them, or without --recipe")
-    recipe = recipes.settings(plan.recipe, plan.scale, plan.pilot)
+    recipe = replicate_settings(plan) if plan.replicate else recipes.settings(plan.recipe, plan.scale, plan.pilot)
     settings = variant_settings(recipe["variants"])
     overridden = settings.keys() & shared.keys()
     if overridden:
@@ -232,11 +242,25 @@ def apply_recipe(plan, given, shared):
                          "command line it would change that arm, and the recipe would not run as designed; run the "
                          "recipe without it, or run its variants yourself without --recipe")
     out_dir = plan.out_dir if "out_dir" in given else os.path.join(
-        "sweeps", plan.recipe + ("_gpu" if plan.scale == "gpu" else ""))
+        "sweeps", plan.recipe + ("_gpu" if plan.scale == "gpu" else "") + ("_replication" if plan.replicate else ""))
     # the command line's flags replace the recipe's of the same name (train.py refuses a flag given twice)
     train_argv = flags.replaced(recipe["train_argv"], plan.train_argv)
     plan = dataclasses.replace(plan, **{**recipe, "out_dir": out_dir, "train_argv": train_argv})
     return plan, {**configs.parse_flags(recipe["train_argv"]), **shared}
+
+
+def replicate_settings(plan):
+    """A recipe's replicate (recipes.replication_settings), at the CPU scale its original ran at: a recipe without
+    one of its own is replicated inside another's (normformer_loss_wide in normformer_loss's)."""
+    recipe = recipes.RECIPES[plan.recipe]
+    if recipe.replication is None:
+        inside = [name for name, r in recipes.RECIPES.items() if r.replication and any(
+            c.variant in recipe.variants for c in r.replication.claims)]
+        where = f": its claims are replicated in {inside[0]} (--recipe={inside[0]} --replicate)" if inside else ""
+        raise UsageError(f"{plan.recipe} has no replicate of its own{where}")
+    if plan.scale != "cpu":
+        raise UsageError("--replicate re-runs a recipe's CPU design on fresh seeds; run it without --scale=gpu")
+    return recipes.replication_settings(plan.recipe)
 
 
 def check_scale(plan, shared):
@@ -280,11 +304,19 @@ def check_reference(plan):
 def grid(plan):
     """Every (variant, LR, seed) of the sweep; a recipe's seeds after its pilot only at the LRs its tested_lrs
     names (each arm's LR chosen on the pilot)."""
-    pilot_end = plan.first_seed + (recipes.RECIPES[plan.recipe].pilot if plan.recipe else 0)
     return [Run(variant, lr, seed, os.path.join(plan.out_dir, variant, lr, str(seed)))
             for variant in plan.variants for lr in plan.lrs
-            for seed in range(plan.first_seed, plan.first_seed + plan.seeds)
-            if seed < pilot_end or plan.tested_lrs is None or lr in plan.tested_lrs.get(variant, ())]
+            for seed in range(plan.first_seed, plan.first_seed + plan.seeds) if runs_at(plan, variant, lr, seed)]
+
+
+def runs_at(plan, variant, lr, seed):
+    """Whether the sweep runs variant at lr on seed: every LR on a recipe's pilot seeds and where it names no
+    tested_lrs; a replicate's run_lrs on every seed and its check_lrs on its first check_seeds seeds."""
+    if plan.replicate:
+        return lr in plan.run_lrs[variant] or (seed < plan.first_seed + plan.check_seeds
+                                               and lr in plan.check_lrs.get(variant, ()))
+    pilot_end = plan.first_seed + (recipes.RECIPES[plan.recipe].pilot if plan.recipe else 0)
+    return seed < pilot_end or plan.tested_lrs is None or lr in plan.tested_lrs.get(variant, ())
 
 
 def train_flags(run, plan):
@@ -497,12 +529,17 @@ def record_design(plan):
     under."""
     path = os.path.join(plan.out_dir, "design.json")
     entries = design_record(plan.out_dir)
-    entry = {"sha256": recipes.design_hash(plan.recipe, plan.scale), "stage": "pilot" if plan.pilot else "all seeds"}
+    entry = {"sha256": recipes.design_hash(plan.recipe, plan.scale, stage(plan)), "stage": stage(plan)}
     if any({k: e.get(k) for k in entry} == entry for e in entries):
         return
     os.makedirs(plan.out_dir, exist_ok=True)
     entry["recorded"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     files.write_atomic(path, json.dumps([*entries, entry], indent=1).encode())
+
+
+def stage(plan):
+    """The stage of a recipe's sweep: its pilot, its seeds (pilot and tested), or its fresh-seed replicate."""
+    return "pilot" if plan.pilot else recipes.REPLICATION if plan.replicate else "all seeds"
 
 
 def refused_resumes(todo):

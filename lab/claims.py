@@ -320,17 +320,19 @@ def pair_up(values, claim, reference, seeds):
     return seeds, raw, [sign * d for d in raw]
 
 
-def judge(records, claims, reference, lrs, pilot=0, planned=None):
+def judge(records, claims, reference, lrs, pilot=0, planned=None, fixed_lrs=None):
     """Every claim of a recipe judged (see the module docstring), under FAILURE_RULE and again under SECOND_RULE;
     Holm over the tested ones, a claim without pairs or without a bracketed optimum counting as p = 1, so that it
     stays in the family fixed before the runs; descriptive claims outside it. pilot: the sweep's first seeds that
     choose LRs and fix the a-priori power; they are never tested. planned: the tested seeds of the design (default:
-    the sweep's seeds after the pilot), the n of the a-priori power."""
-    first = judge_rule(records, claims, reference, lrs, pilot, FAILURE, planned)
+    the sweep's seeds after the pilot), the n of the a-priori power. fixed_lrs ({arm: LR}, a replicate's): where a
+    best_loss claim reads each arm, chosen by the original's pilot, so that the replicate chooses nothing (its
+    other LRs, the grid check's, do not enter the claim, and no bracket is checked again)."""
+    first = judge_rule(records, claims, reference, lrs, pilot, FAILURE, planned, fixed_lrs=fixed_lrs)
     # the second rule is judged against the same target, fixed before the runs: a relative target recomputed
     # without the failed runs would scale with a reference median the failures no longer count in
     targets = [result["effect_to_detect"] for result in first]
-    results = [first, judge_rule(records, claims, reference, lrs, pilot, SECOND, planned, targets)]
+    results = [first, judge_rule(records, claims, reference, lrs, pilot, SECOND, planned, targets, fixed_lrs)]
     for result, second in zip(*results):
         if any(result["diverged"].values()):
             result["second_rule"] = {key: second[key] for key in SECOND_KEYS}
@@ -339,10 +341,12 @@ def judge(records, claims, reference, lrs, pilot=0, planned=None):
     return results[0]
 
 
-def judge_rule(records, claims, reference, lrs, pilot, rule, planned=None, targets=None):
+def judge_rule(records, claims, reference, lrs, pilot, rule, planned=None, targets=None, fixed_lrs=None):
     family = sum(claim.tested for claim in claims)
-    results = [judge_one(records, claim, reference, lrs, family, pilot, rule, planned,
-                         targets[i] if targets else None) for i, claim in enumerate(claims)]
+    results = [judge_one(at_fixed_lrs(records, fixed_lrs) if fixed_lrs and claim.metric == "best_loss" else records,
+                         claim, reference, lrs, family, pilot, rule, planned, targets[i] if targets else None,
+                         bracket=not (fixed_lrs and claim.metric == "best_loss"))
+               for i, claim in enumerate(claims)]
     tested = [r for r in results if r["tested"]]
     adjusted = stats.holm([r["p"] if r["p"] is not None and not r["unbracketed"] else 1.0 for r in tested])
     for result, p_holm in zip(tested, adjusted):
@@ -353,7 +357,12 @@ def judge_rule(records, claims, reference, lrs, pilot, rule, planned=None, targe
     return results
 
 
-def judge_one(records, claim, reference, lrs, family, pilot=0, rule=FAILURE, planned=None, target=None):
+def at_fixed_lrs(records, fixed_lrs):
+    """The runs of the arms of fixed_lrs ({arm: LR}) at that LR alone, and every run of the other arms."""
+    return [r for r in records if r["variant"] not in fixed_lrs or r["lr"] == fixed_lrs[r["variant"]]]
+
+
+def judge_one(records, claim, reference, lrs, family, pilot=0, rule=FAILURE, planned=None, target=None, bracket=True):
     values = claim_values(records, claim, reference, lrs, pilot, rule)
     chosen_seeds = pilot_seeds(records, pilot)
     sweep_seeds = {r["seed"] for r in records}
@@ -367,7 +376,7 @@ def judge_one(records, claim, reference, lrs, family, pilot=0, rule=FAILURE, pla
     pilot_median = statistics.median(values[ref][s] for s in pilot_pairs) if pilot_pairs else None
     chosen = chosen_lrs(records, claim, reference, lrs, pilot)
     unbracketed = {arm: problem for arm in arms(claim, reference)
-                   if name in ("best_loss", "lr_sensitivity") and (problem := bracket_problem(
+                   if bracket and name in ("best_loss", "lr_sensitivity") and (problem := bracket_problem(
                        finished(records, arm), lrs, chosen_seeds, BRACKET_SPACING if name == "best_loss" else None))}
     # the target is fixed before the tested seeds: a relative one scales with the pilot's reference median
     scale = pilot_median if pilot_median is not None else ref_median

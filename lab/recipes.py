@@ -39,6 +39,7 @@ BYTES_PER_GPT2_TOKEN = 3.37
 BYTES_PER_WORD = 6.57
 NORMFORMER_PAPERS = ("000_17b7fa221acaa2b6.txt", "001_7e19e93304f0ad38.txt")
 TARGET_ORIGINS = ("paper", "nanonorm")
+REPLICATION = "replication"  # the stage of a recipe's fresh-seed replicate (Replication; sweep.py --replicate)
 
 # the direction in which each metric is better (sweep.py's metric names, before the "@LR")
 # (lr_sensitivity: Wortsman et al. 2023 §3; grad_ratio, fc2_grad_ratio: layer 0's gradient over the last layer's,
@@ -81,6 +82,28 @@ class Claim:
 
 
 @dataclass
+class Replication:
+    """A recipe's replication on fresh seeds, fixed here before any of them ran: the original design (its flags,
+    its arms at the LRs the original pilot chose, its claims, test and failure rule) again on `seeds` seeds from
+    `first_seed`, none of which the project had run before (`python sweep.py --recipe=NAME --replicate`). A
+    replicate chooses nothing: `lrs` ({variant: LRs}, None: the recipe's whole grid, as an LR-sensitivity claim
+    needs) are what each arm runs, `best_lrs` ({variant: LR}) where a best_loss claim reads each arm, the original
+    pilot's pick. `variants` and `claims` add the arms and claims of another recipe run on the same seeds
+    (NormFormer's two widths, so that the width interaction is paired by seed); `lr_check` ({variant: LRs}, run on
+    the first `check_seeds` seeds only) measures the grid's error: each arm's sqrt(2) neighbours of its chosen LR.
+    `seeds` is the original's number of tested seeds (the design the original used); its a-priori power comes from
+    the original's tested pairs (lab/claims.replicate_power)."""
+    first_seed: int
+    seeds: int
+    lrs: Optional[dict] = None
+    best_lrs: Optional[dict] = None
+    variants: list = field(default_factory=list)
+    claims: list = field(default_factory=list)
+    lr_check: Optional[dict] = None
+    check_seeds: int = 3
+
+
+@dataclass
 class Recipe:
     """A claim, the paper's protocol for it shrunk to 2 CPU cores, and the same at GPU size (`gpu_flags` and
     `gpu_lrs` replace `flags` and `lrs`). The design (variants, LRs, seeds, metric, test, direction, effect) is
@@ -109,6 +132,7 @@ class Recipe:
     # {variant: LRs}: what the tested seeds run, fixed from the pilot before they do (each arm's chosen LR and the
     # LRs other claims read); None: every LR of the grid
     tested_lrs: Optional[dict] = None
+    replication: Optional[Replication] = None  # its fresh-seed replicate (None: inside another recipe's)
 
     @property
     def seeds(self):
@@ -226,6 +250,30 @@ def depth(variant, n):
     return f"{variant}+n_layer={n}"
 
 
+# deepnorm_depth's arms at the LRs its pilot chose (the lowest median loss over seeds 100-102)
+DN_CHOSEN = {depth(DN_POSTLN, 6): ["2e-3"], depth(DN_DEEPNORM, 6): ["8e-3"],
+             depth(DN_POSTLN, 18): ["2e-3"], depth(DN_DEEPNORM, 18): ["4e-3"],
+             depth(DN_POSTLN, 36): ["2e-3"], depth(DN_DEEPNORM, 36): ["4e-3"]}
+# Every replicate's fresh seeds start here: seeds 300 on had never been run by the project when the replications
+# were fixed (the pilots and tested seeds are 100-118)
+REPLICATE_SEED = 300
+# NormFormer's two widths on the same fresh seeds (normformer_loss's replicate holds normformer_loss_wide's arms):
+# each arm at the LR its own recipe's pilot chose, the grid checked at each arm's sqrt(2) neighbours
+NF_CHOSEN = {NF_BASELINE: "1.2e-2", NF_NORMFORMER: "6e-3", NF_BASELINE + WIDE: "6e-3", NF_NORMFORMER + WIDE: "3e-3"}
+NF_NEIGHBOURS = {NF_BASELINE: ["8.49e-3", "1.7e-2"], NF_NORMFORMER: ["4.24e-3", "8.49e-3"],
+                 NF_BASELINE + WIDE: ["4.24e-3", "8.49e-3"], NF_NORMFORMER + WIDE: ["2.12e-3", "4.24e-3"]}
+NF_WIDE_CLAIM = Claim(NF_NORMFORMER + WIDE, "best_loss", "better", NF_LOSS_NUMBER, effect=NF_LOSS_EFFECT,
+                      effect_source=NF_LOSS_SOURCE, target_origin="paper")
+# NormFormer across width as one claim: its gain at 128 wide minus its gain at 64, per seed. The direction is the
+# one the original seeds showed (worse at 64, better at 128): a hypothesis from those seeds, tested on fresh ones
+NF_WIDTH_CLAIM = Claim(NF_NORMFORMER + WIDE, "best_loss", "better",
+                       "final Table 5: NormFormer's gain at every size from 125M to 2.7B; no width below 125M",
+                       effect=round(2 * NF_LOSS_EFFECT, 4), reference=NF_BASELINE + WIDE,
+                       minus=(NF_NORMFORMER, NF_BASELINE), target_origin="nanonorm",
+                       effect_source="nanonorm's choice: the paper's 0.009 gain at 128 wide against a 0.009 loss at "
+                                     "64, twice the paper's per-width effect")
+
+
 RECIPES = {
     "normformer_stability": Recipe(
         title="NormFormer survives a higher LR than the baseline in the LR stability test",
@@ -247,7 +295,7 @@ RECIPES = {
         # target of 55 steps (37.5% of the pilot baseline's 147): 80% power would take about 21 pairs, past the
         # exact test's enumeration (lab/stats.py: n up to about 20); 16, the most pairs_for_power looks at, give
         # 64% (stats.sign_flip_power at alpha 0.05)
-        tested_seeds=16,
+        tested_seeds=16, replication=Replication(REPLICATE_SEED, 16),
         deviations=NF_DEVIATIONS + "; the LR rises by 2e-3 a step, 0 to 1.0 over 500 steps (the paper: 5e-5 a step), "
                    "because a model this small survives far higher LRs; float32 runs fail where the paper's float16 "
                    "ones would, at the first op output above 65504 (--fp16_overflow_fails), unless nanonorm's "
@@ -270,7 +318,7 @@ RECIPES = {
         # (variant - reference) -0.133, -0.142, -0.142, sd 0.0053, against a target of 0.171 (a quarter of the pilot
         # baseline's median 0.685): 6 pairs give 100% power at alpha 0.05, and 6 is the fewest whose smallest p
         # (2 / 2^6 = 0.031) is below 0.05
-        tested_seeds=CURVE_SEEDS,
+        tested_seeds=CURVE_SEEDS, replication=Replication(REPLICATE_SEED, CURVE_SEEDS),
         gpu_lrs=GPU_LR_GRID, gpu_flags=[*gpu(), *GPU_CURVE_TRAINING],
         deviations=NF_DEVIATIONS + "; 200 steps at each of 7 LRs from 1e-3 to 1 (the paper reports the LR stability "
                    "test, not an LR sweep; the sweep and its statistic are Wortsman et al.'s)",
@@ -298,6 +346,11 @@ RECIPES = {
         # with the 128-wide claim, now normformer_loss_wide), 88% at 0.05 / 2; the gradient ratio's pilot sd 0.065
         # against a target of 0.285: 7 pairs needed
         tested_lrs={NF_BASELINE: ["1.2e-2"], NF_NORMFORMER: ["6e-3", "1.2e-2"]},
+        replication=Replication(REPLICATE_SEED, 8,
+                                lrs={NF_BASELINE: ["1.2e-2"], NF_NORMFORMER: ["6e-3", "1.2e-2"],
+                                     NF_BASELINE + WIDE: ["6e-3"], NF_NORMFORMER + WIDE: ["3e-3"]},
+                                best_lrs=NF_CHOSEN, variants=[NF_BASELINE + WIDE, NF_NORMFORMER + WIDE],
+                                claims=[NF_WIDE_CLAIM, NF_WIDTH_CLAIM], lr_check=NF_NEIGHBOURS),
         gpu_lrs=NF_LOSS_GPU_LRS, gpu_flags=NF_LOSS_GPU_FLAGS,
         deviations=NF_LOSS_DEVIATIONS + "; the gradient ratio is layer 0's over layer 3's mean |grad| of W_2, its "
                    "geometric mean over the telemetry steps 10-100 scored as |ln ratio|, at LR 1.2e-2; the second "
@@ -311,8 +364,7 @@ RECIPES = {
         paper="NormFormer, final version: §4 (Table 1, both arms' LRs tuned) and §7 (Table 5)",
         quote="NormFormer outperforms the baseline in all settings.",
         mode="lr", variants=[NF_BASELINE + WIDE, NF_NORMFORMER + WIDE], reference=NF_BASELINE + WIDE,
-        claims=[Claim(NF_NORMFORMER + WIDE, "best_loss", "better", NF_LOSS_NUMBER, effect=NF_LOSS_EFFECT,
-                      effect_source=NF_LOSS_SOURCE, target_origin="paper")],
+        claims=[NF_WIDE_CLAIM],
         # the first pilot (seeds 100-102, 1 thread a run, 2026-11-28, 1,041 s): NormFormer best at 3e-3, the grid's
         # lowest, so the grid extended down to 1.5e-3 before any tested seed (257 s more): NormFormer best at 3e-3,
         # the baseline at 6e-3, both interior; best_loss d (variant - reference) -0.089, -0.047, -0.006, sd 0.041
@@ -350,7 +402,7 @@ RECIPES = {
         # -0.625, -0.575, -0.493, sd 0.067, Embed LN -0.743, -0.734, -0.679, sd 0.035, against a target of 0.189
         # (a quarter of the pilot Vanilla's median 0.754): 7 pairs give 98% and 100% power at alpha 0.05 / 2, and 7
         # is the fewest whose smallest p (2 / 2^7 = 0.016) is below 0.025
-        tested_seeds=7,
+        tested_seeds=7, replication=Replication(REPLICATE_SEED, 7),
         flags=[*cpu(), *SNM_TRAINING, "--max_iters=400", "--eval_interval=400", CURVE_EVAL, "--warmup_iters=40",
                "--telemetry_interval=10", "--spike_window=50"],
         gpu_lrs=["5e-4", "5e-3"], gpu_flags=[*gpu(24, 1024, 16), *SNM_TRAINING, "--max_iters=5000",
@@ -406,9 +458,11 @@ RECIPES = {
         # 0.05 / 3, and 7 is the fewest whose smallest p (2 / 2^7 = 0.016) is below 0.017; the tested seeds run
         # only each arm's chosen LR
         tested_seeds=7,
-        tested_lrs={depth(DN_POSTLN, 6): ["2e-3"], depth(DN_DEEPNORM, 6): ["8e-3"],
-                    depth(DN_POSTLN, 18): ["2e-3"], depth(DN_DEEPNORM, 18): ["4e-3"],
-                    depth(DN_POSTLN, 36): ["2e-3"], depth(DN_DEEPNORM, 36): ["4e-3"]},
+        tested_lrs=DN_CHOSEN,
+        # the replicate: each arm at its chosen LR; no grid check, as the grid's 2x step moves a loss by far less
+        # than the 0.5 target (the pilot's neighbours of each chosen LR: within 0.05 of it)
+        replication=Replication(REPLICATE_SEED, 7, lrs=DN_CHOSEN,
+                                best_lrs={v: lrs[0] for v, lrs in DN_CHOSEN.items()}),
         flags=[*cpu(n_embd=64), "--max_iters=300", "--eval_interval=300", LOSS_EVAL, "--warmup_iters=100",
                "--dropout=0"],
         gpu_lrs=["5e-4", "1e-3", "2e-3"],
@@ -453,6 +507,8 @@ RECIPES = {
         # take about 32 pairs, by the normal approximation); the tested seeds run only the claims' LR, which keeps
         # 16 seeds to about 8 minutes
         tested_seeds=16, tested_lrs={v: ["3e-3"] for v in (PN_LAYERNORM, PN_BATCHNORM, PN_PNV, PN_POWERNORM)},
+        replication=Replication(REPLICATE_SEED, 16, lrs={v: ["3e-3"] for v in (PN_LAYERNORM, PN_BATCHNORM, PN_PNV,
+                                                                              PN_POWERNORM)}),
         flags=[*cpu(), "--max_iters=300", "--eval_interval=300", LOSS_EVAL, "--warmup_iters=30"],
         gpu_lrs=["3e-4", "1e-3", "3e-3"],
         # --min_lr at most the smallest LR: train.py refuses a cosine decay that ends above its peak
@@ -485,7 +541,7 @@ RECIPES = {
         # the pilot (seeds 100-102, 1 thread a run, 2026-11-28, 186 s): both arms best at 3e-3, interior; d
         # (variant - reference) -0.028, -0.006, +0.224, sd 0.139, against a target of 0.157 (a quarter of the pilot
         # baseline's median 0.630): 6 pairs would give 45% power at alpha 0.05, 9 give 80%
-        tested_seeds=9,
+        tested_seeds=9, replication=Replication(REPLICATE_SEED, 9),
         gpu_lrs=GPU_LR_GRID, gpu_flags=[*gpu(), *GPU_CURVE_TRAINING],
         deviations="4 layers x 64 wide (the paper sweeps models of many sizes, far larger), 64 byte tokens of the "
                    "Python standard library a sequence, 200 steps at each of 7 LRs from 1e-3 to 1 (the paper: far "
@@ -514,7 +570,7 @@ RECIPES = {
         # (variant - reference) -0.011, -0.020, -0.018, sd 0.0047, against a target of 0.167 (a quarter of the pilot
         # baseline's median 0.667): 6 pairs give 100% power at alpha 0.05, and 6 is the fewest whose smallest p
         # (2 / 2^6 = 0.031) is below 0.05; the baseline's |mean log Z| at LR 1e-1: 5.42, 5.38, 5.23
-        tested_seeds=CURVE_SEEDS,
+        tested_seeds=CURVE_SEEDS, replication=Replication(REPLICATE_SEED, CURVE_SEEDS),
         gpu_lrs=GPU_LR_GRID, gpu_flags=[*gpu(), *GPU_CURVE_TRAINING, "--telemetry_interval=500"],
         deviations="4 layers x 64 wide (the paper sweeps models of many sizes, far larger), 64 byte tokens of the "
                    "Python standard library a sequence, 200 steps at each of 7 LRs from 1e-3 to 1 (the paper: far "
@@ -539,27 +595,47 @@ def settings(name, scale="cpu", pilot_only=False):
                 tested_lrs=None if on_gpu or recipe.tested_lrs is None else dict(recipe.tested_lrs))
 
 
-def command(name, scale="cpu", jobs=1):
+def replication_settings(name):
+    """What sweep.py runs for a recipe's replication (Replication; CPU scale): settings() with the fresh seeds, no
+    pilot, the replicate's extra arms and claims, every arm's LRs for every seed (run_lrs) and the grid check's
+    (check_lrs, on the first check_seeds seeds), and each arm's LR for a best_loss claim (best_lrs)."""
+    recipe, rep = RECIPES[name], RECIPES[name].replication
+    base = settings(name)
+    variants = [*base["variants"], *rep.variants]
+    run_lrs = {v: list(rep.lrs[v]) if rep.lrs else list(recipe.lrs) for v in variants}
+    check_lrs = {v: list(lrs) for v, lrs in (rep.lr_check or {}).items()}
+    every = {lr for lrs in [*run_lrs.values(), *check_lrs.values()] for lr in lrs}
+    return {**base, "variants": variants, "lrs": sorted(every, key=float), "seeds": rep.seeds,
+            "first_seed": rep.first_seed, "claims": [*base["claims"], *rep.claims], "tested_lrs": None,
+            "run_lrs": run_lrs, "check_lrs": check_lrs, "check_seeds": rep.check_seeds if check_lrs else 0,
+            "best_lrs": dict(rep.best_lrs) if rep.best_lrs else None}
+
+
+def command(name, scale="cpu", jobs=1, stage=None):
     """The command that runs the recipe (no machine paths: it writes into sweeps/<name>)."""
     return " ".join(["python sweep.py", f"--recipe={name}", *(["--scale=gpu"] if scale == "gpu" else []),
-                     *([f"--jobs={jobs}"] if jobs > 1 else [])])
+                     *(["--replicate"] if stage == REPLICATION else []), *([f"--jobs={jobs}"] if jobs > 1 else [])])
 
 
-def describe(name, scale="cpu", jobs=1):
-    """The recipe as summary.json records it: everything the results page says about the claim."""
+def describe(name, scale="cpu", jobs=1, stage=None):
+    """The recipe as summary.json records it: everything the results page says about the claim; stage=REPLICATION:
+    its fresh-seed replicate's (replication_settings), which records no pilot."""
     recipe = RECIPES[name]
-    return {**settings(name, scale), "name": name, "order": list(RECIPES).index(name), "scale": scale,
+    replicate = stage == REPLICATION
+    ran = replication_settings(name) if replicate else settings(name, scale)
+    return {**ran, "name": name, "order": list(RECIPES).index(name), "scale": scale,
             "title": recipe.title, "paper": recipe.paper, "quote": recipe.quote,
             "deviations": recipe.gpu_deviations if scale == "gpu" else recipe.deviations,
-            "figure": recipe.figure, "command": command(name, scale, jobs),
-            "seed_list": list(range(recipe.first_seed, recipe.first_seed + recipe.seeds)), "pilot": recipe.pilot,
-            "chaotic": recipe.chaotic,
+            "figure": recipe.figure, "command": command(name, scale, jobs, stage),
+            "seed_list": list(range(ran["first_seed"], ran["first_seed"] + ran["seeds"])),
+            "pilot": 0 if replicate else recipe.pilot, "chaotic": recipe.chaotic,
             "recipe_argv": list(recipe.gpu_flags if scale == "gpu" else recipe.flags),
-            "claims": [vars(claim) for claim in recipe.claims]}
+            "claims": [vars(claim) for claim in ran["claims"]], **({"stage": REPLICATION} if replicate else {})}
 
 
-def design_hash(name, scale="cpu"):
-    """sha256 of the recipe's design as describe() records it, less what changes neither the runs nor their
-    judgement (the command's --jobs, the recipe's place on the page): sweep.py records it before the runs start."""
-    record = {k: v for k, v in describe(name, scale).items() if k not in ("command", "order")}
+def design_hash(name, scale="cpu", stage=None):
+    """sha256 of the recipe's design as describe() records it (the replicate's with stage=REPLICATION), less what
+    changes neither the runs nor their judgement (the command's --jobs, the recipe's place on the page): sweep.py
+    records it before the runs start."""
+    record = {k: v for k, v in describe(name, scale, stage=stage).items() if k not in ("command", "order")}
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()

@@ -478,8 +478,9 @@ def threads(jobs):
 def recipe_record(sweep):
     """The recipe as the results page reads it, with the flags this sweep ran (extra train.py flags may follow the
     recipe's) and its design (lab/claims.design)."""
-    record = {**recipes.describe(sweep.recipe, sweep.scale, sweep.jobs), "train_argv": sweep.train_argv,
-              "design_sha256": recipes.design_hash(sweep.recipe, sweep.scale)}
+    stage = recipes.REPLICATION if sweep.replicate else None
+    record = {**recipes.describe(sweep.recipe, sweep.scale, sweep.jobs, stage), "train_argv": sweep.train_argv,
+              "design_sha256": recipes.design_hash(sweep.recipe, sweep.scale, stage)}
     model_cfg, tc, _, _ = configs.resolve(configs.parse_flags(sweep.train_argv), machine=False)
     return {**record, "design": claims_lib.design(record, model_cfg, tc)}
 
@@ -521,6 +522,17 @@ def sweep_lock(out_dir):
         os.close(lock)
 
 
+def judge_recipe(sweep, records):
+    """A recipe's claims judged on its runs (lab/claims.judge): after its pilot seeds, or, for its fresh-seed
+    replicate, on every seed with each best_loss arm read at the LR the original pilot chose (a replicate chooses
+    nothing)."""
+    recipe = recipes.RECIPES[sweep.recipe]
+    if sweep.replicate:
+        return claims_lib.judge(records, sweep.claims, sweep.reference, sweep.lrs, 0, sweep.seeds,
+                                fixed_lrs=sweep.best_lrs)
+    return claims_lib.judge(records, sweep.claims, sweep.reference, sweep.lrs, recipe.pilot, recipe.tested_seeds)
+
+
 def write_summary(sweep, runs, wall_s=0.0):
     """summary.json, summary.csv and Markdown tables on stdout. wall_s: this invocation's time running runs, added
     to the previous summary's, so the summary says how long the whole sweep took; where it ran nothing (0), the
@@ -539,9 +551,7 @@ def write_summary(sweep, runs, wall_s=0.0):
                                 sweep.claims) if sweep.reference else [])
         previous = previous_summary(sweep.out_dir)
         where = previous["machine"] if wall_s == 0 and "machine" in previous else machine()
-        recipe = recipes.RECIPES[sweep.recipe] if sweep.recipe else None
-        judged = (claims_lib.judge(records, sweep.claims, sweep.reference, sweep.lrs, recipe.pilot,
-                                   recipe.tested_seeds) if recipe else [])
+        judged = judge_recipe(sweep, records) if sweep.recipe else []
         why = no_verdict(len(records), failed, elsewhere) if sweep.recipe else None
         for claim in judged if why else []:
             claim.update(verdict=f"no verdict ({why})", reading="no verdict")
@@ -549,7 +559,7 @@ def write_summary(sweep, runs, wall_s=0.0):
                    "recipe": recipe_record(sweep) if sweep.recipe else None, "claims": judged, "no_verdict": why,
                    "failed_runs": failed, "running_elsewhere": elsewhere, "machine": where,
                    "design_record": design_record(sweep.out_dir), "threads": threads(sweep.jobs),
-                   "stage": "pilot" if sweep.pilot else "all seeds",
+                   "stage": "pilot" if sweep.pilot else recipes.REPLICATION if sweep.replicate else "all seeds",
                    "wall_s": wall_s + previous.get("wall_s", 0.0), "runs": records}
         # inf (a diverged run's loss) is written as Infinity, which Python's json reads back
         files.write_atomic(os.path.join(sweep.out_dir, "summary.json"), json.dumps(summary, indent=1).encode())
