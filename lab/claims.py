@@ -14,8 +14,9 @@ before the runs. Then, per claim:
            A tested claim's interval is at the family's level, 1 - 0.05 / m (Bonferroni over the m tested claims),
            so a "smaller than" reading, which rests on it, is corrected for the family as p_holm is
   power    of the design for the claim's effect (recipes.Claim.effect, times |the reference's median| when
-           relative), at alpha = 0.05 / m (Holm's first step, the conservative case), n = the pairs, the differences'
-           spread = their observed sd (the recipe's own spread)
+           relative), at alpha = 0.05 / m (Holm's first step, the conservative case), n = the planned pairs, the
+           differences' spread = the pilot sd's 80% one-sided upper bound (SD_BOUND; power_at_estimate: at the
+           pilot sd itself, which 3 seeds cannot carry); power_tested: the same at the tested pairs' own sd
   mde      the smallest mean effect the design detects with 80% power at that alpha and sd
   verdict  agrees, disagrees, smaller than the target, or not detected (stats.verdict), read against the
            target effect, whose origin (the paper's number or nanonorm's choice) the claim records; "not detected"
@@ -38,6 +39,9 @@ from lab import stats
 ALPHA = stats.ALPHA
 CONFIDENCE = 0.95
 TARGET_POWER = 0.8
+# a-priori power is planned at this one-sided upper confidence bound of the pilot's sd (stats.sd_upper_bound): the sd
+# of 3 pilot pairs is 2.1x short of its 80% bound, so a power from the estimate claims more than 3 seeds show
+SD_BOUND = 0.8
 # a claim's metric -> the run record's field holding it; final_loss_capped: min(L, the failure loss)
 FIELDS = {"final_loss": "final_loss_capped", "steps_survived": "steps_survived", "peak_lr": "peak_lr",
           "spikes": "spikes", "grad_ratio": "grad_ratio", "fc2_grad_ratio": "fc2_grad_ratio",
@@ -168,6 +172,23 @@ def bracket_problem(runs, lrs, seeds, spacing):
         if wide:
             return f"its best LR, {best}, has a neighbour ({wide[0]}) more than {spacing:g}x away"
     return None
+
+
+def flat_pilot(runs, lrs, seeds):
+    """{"range", "noise"} where an arm's pilot is flat, None where it is not: the range of its median losses over the
+    grid is within the pilot's noise, the median over the grid of the range of the seeds' losses at one LR. The pick
+    on a flat pilot is still the lowest median (best_lr, fixed before the runs), but any LR of the grid would give
+    the same loss within that range, so the page says so (deepnorm_depth's Post-LN at 18 and 36 layers: on the
+    unigram plateau at every LR)."""
+    by_lr = {lr: [r["final_loss_capped"] for r in runs if r["lr"] == lr and r["seed"] in seeds
+                  and r["final_loss_capped"] is not None] for lr in lrs}
+    by_lr = {lr: losses for lr, losses in by_lr.items() if len(losses) >= 2}
+    if len(by_lr) < 2:
+        return None
+    medians = [statistics.median(losses) for losses in by_lr.values()]
+    spread = max(medians) - min(medians)
+    noise = statistics.median(max(losses) - min(losses) for losses in by_lr.values())
+    return {"range": spread, "noise": noise} if spread <= noise else None
 
 
 def scored(record, name):
@@ -378,20 +399,25 @@ def judge_one(records, claim, reference, lrs, family, pilot=0, rule=FAILURE, pla
     unbracketed = {arm: problem for arm in arms(claim, reference)
                    if bracket and name in ("best_loss", "lr_sensitivity") and (problem := bracket_problem(
                        finished(records, arm), lrs, chosen_seeds, BRACKET_SPACING if name == "best_loss" else None))}
+    flat = {arm: found for arm in arms(claim, reference) if name == "best_loss" and chosen_seeds and bracket
+            and (found := flat_pilot(finished(records, arm), lrs, chosen_seeds))}
     # the target is fixed before the tested seeds: a relative one scales with the pilot's reference median
     scale = pilot_median if pilot_median is not None else ref_median
     to_detect = claim.effect * abs(scale) if claim.relative and scale is not None else claim.effect
     to_detect = to_detect if target is None else target  # the first rule's, where this judges the second
     planned = len(sweep_seeds - chosen_seeds) if planned is None else planned
     pilot_sd = statistics.stdev(pilot_signed) if len(pilot_signed) >= 2 else None
+    pilot_bound = stats.sd_upper_bound(pilot_sd, len(pilot_signed), SD_BOUND)
     continuous = name not in BINARY
+    planning = continuous and pilot_sd is not None and to_detect is not None and rule == FAILURE
     result = {"variant": claim.variant, "reference": ref, "minus": list(claim.minus) if claim.minus else None,
               "metric": claim.metric, "expect": claim.expect, "better": recipes.BETTER[name],
               "endpoint": "continuous" if continuous else "binary",
               "paper_number": claim.paper_number, "effect_source": claim.effect_source, "relative": claim.relative,
               "target_origin": claim.target_origin, "tested": claim.tested, "pilot_seeds": pilot_pairs,
               "pilot_differences": pilot_raw,
-              "pilot_sd": pilot_sd, "control": claim.control, "effect_claimed": claim.effect, "p_holm": None,
+              "pilot_sd": pilot_sd, "pilot_sd_bound": pilot_bound, "control": claim.control,
+              "effect_claimed": claim.effect, "p_holm": None,
               "reference_median": ref_median, "effect_to_detect": to_detect, "seeds": seeds, "n": n,
               "differences": raw, "family": family, "alpha_first_step": alpha,
               "unmeasured": sum(unmeasured(records, claim, reference, s, chosen) for s in seeds),
@@ -400,16 +426,15 @@ def judge_one(records, claim, reference, lrs, family, pilot=0, rule=FAILURE, pla
               "missing": {arm: len(sweep_seeds - chosen_seeds - set(values[arm])) for arm in arms(claim, reference)},
               "arm_medians": {arm: statistics.median(values[arm][s] for s in seeds) if seeds else None
                               for arm in arms(claim, reference)},
-              "chosen_lr": chosen, "unbracketed": unbracketed,
-              # a priori: the planned pairs, at the pilot's spread (fixed before the tested seeds ran); the second
-              # rule keeps only SECOND_KEYS, so its power is not computed
-              "power": (stats.sign_flip_power(planned, to_detect, pilot_sd, alpha)
-                        if continuous and pilot_sd is not None and to_detect is not None and rule == FAILURE
-                        else None),
+              "chosen_lr": chosen, "unbracketed": unbracketed, "flat_pilot": flat,
+              # a priori: the planned pairs at the pilot sd's upper bound (SD_BOUND), and at the estimate beside it
+              # (fixed before the tested seeds ran); the second rule keeps only SECOND_KEYS, so its power is not
+              # computed
+              "power": stats.sign_flip_power(planned, to_detect, pilot_bound, alpha) if planning else None,
+              "power_at_estimate": stats.sign_flip_power(planned, to_detect, pilot_sd, alpha) if planning else None,
               "planned_pairs": planned,
-              "pairs_for_power": (pairs_for_power(to_detect, pilot_sd, alpha)
-                                  if continuous and pilot_sd is not None and to_detect is not None
-                                  and rule == FAILURE else None),
+              "pairs_for_power": pairs_for_power(to_detect, pilot_bound, alpha) if planning else None,
+              "power_tested": None,
               "p": None, "effect": None, "effect_ci": None, "difference": None, "difference_ci": None,
               "ci_coverage": None, "discordant": None, "mean": None, "sd": None, "mde": None}
     if n == 0:
@@ -429,7 +454,9 @@ def judge_one(records, claim, reference, lrs, family, pilot=0, rule=FAILURE, pla
     result.update(effect=interval["estimate"], effect_ci=[low, high], ci_coverage=interval["confidence"],
                   difference=sign * interval["estimate"], difference_ci=sorted([sign * low, sign * high]), sd=sd,
                   # observed: from the tested pairs' own spread, shown beside the verdict, never choosing the design
-                  mde=stats.minimum_detectable_effect(n, sd or 0.0, alpha, TARGET_POWER))
+                  mde=stats.minimum_detectable_effect(n, sd or 0.0, alpha, TARGET_POWER),
+                  power_tested=(stats.sign_flip_power(n, to_detect, sd, alpha)
+                                if sd is not None and to_detect is not None and rule == FAILURE else None))
     return result
 
 

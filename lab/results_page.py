@@ -20,10 +20,11 @@ from engine.flags import UsageError
 from lab import schema
 from lab import claims as claims_lib
 from lab import recipes
+from lab import replication
 from lab.claims import RATIO_STEPS
 from lab.figures import FP16_MAX, legend_outside, log_lr_axis, make_folder, plt, save_png
-from lab.tables import (claims_table, comparison_text, coverage_text, finite_number, interval_text, known,
-                        mde_text, metric_label, p_value_text, power_text, target_value_text, value_text)
+from lab.tables import (chosen_lr_text, claims_table, comparison_text, coverage_text, finite_number, interval_text,
+                        known, mde_text, metric_label, p_value_text, power_text, target_value_text, value_text)
 
 LINE_STYLES = ("-", "--", ":", "-.")
 DATA = "experiments/records"  # under --out: the page's data, one <name>.json a recipe (page_data)
@@ -35,10 +36,12 @@ FIGURE_DPI = 120
 def read_recipe_summaries(root):
     """The summary of every recipe's sweep under root (sweep.py --recipe writes its recipe into its summary.json),
     or of every recipe in a data folder (DATA: <name>.json, written by this page), in the order recipes.py lists the
-    recipes, CPU before GPU scale: [(summary, [its replicates])]. A recipe run more than once (another --jobs, so
-    another thread count, or another machine: --out_dir=sweeps/NAME_threads2) has its first folder in path order
-    as the summary and the others as replicates, whose spread the page shows."""
-    found = {}
+    recipes, CPU before GPU scale: ([(summary, [its replicates])], [fresh-seed replicates]). A recipe run more than
+    once on the same seeds (another --jobs, so another thread count, or another machine:
+    --out_dir=sweeps/NAME_threads2) has its first folder in path order as the summary and the others as replicates,
+    whose spread the page shows; its fresh-seed replicate (sweep.py --replicate) stands apart, in recipes.py's
+    order."""
+    found, fresh = {}, {}
     paths = sorted(glob.glob(os.path.join(glob.escape(root), "**", "summary.json"), recursive=True))
     paths += sorted(glob.glob(os.path.join(glob.escape(root), "*.json")))
     for path in paths:
@@ -48,8 +51,14 @@ def read_recipe_summaries(root):
         check_recipe_summary(path, summary)
         check_verdicts(path, summary)
         key = (summary["recipe"]["order"], summary["recipe"]["scale"])
-        found.setdefault(key, []).append(page_data(summary))
-    return [(group[0], group[1:]) for _, group in sorted(found.items())]
+        if summary["recipe"].get("stage") == recipes.REPLICATION:
+            if key in fresh:
+                raise UsageError(f"{path}: a second fresh-seed replicate of {summary['recipe']['name']}; keep one "
+                                 "(a replicate's seeds are fixed in lab/recipes.py)")
+            fresh[key] = page_data(summary)
+        else:
+            found.setdefault(key, []).append(page_data(summary))
+    return [(group[0], group[1:]) for _, group in sorted(found.items())], [fresh[k] for k in sorted(fresh)]
 
 
 def page_data(summary):
@@ -335,13 +344,58 @@ def ended_text(row):
     return text
 
 
-def headline_rows(summary, replicates=()):
+def headline_rows(summary, replicates=(), fresh=None):
+    """A recipe's headline rows; fresh: replication.replicates_by_key of the fresh-seed replicates (None: a page
+    without that column's data, as the device check's)."""
     recipe = summary["recipe"]
     earlier = "earlier design: " if design_changes(summary) else ""
-    return [f"| [{recipe['name']}](#{anchor(recipe)}) | {comparison_text(c)}: {metric_label(c['metric'])} | "
-            f"{interval_text(c['effect'], c['effect_ci'])} | {coverage_text(c.get('ci_coverage'))} | "
-            f"{p_value_text(c['p_holm'])} | {target_value_text(c)} | {power_text(c['power'])} | "
-            f"{earlier}{shown_verdict(summary, replicates, i)} |" for i, c in enumerate(summary["claims"])]
+    rows = []
+    for i, c in enumerate(summary["claims"]):
+        replicate = (fresh or {}).get(replication.key(c), (None, None))[1]
+        found = replication.reading(c, replicate) if c.get("tested", True) else None
+        warned = f"; on fresh seeds: {found}" if found in (replication.SAME_DIRECTION,
+                                                           replication.NOT_REPLICATED) else ""
+        rows.append(f"| [{recipe['name']}](#{anchor(recipe)}) | {comparison_text(c)}: {metric_label(c['metric'])} | "
+                    f"{interval_text(c['effect'], c['effect_ci'])} | {coverage_text(c.get('ci_coverage'))} | "
+                    f"{p_value_text(c['p_holm'])} | {target_value_text(c)} | {power_cell(c)} | "
+                    f"{earlier}{shown_verdict(summary, replicates, i)}{warned} | {replicate_cell(replicate, found)} |")
+    return rows
+
+
+def power_cell(claim):
+    """The a-priori power at the pilot sd's upper bound, with the power at the estimate beside it."""
+    if known(claim.get("power_at_estimate")) is None:
+        return power_text(claim["power"])
+    return f"{power_text(claim['power'])} ({power_text(claim['power_at_estimate'])} at the estimate)"
+
+
+def replicate_cell(replicate, found):
+    """The fresh-seed replicate's effect, interval, p (Holm) and reading (found; None: a descriptive row)."""
+    if replicate is None:
+        return "not run" if found else "n/a"
+    effect = interval_text(replicate["effect"], replicate["effect_ci"])
+    if found is None:
+        return f"{effect} (descriptive)"
+    return f"{effect}, p (Holm) {p_value_text(replicate['p_holm'])}: {found}"
+
+
+def fresh_only_rows(fresh_summary, originals):
+    """The headline rows of the claims only a fresh-seed replicate tests (NormFormer's width interaction): its own
+    numbers and verdict, the a-priori power from the original seeds (replication.post_hoc)."""
+    recipe = fresh_summary["recipe"]
+    known_keys = {replication.key(c) for s in originals for c in s["claims"]}
+    rows = []
+    for c in fresh_summary["claims"]:
+        if replication.key(c) in known_keys:
+            continue
+        before = replication.post_hoc(c, originals)
+        planned = replication.power(before, c) if before else None
+        rows.append(f"| [{recipe['name']}](#{anchor(recipe)}-replicate) | {comparison_text(c)}: "
+                    f"{metric_label(c['metric'])} | {interval_text(c['effect'], c['effect_ci'])} | "
+                    f"{coverage_text(c.get('ci_coverage'))} | {p_value_text(c['p_holm'])} | {target_value_text(c)} | "
+                    f"{power_text(planned)} (from the original seeds) | {c['verdict']} (fresh seeds only: the claim "
+                    "came from the original seeds) | itself |")
+    return rows
 
 
 def shown_verdict(summary, replicates, i):
@@ -369,13 +423,19 @@ def run_names(summary, replicates):
             for s in (summary, *replicates)]
 
 
-def headline(summaries):
-    """The headline table: one row per claim of every recipe (the README's table is pasted from it)."""
+def headline(summaries, fresh=()):
+    """The headline table: one row per claim of every recipe, its fresh-seed replicate beside it, and the claims
+    only a replicate tests after its recipe's rows."""
+    by_key = replication.replicates_by_key(fresh)
+    originals = [summary for summary, _ in summaries]
     lines = ["| recipe | claim | effect: mean d [interval] (+: the paper's direction) | interval's coverage | "
-             "p (Holm) | target (whose) | a-priori power for the target (pilot) | verdict |",
-             "|---|---|---|---|---|---|---|---|"]
+             "p (Holm) | target (whose) | a-priori power for the target (pilot sd's 80% upper bound) | verdict | "
+             "fresh-seed replicate: mean d [interval], p (Holm): reading |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for summary, replicates in summaries:
-        lines += headline_rows(summary, replicates)
+        lines += headline_rows(summary, replicates, by_key)
+        lines += [row for f in fresh if f["recipe"]["name"] == summary["recipe"]["name"]
+                  for row in fresh_only_rows(f, originals)]
     return "\n".join(lines)
 
 
@@ -391,25 +451,18 @@ def claim_lines(summary, data_link):
         if c.get("pilot_seeds"):
             pilot = ", ".join(f"{seed}: {per_seed_text(d)}"
                               for seed, d in zip(c["pilot_seeds"], c["pilot_differences"]))
-            needs = c.get("pairs_for_power")
-            text.append(f"A-priori power {power_text(c['power'])} for the target with {c.get('planned_pairs')} "
-                        f"planned pairs, from the pilot's sd {value_text(known(c.get('pilot_sd')))} (pilot seeds, "
-                        f"never tested: {pilot}); 80% power would take "
-                        f"{f'{needs} pairs' if needs else 'more than 16 pairs'}.")
-            if known(c["power"]) is not None and c["power"] < claims_lib.TARGET_POWER:
-                weak = (f"Below {claims_lib.TARGET_POWER:.0%} for the target, yet the effect was large enough to "
-                        "detect: a significant result from a design this weak overstates the effect's size more often "
-                        "than a well-powered one (the winner's curse), so read the estimate with care"
-                        if c.get("reading") in ("agrees", "disagrees") else
-                        f"Below {claims_lib.TARGET_POWER:.0%}: at this scale the design cannot reliably decide the "
-                        "claim, and \"not detected\" here says little")
-                text.append(f"{weak}; the GPU-sized version is `python sweep.py --recipe={summary['recipe']['name']} "
-                            "--scale=gpu`.")
+            text += planned_power_lines(c, pilot, summary["recipe"]["name"])
         elif c["endpoint"] == "continuous":
             text.append("No pilot: no a-priori power.")
         if c.get("mde") is not None and c["endpoint"] == "continuous":
             text.append(f"Observed minimum detectable effect (from the tested pairs' own spread, not the design's): "
                         f"{mde_text(c['mde'])}.")
+        text += tested_power_lines(c)
+        for arm, flat in (c.get("flat_pilot") or {}).items():
+            text.append(f"{arm}'s pilot is flat: its median losses over the grid lie within {value_text(flat['range'])}"
+                        f" of each other, inside the pilot's noise ({value_text(flat['noise'])}, the seeds' typical "
+                        "range at one LR): its LR is the lowest median by the rule fixed before the runs, and any LR "
+                        "of the grid would have read it within that range.")
         second = c.get("second_rule")
         if second:
             text.append(f"Without the failed runs ({claims_lib.SECOND_RULE}): {second['n']} pairs, "
@@ -441,6 +494,47 @@ def claim_lines(summary, data_link):
                         f" over its seeds, {drift_text(c['arm_medians'][c['reference']], c['effect_to_detect'])}.")
         lines += [" ".join(text), ""]
     return lines
+
+
+def planned_power_lines(claim, pilot, name):
+    """The a-priori power at the pilot sd's upper bound and at its estimate, the pairs 80% would take, and, below
+    80%, what a reading from so weak a design says: a significant one is read against the winner's curse only where
+    the tested pairs' own spread left it weak too."""
+    needs, bound = claim.get("pairs_for_power"), known(claim.get("pilot_sd_bound"))
+    estimate = value_text(known(claim.get("pilot_sd")))
+    at = (f"at the pilot sd's 80% upper bound {value_text(bound)} ({power_text(claim.get('power_at_estimate'))} at "
+          f"the estimate {estimate}, which {len(claim['pilot_seeds'])} seeds cannot carry)" if bound is not None
+          else f"from the pilot's sd {estimate}")
+    lines = [f"A-priori power {power_text(claim['power'])} for the target with {claim.get('planned_pairs')} planned "
+             f"pairs, {at} (pilot seeds, never tested: {pilot}); 80% power would take "
+             f"{f'{needs} pairs' if needs else 'more than 16 pairs'}{' at the bound' if bound is not None else ''}."]
+    if known(claim["power"]) is None or claim["power"] >= claims_lib.TARGET_POWER:
+        return lines
+    tested = known(claim.get("power_tested"))
+    if claim.get("reading") not in ("agrees", "disagrees"):
+        weak = (f"Below {claims_lib.TARGET_POWER:.0%}: at this scale the design could not be planned to decide the "
+                "claim")
+    elif tested is not None and tested >= claims_lib.TARGET_POWER:
+        weak = (f"Below {claims_lib.TARGET_POWER:.0%} as planned, but the tested pairs' own spread gave "
+                f"{power_text(tested)} power for the target, so the design turned out strong enough")
+    else:
+        weak = (f"Below {claims_lib.TARGET_POWER:.0%} for the target, yet the effect was large enough to detect: a "
+                "significant result from a design this weak overstates the effect's size more often than a "
+                "well-powered one (the winner's curse), so read the estimate with care")
+    return [*lines, f"{weak}; the GPU-sized version is `python sweep.py --recipe={name} --scale=gpu`."]
+
+
+def tested_power_lines(claim):
+    """Beside a "not detected" or "smaller than": the power the tested pairs' own spread gives for the target, and
+    a plain caveat where it is under 80%."""
+    if claim.get("reading") not in ("not detected", "smaller") or known(claim.get("power_tested")) is None:
+        return []
+    text = (f"At the tested pairs' own sd ({value_text(known(claim.get('sd')))}), these {claim['n']} pairs had "
+            f"{power_text(claim['power_tested'])} power for the target.")
+    if claim["power_tested"] < claims_lib.TARGET_POWER:
+        text += (f" Under {claims_lib.TARGET_POWER:.0%}: a real effect of the target's size would often go "
+                 "undetected here, so this reading says little about whether the effect exists.")
+    return [text]
 
 
 def drift_text(log_z, drift):
@@ -520,17 +614,19 @@ def lr_curve_table(summary):
     # where the tested seeds ran only each arm's chosen LR, the medians stand on different numbers of seeds: say how
     # many behind each
     uneven = len(set(collections.Counter((r["variant"], r["lr"]) for r in ended).values())) > 1
+    sensitivity = [c for c in summary["claims"] if c["metric"] == "lr_sensitivity"]
     for variant in summary["recipe"]["variants"]:
         mine = [r for r in ended if r["variant"] == variant]
         cells = [lr_cell([capped(r) for r in mine if r["lr"] == lr], uneven) for lr in lrs]
-        sensitivity = [c for c in summary["claims"] if c["metric"] == "lr_sensitivity"]
         medians = [c["arm_medians"].get(variant) for c in sensitivity]
         lines.append(f"| {variant} | " + " | ".join(cells) + f" | {sum(r['status'] == 'diverged' for r in mine)} of "
                      f"{len(mine)} | {value_text(medians[0] if medians else None)} |")
     seeds = (" (in parentheses: the seeds behind each median, as the tested seeds ran only the LRs the pilot chose)"
              if uneven else "")
-    return [f"Final val loss per LR (median over seeds, min(L, ln V)){seeds}; the LR sensitivity is the median over "
-            "seeds of each seed's own:", "", *lines, ""]
+    tested = (f"the median over the {sensitivity[0]['n']} tested seeds (the pilot's are not tested) of each seed's "
+              "own" if sensitivity else "the median over seeds of each seed's own")
+    return [f"Final val loss per LR (median over every seed that ran it, pilot seeds included, min(L, ln V)){seeds}; "
+            f"the LR sensitivity is {tested}:", "", *lines, ""]
 
 
 def lr_cell(losses, counted):
@@ -616,8 +712,11 @@ def design_record_text(summary):
         return ["No design hash was recorded before these runs started.", ""]
     shown = "; ".join(f"{e['stage']}: {e['sha256'][:12]} at {e['recorded']}" for e in entries)
     same = entries[-1]["sha256"] == now
+    unhashed = (" No hash was recorded for the pilot stage alone: the pilot and the tested seeds ran as one sweep, so "
+                "nothing on record shows the design was fixed between them." if summary["recipe"].get("pilot")
+                and not any(e["stage"] == "pilot" for e in entries) else "")
     return [f"Design hash (lab/recipes.design_hash) recorded before the runs started: {shown}; the summary's design "
-            f"{'is' if same else 'is not'} the last one recorded.", ""]
+            f"{'is' if same else 'is not'} the last one recorded.{unhashed}", ""]
 
 
 def earlier_design_text(summary):
@@ -654,6 +753,90 @@ def command_text(summary):
 
 def anchor(recipe):
     return recipe["name"] + ("_gpu" if recipe["scale"] == "gpu" else "")
+
+
+def original_claim(claim, originals):
+    """The original claim a replicate's claim repeats ((its summary, the claim)), or (None, None)."""
+    return next(((s, c) for s in originals for c in s["claims"] if replication.key(c) == replication.key(claim)),
+                (None, None))
+
+
+def fresh_section(fresh, originals, data_link):
+    """A recipe's fresh-seed replicate: its design, each claim beside the original, per-seed data, the grid check."""
+    recipe = fresh["recipe"]
+    seeds = recipe["seed_list"]
+    chosen = ", ".join(f"{arm} {lr}" for arm, lr in (recipe.get("best_lrs") or {}).items())
+    tested = sum(c.get("tested", True) for c in fresh["claims"])
+    lines = [f'<a id="{anchor(recipe)}-replicate"></a>', "### Fresh-seed replicate", "",
+             f"Seeds {seeds[0]}-{seeds[-1]} ({len(seeds)}, none of them run by nanonorm before), fixed in "
+             "lab/recipes.py before any of them ran: the original's flags, test, interval and failure rule, "
+             f"{f'each arm at the LR its original pilot chose ({chosen}), ' if chosen else 'the same LR grid, '}"
+             f"no pilot (a replicate chooses nothing), Holm over the replicate's {tested} tested claims. Its "
+             "a-priori power comes from the original's tested pairs: their sd's 80% one-sided upper bound, the "
+             "original's target, the replicate's pairs and level. Reading (lab/replication.py, in this order): "
+             "\"replicates\" where the original was significant (p (Holm) < 0.05) and the replicate is too, in the "
+             "same direction, or neither was; \"same direction, not significant\" where only the original was and "
+             "the replicate's mean d has its sign; \"does not replicate\" otherwise.", "",
+             *design_record_text(fresh),
+             "| claim | original: mean d [interval], p (Holm), verdict | replicate: mean d [interval] | interval's "
+             "coverage | n pairs | p | p (Holm) | a-priori power for the target | replicate's verdict | reading |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for c in fresh["claims"]:
+        source, first = original_claim(c, originals)
+        if first is None:
+            first = replication.post_hoc(c, originals)
+            before = (f"{interval_text(first['effect'], first['effect_ci'])}, p {p_value_text(first['p'])} on the "
+                      "original seeds (post hoc: the claim came from them)" if first else "none")
+            found = "tested here first" if c.get("tested", True) else "descriptive"
+        else:
+            before = (f"{interval_text(first['effect'], first['effect_ci'])}, {p_value_text(first['p_holm'])}, "
+                      f"{first['verdict']}" + ("" if source is None or source["recipe"]["name"] == recipe["name"]
+                                               else f" ({source['recipe']['name']})"))
+            found = replication.reading(first, c) if c.get("tested", True) else "descriptive"
+        planned = replication.power(first, c) if first and c.get("tested", True) else None
+        lines.append(f"| {comparison_text(c)}: {metric_label(c['metric'])}{chosen_lr_text(c)} | {before} | "
+                     f"{interval_text(c['effect'], c['effect_ci'])} | {coverage_text(c.get('ci_coverage'))} | "
+                     f"{c['n']} | {p_value_text(c['p'])} | {p_value_text(c['p_holm'])} | {power_text(planned)} | "
+                     f"{c['verdict']} | {found} |")
+    lines.append("")
+    for i, c in enumerate(fresh["claims"]):
+        per_seed = ", ".join(f"{seed}: {per_seed_text(d)}" for seed, d in zip(c["seeds"], c["differences"]))
+        lines.append(f"- Claim {i + 1} ({comparison_text(c)}): d per seed, in the metric's sign, {per_seed or 'none'}; "
+                     f"in [{data_link}]({data_link}) as claims[{i}].differences.")
+    lines += ["", *lr_check_lines(fresh), *command_text(fresh), ""]
+    return lines
+
+
+def lr_check_lines(fresh):
+    """The grid check: each best-LR arm's median loss at its chosen LR and at its sqrt(2) neighbours on the check
+    seeds, and the grid's error against the smallest target of the claims that read the arm."""
+    rows = replication.lr_check(fresh)
+    if not rows:
+        return []
+    recipe = fresh["recipe"]
+    check = recipe["seed_list"][:recipe["check_seeds"]]
+    targets = [c["effect_to_detect"] for c in fresh["claims"] if c["metric"] == "best_loss" and c.get("tested", True)]
+    target = min(targets) if targets else None
+    lines = [f"The grid's error, measured: each arm at its chosen LR and at its sqrt(2) neighbours on seeds "
+             f"{check[0]}-{check[-1]} (median final loss; the error is how much lower the best of the three is than "
+             f"the chosen LR's{f', against the smallest loss target here, {value_text(target)}' if target else ''}):",
+             "", "| arm | chosen LR | median loss by LR | the grid's error |", "|---|---|---|---|"]
+    for arm, chosen, medians, error in rows:
+        by_lr = ", ".join(f"{lr}: {value_text(m)}" for lr, m in medians.items())
+        over = "" if error is None or target is None or error <= target else " (more than the target)"
+        lines.append(f"| {arm} | {chosen} | {by_lr} | {value_text(known(error))}{over} |")
+    return [*lines, ""]
+
+
+def replicated_elsewhere(summary, fresh):
+    """A pointer to the fresh-seed replicate of another recipe that holds this recipe's claims, [] where none does
+    (or the recipe's own does)."""
+    name = summary["recipe"]["name"]
+    keys = {replication.key(c) for c in summary["claims"]}
+    holders = [f["recipe"] for f in fresh if f["recipe"]["name"] != name
+               and keys & {replication.key(c) for c in f["claims"]}]
+    return [f"This recipe's claims were replicated on fresh seeds together with {r['name']}'s, on the same seeds: "
+            f"[{r['name']}'s replicate](#{anchor(r)}-replicate).\n" for r in holders]
 
 
 def recipe_section(summary, replicates, figure, data_link):
@@ -707,15 +890,24 @@ paper predicts no effect) stand outside it, with their own p.
 the family's level 1 - 0.05 / m for a recipe of m tested claims (95% for a descriptive row); its achieved \
 coverage is printed beside it, as a discrete test reaches a level only approximately (8 pairs at 95%: 95.3%).
 - **a-priori power for the target**: the chance that the planned pairs detect a true mean difference of the \
-target's size at alpha = 0.05 / m (Holm's first step), with differences spread as on the pilot seeds: fixed \
-before the tested seeds ran. The **observed MDE** beside a claim comes from the tested pairs' own spread: it \
-describes them, it did not choose the design.
-- **verdict**, one of four: "agrees" (p (Holm) < 0.05, in the paper's direction), "disagrees" (p (Holm) < 0.05, \
-against it), "smaller than" the target (the interval, at the family's level, ends short of it) or "not \
-detected" (with the observed MDE). Where the claim's arms had failed runs it is judged again without them, and a \
-verdict that changes says "rests on the failure rule". A verdict reads "unstable across machines" where run \
-sets of the same recipe on other thread counts or CPUs read it otherwise. The page recomputes each verdict from \
-the numbers beside it and refuses a summary whose stored verdict differs.
+target's size at alpha = 0.05 / m (Holm's first step), with differences spread as the pilot's sd's 80% one-sided \
+upper confidence bound (chi-square; 2.1x the estimate from 3 pilot pairs): fixed before the tested seeds ran. The \
+power at the pilot's estimate is printed beside it, as what 3 seeds alone would claim. The **observed MDE** beside \
+a claim comes from the tested pairs' own spread: it describes them, it did not choose the design; beside a "not \
+detected" or "smaller than" the power at that spread is printed too, with a caveat where it is under 80%.
+- **verdict**, the first of these that holds, in the order the code checks them (lab/stats.verdict): \
+"disagrees" (p (Holm) < 0.05, against the paper's direction), "smaller than" the target (the interval, at the \
+family's level, ends short of it: "detected in its direction" where p (Holm) < 0.05 too, so a claim can be \
+significant in the paper's direction and still read "smaller than"), "agrees" (p (Holm) < 0.05, in the paper's \
+direction) or "not detected" (with the observed MDE). Where the claim's arms had failed runs it is judged again \
+without them, and a verdict that changes says "rests on the failure rule". A verdict reads "unstable across \
+machines" where run sets of the same recipe on other thread counts or CPUs read it otherwise. The page recomputes \
+each verdict from the numbers beside it and refuses a summary whose stored verdict differs.
+- **fresh-seed replicate**: every tested claim again on seeds fixed in lab/recipes.py before any of them ran \
+(`python sweep.py --recipe=NAME --replicate`), with the original's design and each arm at the LR its original pilot \
+chose: "replicates" (significant in the same direction at the replicate's own level, or not significant where the \
+original was not either), "same direction, not significant", or "does not replicate"; a verdict whose replicate \
+does not replicate says so beside it.
 
 Descriptive numbers (LR curves, leakage, plateau counts) are shown, not tested."""
 
@@ -746,6 +938,14 @@ run's train.py command, and sweep.py pins each run to its share of the cores, wh
 train.py ...`: the float sums are then added in the same order. With another thread count (train.py uses every core \
 it may run on) the numbers differ in the third or fourth digit, and a chaotic endpoint, such as the step a ramp \
 diverges, can move by many steps: what the spread tables beside such claims measure."""
+
+
+def spread_text(summaries):
+    """Which recipes ran on a second thread count or CPU (the spread tables) and which on one only."""
+    two = [s["recipe"]["name"] for s, others in summaries if others]
+    one = [s["recipe"]["name"] for s, others in summaries if not others]
+    return (f"Run on a second thread count (their spread tables): {', '.join(two) or 'none'}; on one thread count "
+            f"only, so the spread across machines is not measured: {', '.join(one) or 'none'}.")
 
 
 def not_run_text(summaries):
@@ -782,18 +982,23 @@ def experiments_page(root, out):
     <name>.replicate<i>.json for a recipe's other run sets), from the recipes' summaries alone: root is
     sweeps/ (the runs' summary.json files) or a data folder this wrote, which regenerates the same page byte for
     byte. The headline table also goes to stdout."""
-    summaries = read_recipe_summaries(root)
+    summaries, fresh = read_recipe_summaries(root)
     make_folder(os.path.join(out, DATA))
+    originals = [summary for summary, _ in summaries]
     sections = []
     for summary, replicates in summaries:
         name = anchor(summary["recipe"])
         data = f"{DATA}/{name}.json"
+        own = [f for f in fresh if f["recipe"]["name"] == summary["recipe"]["name"]]
         for path, value in [(data, summary), *((f"{DATA}/{name}.replicate{i}.json", replicate)
-                                                for i, replicate in enumerate(replicates, 1))]:
+                                                for i, replicate in enumerate(replicates, 1)),
+                            *((f"{DATA}/{name}.replication.json", f) for f in own)]:
             files.write_atomic(os.path.join(out, path), json.dumps(value, indent=1).encode())
         recipe_figure(summary, os.path.join(out, "experiments", f"{name}.png"))
-        sections.append(recipe_section(summary, replicates, f"experiments/{name}.png", data))
-    table = "\n\n".join([headline(summaries), not_run_text(summaries)])
+        extra = [line for f in own for line in fresh_section(f, originals, f"{DATA}/{name}.replication.json")]
+        extra += replicated_elsewhere(summary, fresh)
+        sections.append("\n".join([recipe_section(summary, replicates, f"experiments/{name}.png", data), *extra]))
+    table = "\n\n".join([headline(summaries, fresh), spread_text(summaries), not_run_text(summaries)])
     page = "\n".join(["# What nanonorm's runs say about the papers' claims", "", INTRO, "", RECOMPUTE, "",
                       "## Headline", "", table, "", *sections, *not_run_section(summaries)])
     path = os.path.join(out, "experiments.md")

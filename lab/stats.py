@@ -233,6 +233,17 @@ def sign_matrix(n):
     return 1.0 - 2.0 * bits
 
 
+def sd_upper_bound(sd, n, confidence=0.8):
+    """The one-sided upper confidence bound of a standard deviation estimated from n normal values: sd x
+    sqrt((n - 1) / chi2_(1 - confidence)(n - 1)), chi2_q the q quantile of chi-square with n - 1 degrees of freedom
+    ((n - 1) s^2 / sigma^2 is chi-square; e.g. Sheskin, Handbook of Parametric and Nonparametric Statistical
+    Procedures, Test 3). At 80%: 2.12x the estimate from 3 values, 1.46x from 6, 1.21x from 16. None below 2 values."""
+    from scipy.stats import chi2  # lab only: train.py never needs scipy
+    if sd is None or n < 2:
+        return None
+    return sd * math.sqrt((n - 1) / chi2.ppf(1 - confidence, n - 1))
+
+
 def sign_flip_power(n, delta, sd, alpha=ALPHA, trials=2000, seed=0):
     """The probability that the two-sided sign-flip test of n pairs finds p < alpha when the paired differences
     are normal with mean delta and standard deviation sd (the pilot's, for the a-priori power), by Monte Carlo:

@@ -128,7 +128,8 @@ def claims_table(claims):
     """A recipe's claims with every number its verdict rests on."""
     lines = ["| comparison | metric | the paper's number | target effect (unit, whose: source) | effect: mean d "
              "[interval] (+: the paper's direction) | variant - reference [interval] | interval's coverage | n pairs "
-             "| p | p (Holm) | a-priori power for the target (pilot) | observed MDE (80% power) | verdict |",
+             "| p | p (Holm) | a-priori power for the target (pilot sd's 80% upper bound) | observed MDE (80% power) | "
+             "verdict |",
              "|" + "---|" * 13]
     for c in claims:
         lines.append(f"| {comparison_text(c)} | {metric_label(c['metric'])}{chosen_lr_text(c)} | {c['paper_number']} | "

@@ -249,7 +249,11 @@ def test_effect_interval_power_and_mde_are_asked_with_the_designs_numbers(monkey
     claim = Claim("v", "final_loss@1e-2", "better", "", 0.25, "", "paper", relative=True)
     worse = Claim("v", "final_loss@1e-2", "worse", "", 0.1, "", "paper")
     [result] = claims.judge(records, [claim, worse], "ref", [], pilot=3)[:1]
-    assert asked["power"][0] == (PAIRS, pytest.approx(stats_sd(pilot)), pytest.approx(1.0), 0.025)  # 0.05 / 2
+    # planned at the pilot sd's 80% upper bound (3 values: sqrt(2 / chi2_0.2(2)), chi2_0.2(2) = -2 ln 0.8), and
+    # at the estimate beside it
+    bound = stats_sd(pilot) * math.sqrt(2 / (-2 * math.log(0.8)))
+    assert asked["power"][0] == (PAIRS, pytest.approx(bound), pytest.approx(1.0), 0.025)  # 0.05 / 2
+    assert asked["power"][1] == (PAIRS, pytest.approx(stats_sd(pilot)), pytest.approx(1.0), 0.025)
     assert asked["mde"][0] == (PAIRS, pytest.approx(stats_sd(diffs)), 0.025, 0.8)
     assert result["pilot_seeds"] == [0, 1, 2] and result["seeds"] == list(range(3, 3 + PAIRS))
     assert (result["power"], result["mde"], result["effect_to_detect"]) == (0.5, 0.3, pytest.approx(1.0))

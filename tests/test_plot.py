@@ -729,7 +729,12 @@ def test_an_a_priori_power_below_80_percent_says_the_scale_cannot_decide_the_cla
     page = page_of(tmp_path, summary)
     assert ("A-priori power 64% for the target with 16 planned pairs, from the pilot's sd 90 (pilot seeds, never "
             "tested: 100: +128, 101: -17, 102: -37); 80% power would take more than 16 pairs. Below 80%: at this "
-            "scale the design cannot reliably decide the claim") in page
+            "scale the design could not be planned to decide the claim") in page
+    # with the pilot sd's upper bound recorded, the power is the bound's and the estimate's stands beside it
+    claim.update(pilot_sd_bound=190.6, power_at_estimate=0.64, power=0.2)
+    assert ("A-priori power 20% for the target with 16 planned pairs, at the pilot sd's 80% upper bound 190.6 (64% at "
+            "the estimate 90, which 3 seeds cannot carry)") in page_of(tmp_path, summary)
+    claim.update(pilot_sd_bound=None, power_at_estimate=None, power=0.64)
     assert "`python sweep.py --recipe=tiny --scale=gpu`" in page
     claim.update(power=0.81, pairs_for_power=15)
     assert "Below 80%" not in page_of(tmp_path, summary)
@@ -738,10 +743,15 @@ def test_an_a_priori_power_below_80_percent_says_the_scale_cannot_decide_the_cla
     [claim] = summary["claims"]
     assert claim["reading"] == "agrees"
     claim.update(pilot_seeds=[100, 101, 102], pilot_differences=[128, -17, -37], pilot_sd=90.0, power=0.39,
-                 planned_pairs=16, pairs_for_power=None)
+                 planned_pairs=16, pairs_for_power=None, power_tested=0.3)
     page = page_of(tmp_path, summary)
     assert "Below 80% for the target, yet the effect was large enough to detect" in page
     assert "here says little" not in page
+    # no winner's curse where the tested pairs' own spread gave the design its power after all
+    claim.update(power_tested=0.9)
+    page = page_of(tmp_path, summary)
+    assert "Below 80% as planned, but the tested pairs' own spread gave 90% power" in page
+    assert "winner's curse" not in page
 
 
 @pytest.mark.parametrize("log_z, says", [
