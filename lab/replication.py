@@ -65,7 +65,7 @@ def power(original, replicate):
 
 def replicates_by_key(replications):
     """{claim key: (the replicate's summary, its claim)} over every replicate summary."""
-    return {key(c): (summary, c) for summary in replications for c in summary["claims"] if c.get("tested", True)}
+    return {key(c): (summary, c) for summary in replications for c in summary["claims"]}
 
 
 def post_hoc(claim, originals):
