@@ -14,8 +14,13 @@ final §6: the LR rises from 0 to --lr at --max_iters); --mode=lr runs each LR o
 A recipe's first seeds are a pilot (--pilot runs only them) that chooses each arm's LR and the number of tested
 seeds, never tested; the design's hash goes into the sweep's design.json before any run starts.
 Re-running a command skips finished runs and resumes interrupted ones; --dry_run prints the train.py commands
-still to run, one per line, for a cluster scheduler, and runs nothing. Before any run starts, every run passes
-train.py's checks, and a finished or resumable run must have trained with this command's configs and on its data.
+still to run, one per line, for a cluster scheduler, and runs nothing. --launcher=slurm submits the runs to Slurm
+through submitit instead, one job array (lab/launch.py: --partition, --time_min, --gpus_per_run, ...), waits for
+them and writes the summary; a preempted or timed-out job is requeued and resumes from its checkpoint, and a sweep
+left to Slurm is summarized later with --collect (which starts nothing):
+    python sweep.py --recipe=normformer_loss --scale=gpu --launcher=slurm --partition=gpu --jobs=32 --dry_run
+Before any run starts, every run passes train.py's checks, and a finished or resumable run must have trained with
+this command's configs and on its data.
 Writes summary.json, summary.csv and a Markdown table on stdout (docs/instruments.md, "Sweeps and plots", says what
 each mode summarizes; `python plot.py --experiments=sweeps --out=docs` writes the results page). Exit code 0; 4
 where runs failed (crashed, or were refused by train.py: not a divergence, which is a result); 2 bad input, 1 a
@@ -43,9 +48,10 @@ from engine import run_reader
 from engine import runtime
 from engine import signals
 from engine import tensorboard_view
+from lab import launch
 from lab import pool
 from lab import recipes
-from lab.runs import Run, exit_code, forget_notes, is_finished, say_notes
+from lab.runs import Run, exit_code, forget_notes, is_finished, restart_flags, say_notes
 from lab.summary import design_record, previous_summary, write_summary
 from presets import PRESETS
 from engine.files import WriteError
@@ -95,12 +101,13 @@ class Plan:
     claims: list = dataclasses.field(default_factory=list)  # a recipe's (recipes.Claim)
     pilot: bool = False
     tested_lrs: Optional[dict] = None  # a recipe's {variant: LRs} after its pilot seeds (recipes.Recipe.tested_lrs)
+    launch_options: launch.LaunchOptions = dataclasses.field(default_factory=launch.LaunchOptions)  # where the runs run
 
 
 def parse_args(argv):
     """Split argv into the sweep's own options and the flags every run gets (checked by train.py's parser)."""
-    own, train_argv = flags.split(argv, SweepOptions)
-    given = flags.parse(own, SweepOptions, choices={"recipe": list(recipes.RECIPES)})
+    own, train_argv = flags.split(argv, SweepOptions, launch.LaunchOptions)
+    given = flags.parse(own, SweepOptions, launch.LaunchOptions, choices={"recipe": list(recipes.RECIPES)})
     opts = flags.build(SweepOptions, given)
     shared = configs.parse_flags(train_argv)  # the flags every run gets, parsed once
     plan = Plan(variants=[v for v in opts.variants.split(",") if v], lrs=[lr for lr in opts.lrs.split(",") if lr],
@@ -141,7 +148,14 @@ def parse_args(argv):
         raise UsageError(f"{', '.join('--' + n for n in owned)} is set per run by sweep.py; use --lrs, --seeds, "
                          "--out_dir and --mode instead")
     check_reference(plan)
-    return plan
+    return dataclasses.replace(plan, launch_options=launch.check(flags.build(launch.LaunchOptions, given), given,
+                                                          plan.dry_run, plan.scale))
+
+
+def runs_here(plan):
+    """Whether the runs start on this machine: not --dry_run's commands, nor Slurm's jobs (its nodes have their own
+    devices and memory)."""
+    return not plan.dry_run and plan.launch_options.launcher != "slurm"
 
 
 def set_per_run(name, mode):
@@ -242,7 +256,7 @@ def apply_recipe(plan, given, shared):
 def check_scale(plan, shared):
     """--scale=gpu runs where a GPU is, or where the command line asks for its device (--device=cpu): GPU-sized runs
     that --device=auto would put on this machine's CPU are refused (--dry_run prints them for a GPU node)."""
-    if plan.scale == "gpu" and not plan.dry_run and "device" not in shared and \
+    if plan.scale == "gpu" and runs_here(plan) and "device" not in shared and \
             runtime.concrete_device("auto") == "cpu":
         raise UsageError("--scale=gpu is the recipe at a GPU's size (GPT-3 Small's shape, 65K tokens a step), and this "
                          "machine has no CUDA GPU: its runs would take days on the CPU; run it on a GPU node, add "
@@ -290,15 +304,16 @@ def grid(plan):
 def train_flags(run, plan):
     """The flags of one run: the common ones less those the variant sets (a recipe's base flags; the command line's
     are refused where a variant sets them), the variant's, then what the sweep sets per run: each flag once, as
-    train.py takes them."""
+    train.py takes them; --resume or --overwrite as the run's folder asks (restart_flags)."""
+    return [*run_flags(run, plan), *restart_flags(run.dir)]
+
+
+def run_flags(run, plan):
+    """train_flags but --resume and --overwrite: what a job sent to a scheduler decides when it starts."""
     argv = [*flags.replaced(plan.train_argv, variant_flags(run.variant)), f"--lr={run.lr}", f"--seed={run.seed}",
             f"--out_dir={run.dir}"]
     if plan.mode == "ramp":
         argv.append("--lr_schedule=ramp")
-    if run_reader.has_checkpoint(run.dir):
-        argv.append("--resume")
-    elif os.path.isdir(run.dir) and os.listdir(run.dir):
-        argv.append("--overwrite")  # a previous attempt stopped before its first checkpoint
     return argv
 
 
@@ -346,8 +361,8 @@ def run_configs(run, plan, machine):
     argv = [f for f in train_flags(run, plan) if f not in ("--resume", "--overwrite")]
     try:
         given = configs.parse_flags(argv)
-        model_cfg, tc, device, _ = configs.resolve(given, machine=not plan.dry_run)
-        if not plan.dry_run:
+        model_cfg, tc, device, _ = configs.resolve(given, machine=runs_here(plan))
+        if runs_here(plan):
             runtime.check_memory(model_cfg, tc, device, machine)
             tensorboard_view.check_installed(tc.tensorboard)
     except UsageError as e:
@@ -434,7 +449,7 @@ def default_values(cls):
 
 def main(argv):
     if flags.wants_help(argv):
-        flags.print_help(__doc__, SweepOptions)
+        flags.print_help(__doc__, SweepOptions, launch.LaunchOptions)
         return 0
     forget_notes()
     try:
@@ -460,26 +475,38 @@ def main(argv):
 
 
 def run_sweep(plan, runs, todo, metas, machine):
-    """Print --dry_run's commands, or run what is left and write the summaries. Exit code 0; RUNS_FAILED where runs
-    failed (crashed or were refused), with one line counting them; or 128 + the signal that stopped the sweep (its
-    runs stopped with a checkpoint). metas, machine: check_runs'."""
-    elsewhere = [run for run in todo if files.held_by(run.dir)]
+    """Print --dry_run's commands, or run what is left (with --collect, nothing) and write the summaries. Exit code 0;
+    RUNS_FAILED where runs failed (crashed or were refused), with one line counting them; or 128 + the signal that
+    stopped the sweep (its runs stopped with a checkpoint). metas, machine: check_runs'."""
+    elsewhere = [run for run in todo if files.held_by(run.dir) or launch.queued(run)]
     for run in elsewhere:
-        print(f"sweep.py: {run.dir} is running in another process ({files.held_by(run.dir)}); left to it",
-              file=sys.stderr)
+        where = f"in another process ({files.held_by(run.dir)})" if files.held_by(run.dir) else \
+            f"as {launch.queued(run)}"
+        print(f"sweep.py: {run.dir} is running {where}; left to it", file=sys.stderr)
     todo = [run for run in todo if run not in elsewhere]
     if plan.dry_run:
+        if plan.launch_options.launcher == "slurm" and todo:
+            print(launch.sbatch_script(plan.launch_options, plan.jobs, job_name(plan), plan.out_dir, len(todo)))
         for run in todo:
             print(shlex.join(["python", "train.py", *train_flags(run, plan)]))
         return 0
-    print(f"{len(runs)} runs, {len(runs) - len(todo) - len(elsewhere)} finished already, {len(elsewhere)} running "
-          f"elsewhere, {len(todo)} to run, {plan.jobs} at a time")
+    if plan.launch_options.collect:
+        print(f"{len(runs)} runs, {len(runs) - len(todo) - len(elsewhere)} finished, {len(elsewhere)} running "
+              f"elsewhere or queued, {len(todo)} neither: --collect starts nothing")
+        todo = []
+    else:
+        print(f"{len(runs)} runs, {len(runs) - len(todo) - len(elsewhere)} finished already, {len(elsewhere)} running "
+              f"elsewhere, {len(todo)} to run, {plan.jobs} at a time")
     started = time.time()
     if plan.recipe and todo:
         record_design(plan)
-    stopped = pool.run_all(todo, plan.jobs, functools.partial(train_command, plan=plan))
+    if plan.launch_options.launcher == "pool":
+        stopped = pool.run_all(todo, plan.jobs, functools.partial(train_command, plan=plan))
+    else:
+        stopped = launch.run_all(todo, functools.partial(run_flags, plan=plan), plan.launch_options, plan.jobs,
+                                 job_name(plan), plan.out_dir) if todo else None
     if stopped:
-        print(stop_message(stopped, todo), file=sys.stderr)
+        print(stop_message(stopped, todo, plan.launch_options.launcher), file=sys.stderr)
         return signals.exit_code(stopped)
     check_runs(runs, plan, metas, machine)  # a run another process finished meanwhile may hold other settings or data
     failed = write_summary(plan, runs, wall_s=time.time() - started if todo else 0.0)
@@ -489,6 +516,11 @@ def run_sweep(plan, runs, todo, metas, machine):
               f"{RUNS_FAILED}", file=sys.stderr)
         return RUNS_FAILED
     return 0
+
+
+def job_name(plan):
+    """The name of a sweep's jobs in the scheduler's queue: the recipe's, or the sweep folder's."""
+    return f"nanonorm-{plan.recipe or os.path.basename(os.path.abspath(plan.out_dir))}"
 
 
 def record_design(plan):
@@ -518,9 +550,12 @@ def refused_resumes(todo):
             "remove the run (its folder, .exit and .out) to train it afresh")
 
 
-def stop_message(stopped, todo):
+def stop_message(stopped, todo, launcher="pool"):
     """The line of a stopped sweep: which of its unfinished runs resume from a checkpoint and which start afresh (a
-    run stopped, or killed, before its first checkpoint has none)."""
+    run stopped, or killed, before its first checkpoint has none); Slurm's jobs are left to Slurm."""
+    if launcher == "slurm":
+        return (f"sweep.py: stopped by {signals.name(stopped)} while waiting; the Slurm jobs go on: run the same "
+                "command with --collect to summarize what has finished, or again to submit what has not")
     left = [run for run in todo if not is_finished(run)]
     resume = sum(run_reader.has_checkpoint(run.dir) for run in left)
     return (f"sweep.py: stopped by {signals.name(stopped)}; of its {len(left)} unfinished runs, {resume} resume from a "
