@@ -377,10 +377,36 @@ def data_meta(run, tc, metas):
     key = (tc.dataset, tc.tokenizer, tc.data_dir)
     if key not in metas:
         try:
+            if data.is_streamed(tc.dataset) and data.prepared_streamed(*key) is None:
+                raise UsageError(f"variant {run.variant}: {not_prepared(tc)}; prepare it first, once for every run")
             metas[key] = data.load_meta(data.prepare(*key))
         except data.DataError as e:
             raise UsageError(f"variant {run.variant}: {e}") from None
     return metas[key]
+
+
+def not_prepared(tc):
+    """What a corpus of the datasets library that is not prepared yet needs: sweep.py does not stream billions of
+    tokens before its runs (data.py does, in worker processes, resumably)."""
+    return (f"--dataset={tc.dataset} is not prepared in --data_dir={tc.data_dir}: python data.py "
+            f"--dataset={tc.dataset} --tokenizer={tc.tokenizer} --data_dir={tc.data_dir} prepares it (docs/scale.md)")
+
+
+def gpu_estimate(runs, plan):
+    """The lines --scale=gpu --dry_run ends with on stderr: the runs' tokens and H100-hours (lab.bench.gpu_hours),
+    and the corpus to prepare first where it is not prepared."""
+    from lab import bench  # here: torch's model on the meta device, only for this estimate
+    tokens, hours, corpora = 0, 0.0, set()
+    for run in runs:
+        model_cfg, tc = run_configs(run, plan, None)
+        run_tokens = tc.max_iters * tc.batch_size * tc.grad_accum * model_cfg.block_size * \
+            max(1, plan.launch_options.gpus_per_run)
+        tokens, hours = tokens + run_tokens, hours + bench.gpu_hours(model_cfg, run_tokens)
+        if data.is_streamed(tc.dataset) and data.prepared_streamed(tc.dataset, tc.tokenizer, tc.data_dir) is None:
+            corpora.add(not_prepared(tc))
+    return [f"sweep.py: {len(runs)} runs, {tokens / 1e9:,.1f}B tokens: about {hours:,.0f} GPU-hours on H100s (model "
+            f"FLOPs at the {bench.H100_MODEL_FLOPS / 1e12:.0f} TFLOP/s GPT-2 small reached on one, docs/benchmarks.md;"
+            " evaluation not counted)", *(f"sweep.py: note: {line}" for line in sorted(corpora))]
 
 
 def check_data(run, model_cfg, tc, metas):
@@ -489,6 +515,8 @@ def run_sweep(plan, runs, todo, metas, machine):
             print(launch.sbatch_script(plan.launch_options, plan.jobs, job_name(plan), plan.out_dir, len(todo)))
         for run in todo:
             print(shlex.join(["python", "train.py", *train_flags(run, plan)]))
+        if plan.scale == "gpu":
+            print("\n".join(gpu_estimate(todo, plan)), file=sys.stderr)
         return 0
     if plan.launch_options.collect:
         print(f"{len(runs)} runs, {len(runs) - len(todo) - len(elsewhere)} finished, {len(elsewhere)} running "

@@ -81,9 +81,10 @@ def open_stream(name, config, split, files):
     CorpusError saying how to bring it here."""
     import datasets  # here: only a corpus of the datasets library needs it
     datasets.disable_progress_bars()  # the preparation's own bar is the one a person reads
+    kind = builder_of(files) if files else None
     try:
         if files:
-            builder = datasets.load_dataset_builder(builder_of(files), data_files=[str(f) for f in files])
+            builder = datasets.load_dataset_builder(kind, data_files=[str(f) for f in files])
         else:
             builder = datasets.load_dataset_builder(name, config)
         if files or not datasets.config.HF_HUB_OFFLINE:

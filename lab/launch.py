@@ -9,7 +9,7 @@ read it as they read the pool's, whatever machine ran it. submitit's own logs go
 
 Preemption and time limits: Slurm signals a job (USR2) signal_delay_s before its end or when it is preempted;
 submitit then calls TrainJob.checkpoint, which stops train.py with SIGTERM (it finishes its step, writes a checkpoint
-and exits 143) and hands submitit the same job to requeue; the requeued job finds the checkpoint and resumes
+and exits 130) and hands submitit the same job to requeue; the requeued job finds the checkpoint and resumes
 (--resume, lab/runs.restart_flags). A run that needs more than MAX_TIMEOUTS time limits ends unfinished.
 
 Each submitted run's job is recorded beside it (<seed>.job): a re-run of the sweep, or `--collect`, leaves a run whose
@@ -37,7 +37,6 @@ from lab.runs import restart_flags
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(HERE, "train.py")
-LAUNCHERS = ("pool", "slurm", "local")
 CLUSTER_FLAGS = ("partition", "time_min", "gpus_per_run", "cpus_per_run", "account", "qos", "sbatch")
 MAX_TIMEOUTS = 20  # requeues at the time limit (preemptions are not counted: submitit requeues those without end)
 SIGNAL_DELAY_S = 120  # how long before its end a job is told to stop: train.py's checkpoint must be written by then
