@@ -113,7 +113,8 @@ def parse_args(argv):
     plan = Plan(variants=[v for v in opts.variants.split(",") if v], lrs=[lr for lr in opts.lrs.split(",") if lr],
                 seeds=opts.seeds, first_seed=opts.first_seed, mode=opts.mode, jobs=opts.jobs, out_dir=opts.out_dir,
                 dry_run=opts.dry_run, train_argv=train_argv, reference=opts.reference or None,
-                recipe=opts.recipe or None, scale=opts.scale, pilot=opts.pilot)
+                recipe=opts.recipe or None, scale=opts.scale, pilot=opts.pilot,
+                launch_options=launch.check(flags.build(launch.LaunchOptions, given), given, opts.dry_run, opts.scale))
     if plan.pilot and not plan.recipe:
         raise UsageError("--pilot runs a recipe's pilot seeds; give --recipe=NAME")
     if plan.recipe:
@@ -148,8 +149,7 @@ def parse_args(argv):
         raise UsageError(f"{', '.join('--' + n for n in owned)} is set per run by sweep.py; use --lrs, --seeds, "
                          "--out_dir and --mode instead")
     check_reference(plan)
-    return dataclasses.replace(plan, launch_options=launch.check(flags.build(launch.LaunchOptions, given), given,
-                                                          plan.dry_run, plan.scale))
+    return plan
 
 
 def runs_here(plan):
@@ -396,12 +396,14 @@ def gpu_estimate(runs, plan):
     """The lines --scale=gpu --dry_run ends with on stderr: the runs' tokens and H100-hours (lab.bench.gpu_hours),
     and the corpus to prepare first where it is not prepared."""
     from lab import bench  # here: torch's model on the meta device, only for this estimate
-    tokens, hours, corpora = 0, 0.0, set()
+    tokens, hours, corpora, per_token = 0, 0.0, set(), {}  # per_token: H100-hours a token, by model config
     for run in runs:
         model_cfg, tc = run_configs(run, plan, None)
         run_tokens = tc.max_iters * tc.batch_size * tc.grad_accum * model_cfg.block_size * \
             max(1, plan.launch_options.gpus_per_run)
-        tokens, hours = tokens + run_tokens, hours + bench.gpu_hours(model_cfg, run_tokens)
+        if repr(model_cfg) not in per_token:  # a model built once per config, not once per run
+            per_token[repr(model_cfg)] = bench.gpu_hours(model_cfg, 1)
+        tokens, hours = tokens + run_tokens, hours + per_token[repr(model_cfg)] * run_tokens
         if data.is_streamed(tc.dataset) and data.prepared_streamed(tc.dataset, tc.tokenizer, tc.data_dir) is None:
             corpora.add(not_prepared(tc))
     return [f"sweep.py: {len(runs)} runs, {tokens / 1e9:,.1f}B tokens: about {hours:,.0f} GPU-hours on H100s (model "
