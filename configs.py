@@ -36,8 +36,9 @@ DECAYS = ("cosine", "linear")  # the schedules that decay to --min_lr
 class TrainConfig:
     """Every training flag: flag(default, meaning, source, ...), as model.GPTConfig's."""
     # data
-    dataset: str = flag("builtin", "the corpus: stdlib source, tiny Shakespeare, or a local file/dir", "data.py",
-                        "builtin|shakespeare|PATH")
+    dataset: str = flag("builtin", "the corpus: stdlib source, tiny Shakespeare, a local file/dir, or a corpus of "
+                                   "the datasets library (Hub name, or local parquet/JSON lines/text)", "data.py",
+                        "builtin|shakespeare|PATH|hf:NAME[:CONFIG[:SPLIT]]")
     tokenizer: Literal["byte", "gpt2"] = flag("byte", "byte-level (vocab 256) or GPT-2 BPE via tiktoken", "data.py")
     data_dir: str = flag("data", "where prepared datasets are stored", "data.py", "path")
     batch_size: int = flag(16, "sequences per micro-step on each process", "nanoGPT", POSITIVE)
@@ -257,8 +258,10 @@ def check_train_config(tc, given):
 
 def dataset_path(dataset):
     """--dataset as a run records it: builtin and shakespeare by name, a path made absolute (an empty one stays
-    empty, for data.prepare to refuse)."""
-    return dataset if dataset in ("builtin", "shakespeare") or not dataset.strip() else os.path.abspath(dataset)
+    empty, for data.prepare to refuse), a corpus of the datasets library as data.absolute_streamed writes it."""
+    if dataset in ("builtin", "shakespeare") or not dataset.strip():
+        return dataset
+    return data.absolute_streamed(dataset) if data.is_streamed(dataset) else os.path.abspath(dataset)
 
 
 def absolute_paths(tc):

@@ -16,6 +16,9 @@ ROOT = os.path.dirname(os.path.abspath(__file__))  # the repository root: script
 SHARED_TIKTOKEN = os.path.join(os.path.dirname(ROOT), "shared", "tiktoken")
 if os.path.isdir(SHARED_TIKTOKEN):
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", SHARED_TIKTOKEN)
+# The tests make their own corpora and never reach the Hub: datasets reads these before its first import
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # cuBLAS is deterministic only with a fixed workspace, set before its first use in the process (CUDA's docs,
 # "Results reproducibility"): the exact-resume test on CUDA needs it; CPU runs ignore it.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

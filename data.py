@@ -6,7 +6,11 @@ of the tokens) and meta.json; get_batch() samples (x, y) from them. The folder i
 sha256, which meta.json records), so an edited corpus is prepared anew. As a script it prepares one corpus:
     python data.py --dataset=builtin --tokenizer=byte
 Datasets: builtin (the running Python's standard library source, no download), shakespeare (tiny
-Shakespeare, downloaded once), or a path to a text file or a folder of text files.
+Shakespeare, downloaded once), a path to a text file or a folder of text files, or hf:NAME[:CONFIG[:SPLIT]], a corpus
+of the `datasets` library streamed and tokenized by --workers processes (engine/corpus.py): a Hub name or a local
+file or folder of parquet, JSON-lines or text files, whose folder is keyed on the name, config and split (a local
+corpus's on its files' paths, sizes and times) and resumes where it stopped:
+    python data.py --dataset=hf:HuggingFaceFW/fineweb-edu:sample-10BT:train --tokenizer=gpt2 --workers=16
 Tokenizers: byte (every byte is a token, vocab 256) and gpt2 (GPT-2 BPE, vocab 50257).
 """
 import fcntl
@@ -31,6 +35,7 @@ import numpy as np
 import tiktoken
 from tiktoken_ext.openai_public import r50k_pat_str
 
+from engine import corpus
 from engine import signals
 from engine.files import (NotAFile, WriteError, cannot_write, not_a_file, not_own_file, open_own, read_json,
                           read_own, write_and_sync, write_atomic)
@@ -46,6 +51,14 @@ VOCAB_SIZES = {"byte": 256, "gpt2": 50257}  # what get_tokenizer's encodings hav
 TMP_NAME = re.compile(rf"(.+-(?:{'|'.join(TOKENIZERS)})-[0-9a-f]{{12}})\.([0-9]+)\.tmp")
 MARKER = "preparing.nanonorm"
 MARKER_TEXT = b"nanonorm's data.py prepares this folder; a preparation removes it once its process is gone\n"
+
+
+# --dataset=hf:NAME[:CONFIG[:SPLIT]]: a corpus of the datasets library, streamed (engine/corpus.py)
+STREAMED = "hf:"
+FINEWEB_EDU = "hf:HuggingFaceFW/fineweb-edu:sample-10BT:train"  # 9.7M documents, about 10B GPT-2 tokens
+STREAM_FORMAT = 1  # what else a streamed folder's bytes depend on: raised whenever encode_documents changes them
+HUB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?")
+MAX_WORKERS = 1024
 
 
 class DataError(Exception):
@@ -265,9 +278,7 @@ def stamp(files):
 def unigram_entropy(ids, vocab_size):
     """Entropy in nats/token of the empirical unigram distribution: the loss of the best model that
     ignores context, so a model must get below it to have learned anything from context."""
-    counts = np.bincount(ids, minlength=vocab_size)
-    p = counts[counts > 0] / len(ids)
-    return float(-(p * np.log(p)).sum())
+    return corpus.entropy(np.bincount(ids, minlength=vocab_size))
 
 
 def encode(enc, text):
@@ -371,11 +382,12 @@ def prepared_with(data_dir, prefix, files_stamp):
     return None
 
 
-def prepare(dataset="builtin", tokenizer="byte", data_dir="data", url=None):
+def prepare(dataset="builtin", tokenizer="byte", data_dir="data", url=None, workers=None):
     """Tokenizes the corpus into <data_dir>/<name>-<tokenizer>-<sha256 of its text>/ and returns the folder after
     checking it (load_meta). A corpus already prepared, with the same text, is not prepared again; an edited one is
     prepared into a new folder, and runs on the old one keep theirs. Every process may call it at once: one process
-    per data_dir (per disk) tokenizes while the others wait on a file lock, then all find the same folder."""
+    per data_dir (per disk) tokenizes while the others wait on a file lock, then all find the same folder. A corpus
+    of the datasets library (hf:...) is streamed by prepare_streamed, `workers` processes tokenizing it."""
     if url is not None and dataset != "shakespeare":
         raise DataError(f"--url only applies to --dataset=shakespeare, not --dataset={dataset}")
     if url is not None and not url.strip():
@@ -387,7 +399,13 @@ def prepare(dataset="builtin", tokenizer="byte", data_dir="data", url=None):
     if not str(data_dir).strip():
         raise DataError("--data_dir is empty (it would prepare into the current folder); give a folder for the "
                         "prepared data, such as data")
+    if workers is not None and not 1 <= workers <= MAX_WORKERS:
+        raise DataError(f"--workers={workers} must be from 1 to {MAX_WORKERS}")
     enc = get_tokenizer(tokenizer)  # before reading the corpus, so a bad name fails at once
+    if is_streamed(dataset):
+        folder = prepare_streamed(dataset, enc, tokenizer, data_dir, workers or len(os.sched_getaffinity(0)))
+        load_meta(folder)
+        return str(folder)
     prefix = f"{corpus_name(dataset)}-{tokenizer}-"
     try:
         files, source = corpus_files(dataset, data_dir, url)
@@ -410,10 +428,126 @@ def prepare(dataset="builtin", tokenizer="byte", data_dir="data", url=None):
                 if not (folder / "meta.json").exists():  # another process may have prepared it while this one waited
                     write_prepared(folder, enc, text, source, tokenizer)
     except OSError as e:
-        raise DataError(f"cannot read or write {e.filename or data_dir} ({e.strerror}); --dataset must be "
-                        f"readable and --data_dir={data_dir} a folder you can write to") from e
+        raise cannot_access(e, data_dir) from e
     load_meta(folder)
     return str(folder)
+
+
+def cannot_access(error, data_dir):
+    return DataError(f"cannot read or write {error.filename or data_dir} ({error.strerror}); --dataset must be "
+                     f"readable and --data_dir={data_dir} a folder you can write to")
+
+
+def is_streamed(dataset):
+    """Whether --dataset names a corpus of the datasets library (hf:...)."""
+    return dataset.startswith(STREAMED)
+
+
+def streamed_spec(dataset):
+    """(name, config, split) of --dataset=hf:NAME[:CONFIG[:SPLIT]]: config None where left out or empty, split
+    "train" where left out (a local corpus has that one split)."""
+    parts = dataset[len(STREAMED):].split(":")
+    if len(parts) > 3 or not parts[0].strip() or (len(parts) == 3 and not parts[2].strip()):
+        raise DataError(f"--dataset={dataset} is not a corpus of the datasets library; write hf:NAME[:CONFIG[:SPLIT]]"
+                        f" (e.g. {FINEWEB_EDU}), or hf:PATH for a local file or folder of parquet, JSON-lines or "
+                        "text files")
+    name, config, split = (parts + ["", ""])[:3]
+    return name, config or None, split or "train"
+
+
+def spec_text(name, config, split):
+    """--dataset=hf:NAME[:CONFIG[:SPLIT]] of these parts, the defaults left out."""
+    tail = [config or "", split] if split != "train" else [config] if config else []
+    return ":".join([STREAMED + name, *tail])
+
+
+def absolute_streamed(dataset):
+    """--dataset=hf:... as a run records it: a local corpus's path made absolute, a Hub name as it is (and a spec
+    prepare refuses, as it is)."""
+    try:
+        name, config, split = streamed_spec(dataset)
+    except DataError:
+        return dataset
+    return spec_text(os.path.abspath(name), config, split) if os.path.exists(name) else dataset
+
+
+def streamed_identity(dataset, tokenizer):
+    """(folder name, identity, local files or None) of a corpus of the datasets library. The identity is what its
+    prepared bytes depend on: a Hub corpus's name, config and split (a folder prepared elsewhere is found here
+    without the network; the revision it was prepared from is in its meta.json), a local corpus's path, split and
+    files' stamp (an edited file makes a new folder), and the tokenizer and the split rule."""
+    name, config, split = streamed_spec(dataset)
+    path = resolved(name)
+    if path.exists():
+        files = [path] if path.is_file() else folder_files(path)
+        if not files:
+            raise DataError(f"--dataset={dataset}: {path} holds no files; give parquet, JSON-lines or text files")
+        identity = dict(path=str(path), split=split, stamp=stamp(files))
+        label = corpus_name(str(path))
+    elif HUB_NAME.fullmatch(name):
+        files, identity = None, dict(name=name, config=config, split=split)
+        label = "-".join(part for part in (name.replace("/", "--"), config, split) if part)
+    else:
+        raise DataError(f"--dataset={dataset}: {name} is neither a file or folder here nor a Hub name (OWNER/NAME); "
+                        f"give a local path or a Hub dataset, e.g. {FINEWEB_EDU}")
+    identity.update(tokenizer=tokenizer, format=STREAM_FORMAT, val_every=corpus.VAL_EVERY)
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
+    return f"hf-{re.sub(r'[^A-Za-z0-9_.=-]+', '-', label)}-{tokenizer}-{digest}", identity, files
+
+
+def prepared_streamed(dataset, tokenizer, data_dir):
+    """The prepared folder of a corpus of the datasets library, or None where it is not prepared in data_dir
+    (sweep.py refuses to start runs that would prepare billions of tokens each)."""
+    folder = Path(data_dir) / streamed_identity(dataset, tokenizer)[0]
+    return folder if (folder / "meta.json").exists() else None
+
+
+def prepare_streamed(dataset, enc, tokenizer, data_dir, workers):
+    """The prepared folder of a corpus of the datasets library, streamed into it by engine/corpus.py where it is
+    not there yet, or resumed where a preparation stopped. As prepare's, one process per data_dir prepares while
+    the others wait on the folder's lock."""
+    label, identity, files = streamed_identity(dataset, tokenizer)
+    folder = Path(data_dir) / label
+    if (folder / "meta.json").exists():
+        return folder
+    name, config, split = streamed_spec(dataset)
+    dtype = token_dtype(enc.n_vocab)
+    try:
+        # opened before the lock: a corpus that cannot be read writes nothing, not even the lock file
+        stream = corpus.open_stream(str(resolved(name)) if files else name, config, split, files)
+        head = dict(tokenizer=tokenizer, vocab_size=enc.n_vocab, dtype=np.dtype(dtype).name,
+                    source={"dataset": dataset, **stream.source, "files": len(files) if files else None,
+                            "identity": identity})
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with open(f"{folder}.lock", "w", opener=open_own) as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (folder / "meta.json").exists():  # another process may have prepared it while this one waited
+                corpus.write_streamed(folder, stream, functools.partial(encode_documents, tokenizer), workers, head,
+                                      dtype)
+    except corpus.CorpusError as e:
+        raise DataError(str(e)) from None
+    except OSError as e:
+        raise cannot_access(e, data_dir) from e
+    return folder
+
+
+@functools.cache
+def worker_tokenizer(name):
+    return get_tokenizer(name)
+
+
+def encode_documents(tokenizer, texts, first):
+    """(train ids, val ids) of a chunk of a streamed corpus's documents, numbered from first: each document's ids
+    after the tokenizer's delimiter (GPT-2's <|endoftext|>, as nanoGPT's and llm.c's preparations; a newline for byte
+    tokens, as a folder's files are joined), document i in val when i % corpus.VAL_EVERY == 0. What the worker
+    processes of engine/corpus.py run."""
+    enc = worker_tokenizer(tokenizer)
+    dtype = token_dtype(enc.n_vocab)
+    delimiter = np.array([enc.eot_token if tokenizer == "gpt2" else ord("\n")], dtype=dtype)
+    parts = {"train": [np.empty(0, dtype)], "val": [np.empty(0, dtype)]}
+    for i, text in enumerate(texts, first):
+        parts["val" if i % corpus.VAL_EVERY == 0 else "train"] += [delimiter, encode(enc, text).astype(dtype)]
+    return np.concatenate(parts["train"]), np.concatenate(parts["val"])
 
 
 META_TYPES = dict(tokenizer=str, vocab_size=int, dtype=str, train_tokens=int, val_tokens=int, source=dict,
@@ -547,21 +681,31 @@ def eval_batches(starts, batch_size, rank, world_size):
 
 @dataclass
 class PrepareOptions:
-    dataset: str = help_of("builtin, shakespeare, or a path to a UTF-8 text file or a folder of text files",
+    dataset: str = help_of("builtin, shakespeare, a path to a UTF-8 text file or a folder of text files, or "
+                           "hf:NAME[:CONFIG[:SPLIT]] (datasets: a Hub name, or local parquet, JSON lines, text)",
                            default="builtin")
     tokenizer: Literal["byte", "gpt2"] = help_of(" or ".join(TOKENIZERS), default="byte")
     data_dir: str = help_of("where the prepared folders go", default="data")
     url: Optional[str] = help_of("where to download shakespeare from (file:// works)", default=None)
+    workers: Optional[int] = help_of("processes that tokenize an hf: corpus (None: one per core this process may use)",
+                                     default=None)
+
+
+def what_was_read(source):
+    """The files (or, of a corpus of the datasets library, the documents) a preparation read."""
+    if "documents" in source:
+        return f"{source['documents']:,} documents read ({source['val_documents']:,} in val)"
+    return f"{source['files']} files read"
 
 
 def main(argv):
     if wants_help(argv):
         print_help(__doc__, PrepareOptions)
         return 0
-    handlers = signals.stop_on_signals()
+    handlers, opts = signals.stop_on_signals(), None
     try:
         opts = build(PrepareOptions, parse(argv, PrepareOptions))
-        folder = prepare(opts.dataset, opts.tokenizer, opts.data_dir, opts.url)
+        folder = prepare(opts.dataset, opts.tokenizer, opts.data_dir, opts.url, opts.workers)
         meta = load_meta(folder)
     except (UsageError, DataError) as e:
         return fail("data.py", e)
@@ -570,13 +714,15 @@ def main(argv):
         return 1
     except KeyboardInterrupt as stop:
         sig = signals.signum(stop)
+        streamed = opts is not None and is_streamed(opts.dataset)
+        resumes = "; an hf: corpus resumes from its last chunk when run again" if streamed else ""
         print(f"data.py: stopped by {signals.name(sig)}; nothing was prepared (a prepared folder is complete or "
-              "absent)", file=sys.stderr)
+              f"absent){resumes}", file=sys.stderr)
         return signals.exit_code(sig)
     finally:
         signals.restore(handlers)
     print(f"{folder}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens ({meta['dtype']}), "
-          f"vocab {meta['vocab_size']}, {meta['source']['files']} files read")
+          f"vocab {meta['vocab_size']}, {what_was_read(meta['source'])}")
     # max: a split of one repeated token sums to -0.0 (or a rounding below it), which would print as "-0.0000"
     print(f"unigram entropy of val: {max(0.0, meta['unigram_entropy']):.4f} nats/token")
     return 0

@@ -14,8 +14,13 @@ final §6: the LR rises from 0 to --lr at --max_iters); --mode=lr runs each LR o
 A recipe's first seeds are a pilot (--pilot runs only them) that chooses each arm's LR and the number of tested
 seeds, never tested; the design's hash goes into the sweep's design.json before any run starts.
 Re-running a command skips finished runs and resumes interrupted ones; --dry_run prints the train.py commands
-still to run, one per line, for a cluster scheduler, and runs nothing. Before any run starts, every run passes
-train.py's checks, and a finished or resumable run must have trained with this command's configs and on its data.
+still to run, one per line, for a cluster scheduler, and runs nothing. --launcher=slurm submits the runs to Slurm
+through submitit instead, one job array (lab/launch.py: --partition, --time_min, --gpus_per_run, ...), waits for
+them and writes the summary; a preempted or timed-out job is requeued and resumes from its checkpoint, and a sweep
+left to Slurm is summarized later with --collect (which starts nothing):
+    python sweep.py --recipe=normformer_loss --scale=gpu --launcher=slurm --partition=gpu --jobs=32 --dry_run
+Before any run starts, every run passes train.py's checks, and a finished or resumable run must have trained with
+this command's configs and on its data.
 Writes summary.json, summary.csv and a Markdown table on stdout (docs/instruments.md, "Sweeps and plots", says what
 each mode summarizes; `python plot.py --experiments=sweeps --out=docs` writes the results page). Exit code 0; 4
 where runs failed (crashed, or were refused by train.py: not a divergence, which is a result); 2 bad input, 1 a
@@ -43,9 +48,10 @@ from engine import run_reader
 from engine import runtime
 from engine import signals
 from engine import tensorboard_view
+from lab import launch
 from lab import pool
 from lab import recipes
-from lab.runs import Run, exit_code, forget_notes, is_finished, say_notes
+from lab.runs import Run, exit_code, forget_notes, is_finished, restart_flags, say_notes
 from lab.summary import design_record, previous_summary, write_summary
 from presets import PRESETS
 from engine.files import WriteError
@@ -102,18 +108,20 @@ class Plan:
     check_lrs: Optional[dict] = None  # the replicate's {variant: LRs} on its first check_seeds seeds (the grid check)
     check_seeds: int = 0
     best_lrs: Optional[dict] = None  # the replicate's {variant: LR} a best_loss claim reads (the original pilot's)
+    launch_options: launch.LaunchOptions = dataclasses.field(default_factory=launch.LaunchOptions)  # where the runs run
 
 
 def parse_args(argv):
     """Split argv into the sweep's own options and the flags every run gets (checked by train.py's parser)."""
-    own, train_argv = flags.split(argv, SweepOptions)
-    given = flags.parse(own, SweepOptions, choices={"recipe": list(recipes.RECIPES)})
+    own, train_argv = flags.split(argv, SweepOptions, launch.LaunchOptions)
+    given = flags.parse(own, SweepOptions, launch.LaunchOptions, choices={"recipe": list(recipes.RECIPES)})
     opts = flags.build(SweepOptions, given)
     shared = configs.parse_flags(train_argv)  # the flags every run gets, parsed once
     plan = Plan(variants=[v for v in opts.variants.split(",") if v], lrs=[lr for lr in opts.lrs.split(",") if lr],
                 seeds=opts.seeds, first_seed=opts.first_seed, mode=opts.mode, jobs=opts.jobs, out_dir=opts.out_dir,
                 dry_run=opts.dry_run, train_argv=train_argv, reference=opts.reference or None,
-                recipe=opts.recipe or None, scale=opts.scale, pilot=opts.pilot, replicate=opts.replicate)
+                recipe=opts.recipe or None, scale=opts.scale, pilot=opts.pilot, replicate=opts.replicate,
+                launch_options=launch.check(flags.build(launch.LaunchOptions, given), given, opts.dry_run, opts.scale))
     if (plan.pilot or plan.replicate) and not plan.recipe:
         raise UsageError(f"--{'pilot' if plan.pilot else 'replicate'} runs a recipe's "
                          f"{'pilot' if plan.pilot else 'replicate'} seeds; give --recipe=NAME")
@@ -152,6 +160,12 @@ def parse_args(argv):
                          "--out_dir and --mode instead")
     check_reference(plan)
     return plan
+
+
+def runs_here(plan):
+    """Whether the runs start on this machine: not --dry_run's commands, nor Slurm's jobs (its nodes have their own
+    devices and memory)."""
+    return not plan.dry_run and plan.launch_options.launcher != "slurm"
 
 
 def set_per_run(name, mode):
@@ -266,7 +280,7 @@ def replicate_settings(plan):
 def check_scale(plan, shared):
     """--scale=gpu runs where a GPU is, or where the command line asks for its device (--device=cpu): GPU-sized runs
     that --device=auto would put on this machine's CPU are refused (--dry_run prints them for a GPU node)."""
-    if plan.scale == "gpu" and not plan.dry_run and "device" not in shared and \
+    if plan.scale == "gpu" and runs_here(plan) and "device" not in shared and \
             runtime.concrete_device("auto") == "cpu":
         raise UsageError("--scale=gpu is the recipe at a GPU's size (GPT-3 Small's shape, 65K tokens a step), and this "
                          "machine has no CUDA GPU: its runs would take days on the CPU; run it on a GPU node, add "
@@ -322,15 +336,16 @@ def runs_at(plan, variant, lr, seed):
 def train_flags(run, plan):
     """The flags of one run: the common ones less those the variant sets (a recipe's base flags; the command line's
     are refused where a variant sets them), the variant's, then what the sweep sets per run: each flag once, as
-    train.py takes them."""
+    train.py takes them; --resume or --overwrite as the run's folder asks (restart_flags)."""
+    return [*run_flags(run, plan), *restart_flags(run.dir)]
+
+
+def run_flags(run, plan):
+    """train_flags but --resume and --overwrite: what a job sent to a scheduler decides when it starts."""
     argv = [*flags.replaced(plan.train_argv, variant_flags(run.variant)), f"--lr={run.lr}", f"--seed={run.seed}",
             f"--out_dir={run.dir}"]
     if plan.mode == "ramp":
         argv.append("--lr_schedule=ramp")
-    if run_reader.has_checkpoint(run.dir):
-        argv.append("--resume")
-    elif os.path.isdir(run.dir) and os.listdir(run.dir):
-        argv.append("--overwrite")  # a previous attempt stopped before its first checkpoint
     return argv
 
 
@@ -378,8 +393,8 @@ def run_configs(run, plan, machine):
     argv = [f for f in train_flags(run, plan) if f not in ("--resume", "--overwrite")]
     try:
         given = configs.parse_flags(argv)
-        model_cfg, tc, device, _ = configs.resolve(given, machine=not plan.dry_run)
-        if not plan.dry_run:
+        model_cfg, tc, device, _ = configs.resolve(given, machine=runs_here(plan))
+        if runs_here(plan):
             runtime.check_memory(model_cfg, tc, device, machine)
             tensorboard_view.check_installed(tc.tensorboard)
     except UsageError as e:
@@ -394,10 +409,38 @@ def data_meta(run, tc, metas):
     key = (tc.dataset, tc.tokenizer, tc.data_dir)
     if key not in metas:
         try:
+            if data.is_streamed(tc.dataset) and data.prepared_streamed(*key) is None:
+                raise UsageError(f"variant {run.variant}: {not_prepared(tc)}; prepare it first, once for every run")
             metas[key] = data.load_meta(data.prepare(*key))
         except data.DataError as e:
             raise UsageError(f"variant {run.variant}: {e}") from None
     return metas[key]
+
+
+def not_prepared(tc):
+    """What a corpus of the datasets library that is not prepared yet needs: sweep.py does not stream billions of
+    tokens before its runs (data.py does, in worker processes, resumably)."""
+    return (f"--dataset={tc.dataset} is not prepared in --data_dir={tc.data_dir}: python data.py "
+            f"--dataset={tc.dataset} --tokenizer={tc.tokenizer} --data_dir={tc.data_dir} prepares it (docs/scale.md)")
+
+
+def gpu_estimate(runs, plan):
+    """The lines --scale=gpu --dry_run ends with on stderr: the runs' tokens and H100-hours (lab.bench.gpu_hours),
+    and the corpus to prepare first where it is not prepared."""
+    from lab import bench  # here: torch's model on the meta device, only for this estimate
+    tokens, hours, corpora, per_token = 0, 0.0, set(), {}  # per_token: H100-hours a token, by model config
+    for run in runs:
+        model_cfg, tc = run_configs(run, plan, None)
+        run_tokens = tc.max_iters * tc.batch_size * tc.grad_accum * model_cfg.block_size * \
+            max(1, plan.launch_options.gpus_per_run)
+        if repr(model_cfg) not in per_token:  # a model built once per config, not once per run
+            per_token[repr(model_cfg)] = bench.gpu_hours(model_cfg, 1)
+        tokens, hours = tokens + run_tokens, hours + per_token[repr(model_cfg)] * run_tokens
+        if data.is_streamed(tc.dataset) and data.prepared_streamed(tc.dataset, tc.tokenizer, tc.data_dir) is None:
+            corpora.add(not_prepared(tc))
+    return [f"sweep.py: {len(runs)} runs, {tokens / 1e9:,.1f}B tokens: about {hours:,.0f} GPU-hours on H100s (model "
+            f"FLOPs at the {bench.H100_MODEL_FLOPS / 1e12:.0f} TFLOP/s GPT-2 small reached on one, docs/benchmarks.md;"
+            " evaluation not counted)", *(f"sweep.py: note: {line}" for line in sorted(corpora))]
 
 
 def check_data(run, model_cfg, tc, metas):
@@ -466,7 +509,7 @@ def default_values(cls):
 
 def main(argv):
     if flags.wants_help(argv):
-        flags.print_help(__doc__, SweepOptions)
+        flags.print_help(__doc__, SweepOptions, launch.LaunchOptions)
         return 0
     forget_notes()
     try:
@@ -492,26 +535,40 @@ def main(argv):
 
 
 def run_sweep(plan, runs, todo, metas, machine):
-    """Print --dry_run's commands, or run what is left and write the summaries. Exit code 0; RUNS_FAILED where runs
-    failed (crashed or were refused), with one line counting them; or 128 + the signal that stopped the sweep (its
-    runs stopped with a checkpoint). metas, machine: check_runs'."""
-    elsewhere = [run for run in todo if files.held_by(run.dir)]
+    """Print --dry_run's commands, or run what is left (with --collect, nothing) and write the summaries. Exit code 0;
+    RUNS_FAILED where runs failed (crashed or were refused), with one line counting them; or 128 + the signal that
+    stopped the sweep (its runs stopped with a checkpoint). metas, machine: check_runs'."""
+    elsewhere = [run for run in todo if files.held_by(run.dir) or launch.queued(run)]
     for run in elsewhere:
-        print(f"sweep.py: {run.dir} is running in another process ({files.held_by(run.dir)}); left to it",
-              file=sys.stderr)
+        where = f"in another process ({files.held_by(run.dir)})" if files.held_by(run.dir) else \
+            f"as {launch.queued(run)}"
+        print(f"sweep.py: {run.dir} is running {where}; left to it", file=sys.stderr)
     todo = [run for run in todo if run not in elsewhere]
     if plan.dry_run:
+        if plan.launch_options.launcher == "slurm" and todo:
+            print(launch.sbatch_script(plan.launch_options, plan.jobs, job_name(plan), plan.out_dir, len(todo)))
         for run in todo:
             print(shlex.join(["python", "train.py", *train_flags(run, plan)]))
+        if plan.scale == "gpu":
+            print("\n".join(gpu_estimate(todo, plan)), file=sys.stderr)
         return 0
-    print(f"{len(runs)} runs, {len(runs) - len(todo) - len(elsewhere)} finished already, {len(elsewhere)} running "
-          f"elsewhere, {len(todo)} to run, {plan.jobs} at a time")
+    if plan.launch_options.collect:
+        print(f"{len(runs)} runs, {len(runs) - len(todo) - len(elsewhere)} finished, {len(elsewhere)} running "
+              f"elsewhere or queued, {len(todo)} neither: --collect starts nothing")
+        todo = []
+    else:
+        print(f"{len(runs)} runs, {len(runs) - len(todo) - len(elsewhere)} finished already, {len(elsewhere)} running "
+              f"elsewhere, {len(todo)} to run, {plan.jobs} at a time")
     started = time.time()
     if plan.recipe and todo:
         record_design(plan)
-    stopped = pool.run_all(todo, plan.jobs, functools.partial(train_command, plan=plan))
+    if plan.launch_options.launcher == "pool":
+        stopped = pool.run_all(todo, plan.jobs, functools.partial(train_command, plan=plan))
+    else:
+        stopped = launch.run_all(todo, functools.partial(run_flags, plan=plan), plan.launch_options, plan.jobs,
+                                 job_name(plan), plan.out_dir) if todo else None
     if stopped:
-        print(stop_message(stopped, todo), file=sys.stderr)
+        print(stop_message(stopped, todo, plan.launch_options.launcher), file=sys.stderr)
         return signals.exit_code(stopped)
     check_runs(runs, plan, metas, machine)  # a run another process finished meanwhile may hold other settings or data
     failed = write_summary(plan, runs, wall_s=time.time() - started if todo else 0.0)
@@ -521,6 +578,11 @@ def run_sweep(plan, runs, todo, metas, machine):
               f"{RUNS_FAILED}", file=sys.stderr)
         return RUNS_FAILED
     return 0
+
+
+def job_name(plan):
+    """The name of a sweep's jobs in the scheduler's queue: the recipe's, or the sweep folder's."""
+    return f"nanonorm-{plan.recipe or os.path.basename(os.path.abspath(plan.out_dir))}"
 
 
 def record_design(plan):
@@ -555,9 +617,12 @@ def refused_resumes(todo):
             "remove the run (its folder, .exit and .out) to train it afresh")
 
 
-def stop_message(stopped, todo):
+def stop_message(stopped, todo, launcher="pool"):
     """The line of a stopped sweep: which of its unfinished runs resume from a checkpoint and which start afresh (a
-    run stopped, or killed, before its first checkpoint has none)."""
+    run stopped, or killed, before its first checkpoint has none); Slurm's jobs are left to Slurm."""
+    if launcher == "slurm":
+        return (f"sweep.py: stopped by {signals.name(stopped)} while waiting; the Slurm jobs go on: run the same "
+                "command with --collect to summarize what has finished, or again to submit what has not")
     left = [run for run in todo if not is_finished(run)]
     resume = sum(run_reader.has_checkpoint(run.dir) for run in left)
     return (f"sweep.py: stopped by {signals.name(stopped)}; of its {len(left)} unfinished runs, {resume} resume from a "

@@ -90,6 +90,20 @@ class BenchOptions:
         "the fastest", default="default")
 
 
+# model FLOPs a second of GPT-2 small's training step on one H100 (bf16, compiled, batch 16; docs/benchmarks.md,
+# 2026-11-26): what sweep.py's --scale=gpu --dry_run divides a sweep's FLOPs by
+H100_MODEL_FLOPS = 373e12
+
+
+def gpu_hours(model_cfg, tokens):
+    """H100-hours of training a model of model_cfg on `tokens` tokens at H100_MODEL_FLOPS (6N + 12LTd FLOPs a token,
+    model.flops_per_token; evaluation not counted). The model is built on the meta device: its parameters are
+    counted and nothing is allocated."""
+    with torch.device("meta"):
+        model = GPT(model_cfg)
+    return flops_per_token(model, model_cfg) * tokens / H100_MODEL_FLOPS / 3600
+
+
 def parse(argv):
     """bench.py's own five flags, then train.py's for the rest (one parser, same syntax, same errors).
     Each variant's flags go in before the explicit ones, so the command line overrides them, as with --preset."""

@@ -33,6 +33,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
+from data import FINEWEB_EDU
+
 # Measured on ../shared/papers: NormFormer, both versions, 72,076 bytes in 21,372 GPT-2 tokens (3.42 final, 3.30
 # arXiv v1); all five papers, 176,362 bytes in 26,838 whitespace-separated words
 BYTES_PER_GPT2_TOKEN = 3.37
@@ -156,10 +158,18 @@ def cpu(n_layer=4, n_embd=64, n_head=4, batch_size=8):
             "--block_size=64", f"--batch_size={batch_size}", "--log_interval=10"]
 
 
+# The GPU versions' corpus: web text of the papers' kind, large enough that no run reads a token twice (the longest
+# reads 5,000 x 65,536 = 0.33B tokens). sweep.py refuses to start the runs until data.py has prepared it.
+GPU_CORPUS = FINEWEB_EDU
+GPU_CORPUS_TOKENS = 9_600_000_000  # sample-10BT's train split, about 10B GPT-2 tokens less the 1% held out for val
+GPU_DATA = ("FineWeb-Edu's sample-10BT in GPT-2 BPE tokens (educational web pages, about 10B tokens; a run reads at "
+            "most 0.33B of them, less than one pass; each paper's own corpus is named in the CPU deviations)")
+
+
 def gpu(n_layer=12, n_embd=768, n_head=12):
-    """The GPU versions: GPT-3 Small's shape, GPT-2's BPE, 65K tokens a step. The builtin corpus is a few million
-    BPE tokens: give a larger one on the command line (--dataset=PATH comes after the recipe's flags and wins)."""
-    return ["--dataset=builtin", "--tokenizer=gpt2", f"--n_layer={n_layer}", f"--n_embd={n_embd}",
+    """The GPU versions: GPT-3 Small's shape, GPT-2's BPE, 65K tokens a step, on GPU_CORPUS (--dataset=PATH on the
+    command line comes after the recipe's flags and wins)."""
+    return [f"--dataset={GPU_CORPUS}", "--tokenizer=gpt2", f"--n_layer={n_layer}", f"--n_embd={n_embd}",
             f"--n_head={n_head}", "--block_size=1024", "--batch_size=16", "--grad_accum=4", "--eval_iters=20",
             "--log_interval=10"]
 
@@ -234,8 +244,7 @@ NF_LOSS_DEVIATIONS = (NF_DEVIATIONS.replace("512 tokens", "1,024 tokens") + "; 6
 NF_LOSS_GPU_DEVIATIONS = ("12 x 768 (the paper's 125M shape) and the same 128-wide, 4-head variants, bfloat16 where "
                           "the GPU has it, 5,000 steps with 500 warmup (the paper: 100,000), 65K tokens a step, each "
                           "arm at its best of LRs 5e-4 to 4e-3 on the pilot seeds, the target per GPT-2 token "
-                          "converted to bytes as on CPU although these runs count tokens; the builtin corpus unless "
-                          "--dataset names a larger one")
+                          "converted to bytes as on CPU although these runs count tokens; " + GPU_DATA)
 
 
 def depth(variant, n):
@@ -294,8 +303,7 @@ RECIPES = {
                    "divergence rules stop them first; the step at which a run fails is chaotic: it moves with the "
                    "thread count and the CPU, by as much as the spread table below measures",
         gpu_deviations="12 x 768 (the paper's 125M shape), float16 with GradScaler, the LR rising by 5e-5 a step "
-                       "as in final Fig. 5; 65K tokens a step (the paper: 524K); the builtin corpus unless "
-                       "--dataset names a larger one",
+                       "as in final Fig. 5; 65K tokens a step (the paper: 524K); " + GPU_DATA,
         figure="ramp"),
     "normformer_lr": Recipe(
         title="NormFormer is less sensitive to the LR than the baseline (Wortsman et al.'s LR sensitivity)",
@@ -315,8 +323,7 @@ RECIPES = {
         gpu_lrs=GPU_LR_GRID, gpu_flags=[*gpu(), *GPU_CURVE_TRAINING],
         deviations=NF_DEVIATIONS + "; 200 steps at each of 8 LRs from 3e-4 to 1 (the paper reports the LR stability "
                    "test, not an LR sweep; the sweep and its statistic are Wortsman et al.'s)",
-        gpu_deviations="12 x 768, 2,000 steps at each of 6 LRs from 1e-4 to 3e-2; the builtin corpus unless "
-                       "--dataset names a larger one",
+        gpu_deviations="12 x 768, 2,000 steps at each of 6 LRs from 1e-4 to 3e-2; " + GPU_DATA,
         figure="loss_vs_lr"),
     "normformer_loss": Recipe(
         title="NormFormer reaches a lower validation loss than the baseline at equal steps, each at its own best "
@@ -413,7 +420,7 @@ RECIPES = {
                    "50-step window) at LR 1e-1, near where Vanilla failed in nanonorm's earlier LR ramp (about 0.2), "
                    "shown as descriptive rows (no design of this size has power for them)",
         gpu_deviations="24 x 1024 (the paper's 350M shape), float16 with GradScaler, 5,000 steps at LRs 5e-4 and "
-                       "5e-3; the builtin corpus unless --dataset names a larger one",
+                       "5e-3; " + GPU_DATA,
         figure="grad_ratio"),
     "deepnorm_depth": Recipe(
         title="Deep Post-LN fails to train where DeepNorm trains, and the gap grows with depth",
@@ -472,8 +479,7 @@ RECIPES = {
                    "a control outside Holm's family (the paper predicts no gap there); a run has left the unigram "
                    "plateau when its final val loss is below 0.9 x the val split's unigram entropy",
         gpu_deviations="a decoder-only model 256 wide at 6, 18 and 36 layers, 2,000 steps with 400 warmup, each arm "
-                       "at its best of LRs 5e-4 to 2e-3 on the pilot seeds; the builtin corpus unless --dataset names "
-                       "a larger one",
+                       "at its best of LRs 5e-4 to 2e-3 on the pilot seeds; " + GPU_DATA,
         figure="depth"),
     "powernorm": Recipe(
         title="PowerNorm beats LayerNorm; BatchNorm and PN-V fall behind it (pre-norm, the same hyperparameters)",
@@ -519,7 +525,7 @@ RECIPES = {
                    "statistics beside its eval-mode (running) one, on the same windows, to separate that leakage "
                    "from the paper's mechanism",
         gpu_deviations="12 x 768 decoder-only LM, 5,000 steps with 500 warmup; batch statistics see the batch's "
-                       "future tokens in training; the builtin corpus unless --dataset names a larger one",
+                       "future tokens in training; " + GPU_DATA,
         figure="loss_vs_lr"),
     "qk_norm_lr": Recipe(
         title="qk-layernorm lowers the LR sensitivity",
@@ -540,8 +546,7 @@ RECIPES = {
         deviations="4 layers x 64 wide (the paper sweeps models of many sizes, far larger), 64 byte tokens of the "
                    "Python standard library a sequence, 200 steps at each of 8 LRs from 3e-4 to 1 (the paper: far "
                    "longer runs), float32 on CPU, weight decay 0.1",
-        gpu_deviations="12 x 768, 2,000 steps at each of 6 LRs from 1e-4 to 3e-2; the builtin corpus unless "
-                       "--dataset names a larger one",
+        gpu_deviations="12 x 768, 2,000 steps at each of 6 LRs from 1e-4 to 3e-2; " + GPU_DATA,
         figure="loss_vs_lr"),
     "z_loss_lr": Recipe(
         title="z-loss lowers the LR sensitivity where weight decay is off",
@@ -571,8 +576,7 @@ RECIPES = {
                    "longer runs), float32 on CPU; the baseline's |mean log Z| at the end of its LR-1e-1 runs is "
                    "shown beside the claim, as the check that there was a drift to prevent; both arms without "
                    "weight decay, where the paper sees the divergence",
-        gpu_deviations="12 x 768, 2,000 steps at each of 6 LRs from 1e-4 to 3e-2, no weight decay; the builtin "
-                       "corpus unless --dataset names a larger one",
+        gpu_deviations="12 x 768, 2,000 steps at each of 6 LRs from 1e-4 to 3e-2, no weight decay; " + GPU_DATA,
         figure="loss_vs_lr"),
 }
 

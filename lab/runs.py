@@ -76,3 +76,15 @@ def is_finished(run):
     .exit, and one stopped between its final checkpoint and its "done" line has finished), held to the exit code
     recorded beside it (run_reader.agreed_end: a 0 or 3 the log does not bear out is refused, not counted)."""
     return run_reader.agreed_end(run.dir, read_events(run.dir), exit_code(run), run.dir + ".exit") is not None
+
+
+def restart_flags(run_dir):
+    """How train.py starts in a run's folder: --resume beside a checkpoint, --overwrite where a previous attempt
+    stopped before its first one, nothing in a fresh folder. Decided when the run starts (a job requeued after a
+    preemption resumes)."""
+    if run_reader.has_checkpoint(run_dir):
+        return ["--resume"]
+    if os.path.isdir(run_dir) and os.listdir(run_dir):
+        return ["--overwrite"]  # a previous attempt stopped before its first checkpoint
+    return []
+

@@ -25,6 +25,7 @@ from engine import run_reader
 from engine import runtime
 from engine.flags import UsageError
 from lab import claims as claims_lib
+from lab import launch
 from lab.claims import PLATEAU, RATIO_STEPS
 from lab import recipes
 from lab import schema
@@ -487,9 +488,10 @@ def recipe_record(sweep):
 
 def missing_runs(runs, records):
     """(failed, elsewhere): how many runs did not finish and are not running (they crashed, were refused or were
-    killed: their .out says why), and how many are still running in another process."""
+    killed: their .out says why), and how many are still running in another process or queued as a scheduler's job
+    (lab/launch.queued)."""
     unfinished = [run for run, record in zip(runs, records) if record["status"] == "unfinished"]
-    elsewhere = sum(files.held_by(run.dir) is not None for run in unfinished)
+    elsewhere = sum(files.held_by(run.dir) is not None or launch.queued(run) is not None for run in unfinished)
     return len(unfinished) - elsewhere, elsewhere
 
 
@@ -500,7 +502,8 @@ def no_verdict(total, failed, elsewhere):
     if failed == total:
         return f"all {total} runs failed: they crashed or were refused, see their .out files"
     parts = ([f"{failed} of {total} runs failed: they crashed or were refused, see their .out files"] if failed
-             else []) + ([f"{elsewhere} of {total} runs still running in another process"] if elsewhere else [])
+             else []) + ([f"{elsewhere} of {total} runs still running in another process or queued"] if elsewhere
+                         else [])
     return "; ".join(parts) or None
 
 
@@ -570,7 +573,7 @@ def write_summary(sweep, runs, wall_s=0.0):
         files.write_atomic(os.path.join(sweep.out_dir, "summary.csv"), table.getvalue().encode())
     if failed + elsewhere:
         print(f"{failed + elsewhere} of {len(records)} runs did not finish ({elsewhere} of them still running in "
-              "another process; see the others' .out files); the summary leaves them out")
+              "another process or queued; see the others' .out files); the summary leaves them out")
     print(markdown(rows))
     if compared:
         print()
