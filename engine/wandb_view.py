@@ -126,8 +126,10 @@ def open_run(out_dir, state, script):
     if run.offline:
         note(script, f"{why}, so the W&B run is offline, in {run.sync_dir}; upload it with: wandb sync "
                      f"{shlex.quote(run.sync_dir)}")
-    else:
+    elif run.url:
         note(script, f"the W&B run is {run.url}")
+    else:  # WANDB_MODE=disabled
+        note(script, f"{why}, so W&B keeps nothing of this run")
     return run, previous is not None
 
 
