@@ -24,6 +24,7 @@ from typing import Literal, NamedTuple, Optional
 import data
 from engine import flags
 from engine import runtime
+from engine import wandb_view
 from engine.flags import UsageError
 from model import POSITIVE, GPTConfig, Range, block_layout, flag, out_of_range
 from presets import CONTEXTS, PRESETS
@@ -88,6 +89,18 @@ class TrainConfig:
     overwrite: bool = flag(False, "start afresh in an out_dir that holds a run (deletes it)", "nanonorm")
     tensorboard: bool = flag(False, "TensorBoard event files beside log.jsonl, a view of it (never read back)",
                              "torch.utils.tensorboard")
+    # Weights & Biases (engine/wandb_view.py): nanoGPT's wandb_log, wandb_project and wandb_run_name, and the group
+    # and tags that show a sweep's arms side by side (sweep.py sets them per run)
+    wandb: bool = flag(False, "log to Weights & Biases too, a view of log.jsonl; offline without an API key",
+                       "nanoGPT (wandb_log)")
+    wandb_project: str = flag(wandb_view.PROJECT, "the W&B project", "nanoGPT",
+                              "1-128 characters, none of / \\ # ? % :", needs="wandb")
+    wandb_run_name: Optional[str] = flag(None, "the W&B run's name", "nanoGPT", "text",
+                                         none="the run folder's name", needs="wandb")
+    wandb_group: Optional[str] = flag(None, "the W&B group (sweep.py: the recipe, or the sweep folder's name)", "W&B",
+                                      "1-128 characters", none="no group", needs="wandb")
+    wandb_tags: Optional[str] = flag(None, "W&B tags beside lr:, seed: and preset: (sweep.py adds recipe:, variant:)",
+                                     "W&B", "comma-separated", none="no more", needs="wandb")
     keep_checkpoints: int = flag(1, "keep ckpt-<step>.pt of the last K checkpoints and of the best", "nanonorm",
                                  POSITIVE)
     # loss-spike instruments (diagnostics/instruments.py) and mitigations. Diverged: a non-finite loss or gradient
@@ -251,6 +264,11 @@ def check_train_config(tc, given):
         raise UsageError(f"--device={tc.device} is not a device; choose auto, cpu, cuda, cuda:N or mps (N < 10000)")
     if not tc.out_dir.strip():
         raise UsageError("--out_dir is empty; give a folder for config.json, log.jsonl and checkpoints")
+    if not re.fullmatch(r"[^/\\#?%:]{1,128}", tc.wandb_project):  # W&B's rule for a project's name
+        raise UsageError(f"--wandb_project={tc.wandb_project} is not a W&B project name; give 1-128 characters, none "
+                         "of / \\ # ? % :")
+    if tc.wandb_group is not None and not 1 <= len(tc.wandb_group) <= 128:  # W&B's longest group
+        raise UsageError(f"--wandb_group has {len(tc.wandb_group)} characters; give 1-128")
     if not tc.data_dir.strip():
         raise UsageError("--data_dir is empty (it would prepare into the current folder); give a folder for the "
                          "prepared data, such as data")
@@ -378,6 +396,8 @@ RESUME = {
     "log_interval": EXTENDS, "always_save_checkpoint": EXTENDS, "resume": BOOKKEEPING, "preset": KEPT,
     "seed": KEPT,  # the initial weights and every batch
     "overwrite": BOOKKEEPING, "keep_checkpoints": EXTENDS, "tensorboard": EXTENDS,
+    "wandb": EXTENDS, "wandb_project": EXTENDS, "wandb_run_name": EXTENDS, "wandb_group": EXTENDS,
+    "wandb_tags": EXTENDS,
     # the divergence and spike bounds judge the steps from the resumed one on (docs/guarantees.md)
     "diverge_loss": EXTENDS, "diverge_gap": EXTENDS, "spike_window": EXTENDS, "spike_z": EXTENDS,
     "skip_spikes": KEPT,  # which updates the steps so far skipped

@@ -15,7 +15,8 @@ folder's path with _ for each separator (numbered +1, +2 where two runs' names w
     headroom_<run>.png        max |x| per op and layer at the last headroom step against float16's 65504
 A plot whose events are absent is skipped with a note. With --tensorboard, no pictures: each run's TensorBoard view,
 the event files train.py --tensorboard writes, is written beside its log.jsonl (engine/tensorboard_view.py), for runs
-that ran without it.
+that ran without it; with --wandb, each run's W&B run, as train.py --wandb sends it (engine/wandb_view.py: offline
+without an API key, a note saying where each is and how to upload it).
 
 The results page (lab/results_page.py): `python plot.py --experiments=sweeps --out=docs` reads
 the summary.json of every recipe's sweep under sweeps/ (python sweep.py --recipe=NAME) and writes
@@ -41,6 +42,8 @@ from dataclasses import dataclass
 from engine import files
 from engine import flags
 from engine import run_reader
+from engine import views
+from engine import wandb_view
 from engine.flags import UsageError, help_of
 from lab import schema
 from lab.figures import FP16_MAX, legend_outside, log_lr_axis, make_folder, plt, save_png
@@ -303,6 +306,9 @@ def plot_headroom(label, file_name, headroom, out):
     save(fig, out, f"headroom_{file_name}.png")
 
 
+VIEWS = ("tensorboard", "wandb")  # the options that write each run's views (engine/views.py) in place of pictures
+
+
 @dataclass
 class PlotOptions:
     out: str = help_of("the folder the pictures go to", default="plots")
@@ -311,6 +317,8 @@ class PlotOptions:
                                "figures from their summary.json files", default="")
     tensorboard: bool = help_of("no pictures: write each run's TensorBoard view beside its log.jsonl, the event files "
                                 "train.py --tensorboard writes, for runs that ran without it", default=False)
+    wandb: bool = help_of("no pictures: write each run's W&B run from its log.jsonl, as train.py --wandb sends it "
+                          "(offline without an API key), for runs that ran without it", default=False)
 
 
 def parse_args(argv):
@@ -318,9 +326,10 @@ def parse_args(argv):
     given = flags.parse(argv, PlotOptions, positional="folders")
     paths, opts = given.pop("folders"), dataclasses.asdict(flags.build(PlotOptions, given))
     files.check_out_folder(opts["out"], "the pictures", "plots")
+    shown = [f"--{name}" for name in VIEWS if opts[name]]
     if opts["experiments"]:
-        if opts["tensorboard"]:
-            raise UsageError("--tensorboard views runs, --experiments writes the results page; give one of them")
+        if shown:
+            raise UsageError(f"{shown[0]} views runs, --experiments writes the results page; give one of them")
         if paths:
             raise UsageError(f"--experiments reads recipe sweeps only; drop the folders {' '.join(paths)}, or "
                              "--experiments")
@@ -330,8 +339,8 @@ def parse_args(argv):
         return paths, opts
     if not paths:
         raise UsageError("no folders given; usage: python plot.py RUN_OR_SWEEP_DIR [...] --out=DIR")
-    if opts["tensorboard"] and "out" in given:
-        raise UsageError("--tensorboard writes each run's view into its own folder, not --out; drop one of them")
+    if shown and "out" in given:
+        raise UsageError(f"{shown[0]} writes each run's view from its own folder, not into --out; drop one of them")
     twice = [path for path, n in collections.Counter(os.path.realpath(p) for p in paths).items() if n > 1]
     if twice:
         # the same run twice would draw two identical curves under one label
@@ -359,27 +368,36 @@ def plot_runs(paths, opts):
         plot_headroom(label, file_name, headroom, opts["out"])
 
 
-def write_views(paths):
-    """--tensorboard: each run's TensorBoard view (engine/tensorboard_view.py) rebuilt from its log.jsonl, the files
-    train.py --tensorboard would have written, for runs that ran without it. Every log is read and checked first; a
-    run still training is refused, since its view is its own process's to write."""
-    from engine import tensorboard_view  # here: the view needs torch, which the pictures do not
-    tensorboard_view.check_installed(True)
+def write_views(paths, opts):
+    """--tensorboard, --wandb: each run's views (engine/views.py) written from its log.jsonl as train.py would have
+    written them, for runs that ran without: TensorBoard's event files beside it, rebuilt (engine/tensorboard_view.py);
+    a new W&B run, offline without an API key (engine/wandb_view.py). Every log is read and checked first; a run still
+    training is refused, since its views are its own process's to write."""
+    if opts["tensorboard"]:
+        from engine import tensorboard_view  # here: the view needs torch, which the pictures do not
+        tensorboard_view.check_installed(True)
+    wandb_view.check_installed(opts["wandb"])
     logs, notes = [log for path in paths for log in run_logs(path)], []
     for log in logs:
         read_events(log, notes)
         folder = os.path.dirname(log)
         who = files.held_by(folder)
         if who:
-            raise UsageError(f"{folder} is in use by a run ({who}); its view is that run's to write "
-                             "(train.py --tensorboard): rebuild it once the run has ended")
+            raise UsageError(f"{folder} is in use by a run ({who}); its views are that run's to write "
+                             "(train.py --tensorboard, --wandb): write them once the run has ended")
     say(notes)
     for log in logs:
-        tensorboard_view.start(os.path.dirname(log), log, True, script="plot.py")
-        tensorboard_view.close_all()
-    above = os.path.commonpath([os.path.abspath(path) for path in paths])
-    print(f"plot.py: the TensorBoard view of {len(logs)} run{'s' if len(logs) > 1 else ''} written beside "
-          f"{'its' if len(logs) == 1 else 'their'} log.jsonl: tensorboard --logdir={above}")
+        if opts["tensorboard"]:
+            tensorboard_view.start(os.path.dirname(log), log, True, script="plot.py")
+        if opts["wandb"]:
+            wandb_view.start(os.path.dirname(log), log, True, resumed=False, script="plot.py")
+        views.close_all()
+    runs, its = f"{len(logs)} run{'s' if len(logs) > 1 else ''}", "its" if len(logs) == 1 else "their"
+    if opts["tensorboard"]:
+        above = os.path.commonpath([os.path.abspath(path) for path in paths])
+        print(f"plot.py: the TensorBoard view of {runs} written beside {its} log.jsonl: tensorboard --logdir={above}")
+    if opts["wandb"]:
+        print(f"plot.py: the W&B run of {runs} written from {its} log.jsonl")
 
 
 def main(argv):
@@ -390,8 +408,8 @@ def main(argv):
         paths, opts = parse_args(argv)
         if opts["experiments"]:
             experiments_page(opts["experiments"], opts["out"])
-        elif opts["tensorboard"]:
-            write_views(paths)
+        elif opts["tensorboard"] or opts["wandb"]:
+            write_views(paths, opts)
         else:
             plot_runs(paths, opts)
     except UsageError as e:

@@ -48,6 +48,7 @@ from engine import run_reader
 from engine import runtime
 from engine import signals
 from engine import tensorboard_view
+from engine import wandb_view
 from lab import launch
 from lab import pool
 from lab import recipes
@@ -60,7 +61,9 @@ from engine.flags import UsageError, help_of
 HERE = os.path.dirname(os.path.abspath(__file__))
 SET_BY_SWEEP = ("lr", "seed", "out_dir", "resume", "overwrite")  # per run; the user gives --lrs, --seeds instead
 RUNNING = "sweep.running.lock"  # held by the sweep running in --out_dir, for its whole life (files.claim)
-BOOKKEEPING = ("out_dir", "resume", "overwrite", "tensorboard")  # where and how a run starts or shows, not what it does
+# where and how a run starts or shows, not what it does
+BOOKKEEPING = ("out_dir", "resume", "overwrite", "tensorboard", "wandb", "wandb_project", "wandb_run_name",
+               "wandb_group", "wandb_tags")
 # a variant is a folder name inside --out_dir: no separator, no other character a shell or file system treats apart
 FOLDER_NAME = re.compile(r"[A-Za-z0-9_.=+-]+")
 MAX_COUNT = 10_000  # --seeds, --jobs and the runs of a sweep: larger is a typo, and 1e11 threads would hang the machine
@@ -342,11 +345,25 @@ def train_flags(run, plan):
 
 def run_flags(run, plan):
     """train_flags but --resume and --overwrite: what a job sent to a scheduler decides when it starts."""
-    argv = [*flags.replaced(plan.train_argv, variant_flags(run.variant)), f"--lr={run.lr}", f"--seed={run.seed}",
-            f"--out_dir={run.dir}"]
+    argv = [*flags.replaced(flags.replaced(plan.train_argv, variant_flags(run.variant)), wandb_flags(run, plan)),
+            f"--lr={run.lr}", f"--seed={run.seed}", f"--out_dir={run.dir}"]
     if plan.mode == "ramp":
         argv.append("--lr_schedule=ramp")
     return argv
+
+
+def wandb_flags(run, plan):
+    """With --wandb, W&B's names of one run: every run of the sweep in the one project of --wandb_project, grouped by
+    the recipe (or the sweep folder's name), named <variant>/<lr>/<seed> and tagged with the recipe and the variant
+    (train.py adds lr: and seed:), so that W&B shows a recipe's arms side by side; a group or a name the command
+    line gives is kept, and its tags come first."""
+    given = configs.parse_flags(plan.train_argv)
+    if not given.get("wandb"):
+        return []
+    group = given.get("wandb_group") or plan.recipe or os.path.basename(os.path.abspath(plan.out_dir))
+    name = given.get("wandb_run_name") or f"{run.variant}/{run.lr}/{run.seed}"
+    tags = [given.get("wandb_tags"), plan.recipe and f"recipe:{plan.recipe}", f"variant:{run.variant}"]
+    return [f"--wandb_group={group}", f"--wandb_run_name={name}", f"--wandb_tags={','.join(t for t in tags if t)}"]
 
 
 def train_command(run, plan):
@@ -397,6 +414,7 @@ def run_configs(run, plan, machine):
         if runs_here(plan):
             runtime.check_memory(model_cfg, tc, device, machine)
             tensorboard_view.check_installed(tc.tensorboard)
+            wandb_view.check_installed(tc.wandb)
     except UsageError as e:
         raise UsageError(f"variant {run.variant}: {e}") from None
     return model_cfg, configs.machine_free(tc, given)

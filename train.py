@@ -36,6 +36,8 @@ from engine import flags
 from engine import runtime
 from engine import signals
 from engine import tensorboard_view
+from engine import views
+from engine import wandb_view
 from diagnostics.instruments import Instruments
 from diagnostics.leakage import Leakage
 from configs import TrainConfig
@@ -101,6 +103,7 @@ def train(run, stop):
                          run.resume_changes, run.data_folder, run.data_meta)
     if machine.master:
         tensorboard_view.start(tc.out_dir, log.path, tc.tensorboard)
+        wandb_view.start(tc.out_dir, log.path, tc.wandb, resumed=checkpoint is not None)
     model = torch.compile(raw_model) if tc.compile else raw_model
     if machine.ddp:
         model = DDP(model, device_ids=[int(machine.device.split(":")[1])] if machine.device_type == "cuda" else None)
@@ -302,6 +305,7 @@ def setup(argv, machine):
 
     model_cfg, tc, device, checkpoint = configs.resolve(given, machine.world_size, checkpoint_of=checkpoint_of)
     tensorboard_view.check_installed(tc.tensorboard)
+    wandb_view.check_installed(tc.wandb)
     past_events, log_notes = run_folder.past_events(tc.out_dir) if checkpoint else ([], [])
     if checkpoint:  # the checkpoint, config.json and the log are one run's (a copied-in piece is not adopted)
         run_folder.check_pieces(tc.out_dir, checkpoint, past_events, configs.kept_flags())
@@ -377,7 +381,7 @@ def main(argv):
         return signals.exit_code(sig)
     finally:
         signals.restore({**handlers, **before})
-        tensorboard_view.close_all()
+        views.close_all()
         if lock:
             lock.close()
         if dist.is_initialized():

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from engine import files
 from engine import run_reader
 from engine import runtime
+from engine import views
 from engine.files import WriteError
 from engine.flags import UsageError, finite_number
 
@@ -527,12 +528,8 @@ def interrupted(step, tc, machine, log_path):
     return 130
 
 
-# {log path: its view}: --tensorboard's event files (engine/tensorboard_view.py) show each event logged there
-VIEWS = {}
-
-
 def log_event(path, event):
-    """One line of log.jsonl, whole or not at all (files.append_line), then shown by the log's view, if it has one."""
+    """One line of log.jsonl, whole or not at all (files.append_line), then shown by the log's views, if it has any
+    (engine/views.py: --tensorboard's event files, --wandb's W&B run)."""
     files.append_line(path, json.dumps(event) + "\n")
-    if path in VIEWS:
-        VIEWS[path].show(event)
+    views.show(path, event)

@@ -1,18 +1,9 @@
 """
 --tensorboard: a run's events as TensorBoard event files in its run folder, to watch runs as they train
-(`tensorboard --logdir=<run folder or sweep folder>`). log.jsonl stays the record that every reader uses; the event
-files are a view of it, written from the same events (run_folder.log_event hands each one to `show`) and never read
-back by nanonorm. Each event is shown at its step, every number under a tag named by its place in the log line:
-    a number                a scalar <event>/<key>: train/loss, train/lr, train/grad_norm, train/tokens_per_s,
-                            eval/val_loss, eval/train_loss, spike/z_loss_score, spike/skipped (1 or 0),
-                            overflow/loss_scale
-    a dict's number         <event>.<key>/<name>: telemetry.logits/mean_log_z, diverged.failed_op/max_abs
-    a list of per-layer rows (telemetry, headroom) <event>.<key>.<stat>/<row>/layer_<i>, the row named by its op,
-                            its parameter inside the layer and its pass (telemetry.weights.grad_l2/fc2:mlp.proj.weight/
-                            layer_3, telemetry.acts.std/fc2/layer_3, headroom.ops.max_abs/q@k:forward/layer_0); with a
-                            custom-scalars chart per figure (the tag less its layer) that draws every layer on one chart
-Every event but the routine ones (train, eval, telemetry, headroom) is text too, under its name, its log line whole:
-spikes, skipped steps, float16 overflows, the divergence with its first overflowing op, done, interrupted, resumed.
+(`tensorboard --logdir=<run folder or sweep folder>`): one of the run's views (engine/views.py), which says what is
+shown under which tag. Each event's numbers are scalars at its step, the per-layer ones with a custom-scalars chart
+per figure (the tag less its layer) that draws every layer on one chart; every event but the routine ones is text
+too, under its name, its log line whole.
 
 Every start rebuilds the view from log.jsonl, which the start has just written (run_folder.start_run): the folder's
 nanonorm event files (named *.nanonorm; no other file is touched) are removed, and with --tensorboard a new one is
@@ -28,13 +19,12 @@ import os
 import re
 import sys
 
-from engine import run_folder
 from engine import run_reader
+from engine import views
 from engine.flags import UsageError
 
 SUFFIX = ".nanonorm"  # the end of the event files a run writes: the files it may remove
 FLUSH_SECS = 5  # TensorBoard looks for new data every 5 s: a curve lags the run by about 10 s
-ROUTINE = ("train", "eval", "telemetry", "headroom")  # the events shown as scalars only
 
 
 def check_installed(enabled):
@@ -72,14 +62,7 @@ def start(out_dir, log_path, enabled, script="train.py"):
         return
     for event in run_reader.read_log(log_path)[0]:
         view.show(event)
-    run_folder.VIEWS[log_path] = view
-
-
-def close_all():
-    """Every open view written out and closed (train.py, as the run ends, however it ends)."""
-    for view in run_folder.VIEWS.values():
-        view.close()
-    run_folder.VIEWS.clear()
+    views.add(log_path, view)
 
 
 class View:
@@ -103,11 +86,11 @@ class View:
     def write(self, event):
         step = event["step"]
         figures = set()
-        for tag, value in scalars(event):
+        for tag, value in views.scalars(event):
             self.writer.add_scalar(tag, value, step)
             if re.search(r"/layer_\d+$", tag):
                 figures.add(tag.rsplit("/", 1)[0])
-        if event["event"] not in ROUTINE:
+        if event["event"] not in views.ROUTINE:
             self.writer.add_text(event["event"], "    " + json.dumps(event), step)  # indented: Markdown's code
         if not figures <= self.figures:
             self.figures |= figures
@@ -131,38 +114,6 @@ def stopped(out_dir, error, where, script):
     """The one note of a view whose event files cannot be written or removed (a full disk, a folder in the way)."""
     print(f"{script}: note: --tensorboard: cannot write the event files in {out_dir} ({error.strerror or error}); "
           f"the view ends {where}, log.jsonl holds every event", file=sys.stderr)
-
-
-def scalars(event):
-    """[(tag, value)] of every number in an event (a bool as 1 or 0; None and text left out), tagged as the module
-    docstring says."""
-    kind, found = event["event"], []
-    for key, value in event.items():
-        if key in ("event", "step"):
-            continue
-        if is_number(value):
-            found.append((f"{kind}/{key}", float(value)))
-        elif isinstance(value, dict):
-            found += [(f"{kind}.{key}/{name}", float(number)) for name, number in value.items() if is_number(number)]
-        elif isinstance(value, list) and value and all(isinstance(row, dict) and "layer" in row for row in value):
-            found += [(row_tag(f"{kind}.{key}.{stat}", row), float(number)) for row in value
-                      for stat, number in row.items() if stat != "layer" and is_number(number)]
-    return found
-
-
-def is_number(value):
-    return isinstance(value, (bool, int, float))
-
-
-def row_tag(figure, row):
-    """figure/<op>:<parameter inside its layer>:<pass>/layer_<i> of a per-layer row (the parts it has): the layer
-    last, so that one figure's layers share everything before it. A row of no layer (embed, final_ln) has none."""
-    name, layer = row.get("name"), row["layer"]
-    if name and layer is not None:
-        parts = name.split(".")
-        name = ".".join(parts[parts.index(str(layer)) + 1:]) if str(layer) in parts else name
-    label = ":".join(str(part) for part in (row.get("op"), name, row.get("pass")) if part)
-    return "/".join(part for part in (figure, label, None if layer is None else f"layer_{layer}") if part)
 
 
 def layout(figures):

@@ -93,12 +93,14 @@ def test_norm_flags_have_an_effect_only_with_the_norms_that_read_them():
 GATES = {"mix_ln_ratio": ("layout", ("mix",)), "head_scale_at": "scale_heads", "scale_resids_init": "scale_resids",
          "layer_scale_init": "layer_scale", "embed_scale_learned": "embed_scale",
          "min_lr": ("lr_schedule", ("cosine", "linear")), "lr_decay_iters": ("lr_schedule", ("cosine", "linear")),
-         "warmup_iters": ("lr_schedule", ("cosine", "linear", "constant")), "seq_warmup_start": "seq_warmup_iters"}
+         "warmup_iters": ("lr_schedule", ("cosine", "linear", "constant")), "seq_warmup_start": "seq_warmup_iters",
+         "wandb_project": "wandb", "wandb_run_name": "wandb", "wandb_group": "wandb", "wandb_tags": "wandb"}
 UNMET = {"layout": "pre", "scale_heads": False, "scale_resids": False, "layer_scale": False, "embed_scale": False,
-         "lr_schedule": "ramp", "seq_warmup_iters": 0}
+         "lr_schedule": "ramp", "seq_warmup_iters": 0, "wandb": False}
 VALUES = {"mix_ln_ratio": 0.5, "head_scale_at": "after_proj", "scale_resids_init": 2.0, "layer_scale_init": 0.1,
           "embed_scale_learned": True, "min_lr": 0.0, "lr_decay_iters": 100, "warmup_iters": 10,
-          "seq_warmup_start": 4}
+          "seq_warmup_start": 4, "wandb_project": "lab", "wandb_run_name": "run", "wandb_group": "arm",
+          "wandb_tags": "a,b"}
 
 
 def test_each_gated_flag_warns_where_its_gate_is_shut_and_not_where_it_is_open():
