@@ -37,7 +37,7 @@ from tiktoken_ext.openai_public import r50k_pat_str
 
 from engine import corpus
 from engine import signals
-from engine.files import (NotAFile, WriteError, cannot_write, not_a_file, not_own_file, open_own, read_json,
+from engine.files import (LOCK, NotAFile, WriteError, cannot_write, not_a_file, not_own_file, open_own, read_json,
                           read_own, write_and_sync, write_atomic)
 from engine.flags import UsageError, build, fail, help_of, parse, print_help, wants_help
 
@@ -134,29 +134,54 @@ def utf8_text(raw):
     return None if "\0" in text else text
 
 
-def read_utf8(path):
-    return utf8_text(Path(path).read_bytes())
-
-
-def not_utf8(path):
-    """What a file that is not UTF-8 text is, and what to do, from its first bytes: UTF-32 or UTF-16 (a byte-order
-    mark, or the NUL bytes with which they store ASCII: three of every four, or one of every two), binary (other NUL
-    bytes), or text in a one-byte encoding such as latin-1."""
-    with open(path, "rb") as f:
-        head = f.read(4096)
+def wide_encoding(head):
+    """"utf-32" or "utf-16" where a file's first bytes are text in it (a byte-order mark, or the NUL bytes with which
+    it stores ASCII: three of every four, or one of every two), else None."""
 
     def mostly_nul(part):
         return len(part) >= 2 and part.count(0) > 0.9 * len(part)
 
     if head[:4] in (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff") or mostly_nul(head[1::4] + head[2::4]):
-        encoding = "utf-32"
-    elif head[:2] in (b"\xff\xfe", b"\xfe\xff") or mostly_nul(head[0::2]) or mostly_nul(head[1::2]):
-        encoding = "utf-16"
-    elif 0 in head:
-        return "it holds NUL bytes: a binary file, not text; give a text file"
-    else:
-        return "it is in another encoding, such as latin-1; convert it to UTF-8, e.g. iconv -f latin1 -t utf-8"
-    return f"it is {encoding.upper()} text; convert it to UTF-8, e.g. iconv -f {encoding} -t utf-8"
+        return "utf-32"
+    if head[:2] in (b"\xff\xfe", b"\xfe\xff") or mostly_nul(head[0::2]) or mostly_nul(head[1::2]):
+        return "utf-16"
+    return None
+
+
+def is_binary(raw):
+    """Whether bytes that are not UTF-8 text are a binary file's (NUL bytes that no UTF-16 or UTF-32 text explains):
+    an image or a compiled file in a dataset folder, which read_corpus skips rather than refuses."""
+    return 0 in raw and wide_encoding(raw[:4096]) is None
+
+
+def not_utf8(raw):
+    """What a file's bytes that are not UTF-8 text are, where, and what to do (one phrase): UTF-32 or UTF-16 text,
+    binary (a NUL byte), a UTF-8 file cut short in its last character, a UTF-8 file with stray bytes (more UTF-8
+    characters than bytes that are not: converting it from latin-1 would turn each of its "é" into "Ã©"), or text in
+    a one-byte encoding such as latin-1. Offsets count bytes from 0."""
+    encoding = wide_encoding(raw[:4096])
+    if encoding:
+        return f"it is {encoding.upper()} text; convert it to UTF-8, e.g. iconv -f {encoding} -t utf-8"
+    if 0 in raw:
+        return f"it holds a NUL byte at byte {raw.index(0)}: a binary file, not text; give a text file"
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        first = e
+    if first.end == len(raw) and first.reason == "unexpected end of data":
+        cut = len(raw) - first.start
+        return (f"its last character, from byte {first.start}, is cut off: a UTF-8 file cut short; drop its last "
+                f"{'byte' if cut == 1 else f'{cut} bytes'} (head -c {first.start}) or restore its end")
+    text = raw.decode("utf-8", errors="surrogateescape")  # each byte that is not UTF-8 becomes one U+DC80-U+DCFF
+    stray = len(re.findall("[\udc80-\udcff]", text))
+    utf8 = len(re.findall("[\u0080-\ud7ff\ue000-\U0010ffff]", text))
+    where = f"byte {first.start} (0x{raw[first.start]:02x}) is not UTF-8" + (
+        f", nor {'is' if stray == 2 else 'are'} {stray - 1} more byte{'s' * (stray > 2)}" if stray > 1 else "")
+    if utf8 >= stray:
+        return (f"{where}, in a file of {utf8} UTF-8 characters beyond ASCII: stray bytes, not another encoding "
+                "(iconv -f latin1 would turn each \"é\" into \"Ã©\"); fix or remove them (iconv -c -f utf-8 -t utf-8 "
+                "drops them)")
+    return f"{where}: text in a one-byte encoding such as latin-1; convert it to UTF-8, e.g. iconv -f latin1 -t utf-8"
 
 
 def builtin_files():
@@ -249,19 +274,58 @@ def corpus_files(dataset, data_dir, url):
     if not path.exists():
         raise DataError(f"--dataset={dataset}: no such file or folder; use builtin, shakespeare, "
                         "or a path to a text file or a folder of text files")
-    return [path] if path.is_file() else folder_files(path), dict(dataset=dataset, path=str(path))
+    if path.is_file():
+        return [path], dict(dataset=dataset, path=str(path))
+    found = folder_files(path)
+    refuse_nanonorms_own(dataset, path, found)
+    return found, dict(dataset=dataset, path=str(path))
+
+
+def refuse_nanonorms_own(dataset, root, found):
+    """A DataError where the folder --dataset names is, or holds, nanonorm's own output rather than a corpus: a run's
+    folder (its run.lock, or config.json beside log.jsonl), which would train on its config and log and skip its
+    checkpoints, or prepared data (meta.json beside train.bin)."""
+    names = {(path.parent, path.name) for path in found}
+    for folder, name in sorted(names):
+        if name == LOCK or (name == "log.jsonl" and (folder, "config.json") in names):
+            what = "a nanonorm run's folder (config.json, log.jsonl, checkpoints)"
+        elif name == "meta.json" and (folder, "train.bin") in names:
+            what = "data nanonorm prepared (train.bin, val.bin, meta.json)"
+        else:
+            continue
+        where = "is" if folder == root else f"holds {folder}, which is"
+        raise DataError(f"--dataset={dataset} {where} {what}, not a corpus; give a text file or a folder of text "
+                        "files")
 
 
 def read_corpus(dataset, files, source):
-    """The corpus as one string, and source with the number of files read. builtin's files are read as they are;
-    of a folder's, those that are UTF-8 text (read_utf8); a single file (shakespeare's too) must be UTF-8 text."""
+    """(text, source, skipped): the corpus as one string, source with the number of files read, and the files left
+    out. builtin's files are read as they are. Every other file must be UTF-8 text, or is refused naming it and what
+    it is (not_utf8), with one exception: in a folder, a binary file (an image, a compiled file: is_binary) is
+    skipped, and counted in source's "skipped". A text file in another encoding is refused even in a folder:
+    skipped, its text would be left out of the corpus without a word."""
     if dataset == "builtin":
-        return "\n".join(read_text(f) for f in files), {**source, "files": len(files)}
-    texts = [read_utf8(f) for f in files]
-    if Path(source["path"]).is_file() and texts[0] is None:
-        raise DataError(f"--dataset={dataset}: {source['path']} is not UTF-8 text ({not_utf8(files[0])})")
-    texts = [text for text in texts if text is not None]
-    return "\n".join(texts), {**source, "files": len(texts)}
+        return "\n".join(read_text(f) for f in files), {**source, "files": len(files)}, []
+    texts, skipped = [], []
+    for path in files:
+        raw = path.read_bytes()
+        text = utf8_text(raw)
+        if text is not None:
+            texts.append(text)
+        elif Path(source["path"]).is_dir() and is_binary(raw):
+            skipped.append(path)
+        else:
+            raise DataError(f"--dataset={dataset}: {path} is not UTF-8 text ({not_utf8(raw)})")
+    source = {**source, "files": len(texts), **({"skipped": len(skipped)} if skipped else {})}
+    return "\n".join(texts), source, skipped
+
+
+def say_skipped(dataset, skipped):
+    """The note of the binary files a folder's preparation left out (read_corpus), the first three named."""
+    if skipped:
+        named = ", ".join(str(path) for path in skipped[:3]) + (", ..." if len(skipped) > 3 else "")
+        print(f"note: --dataset={dataset}: {len(skipped)} binary file{'s' * (len(skipped) > 1)} skipped (NUL bytes, "
+              f"not text): {named}", file=sys.stderr)
 
 
 def stamp(files):
@@ -413,10 +477,12 @@ def prepare(dataset="builtin", tokenizer="byte", data_dir="data", url=None, work
         folder = prepared_with(data_dir, prefix, source["stamp"])
         if folder is None:
             # read and checked before the lock: a bad corpus writes nothing, not even the lock file
-            text, source = read_corpus(dataset, files, source)
+            text, source, skipped = read_corpus(dataset, files, source)
             if not text.strip():
                 raise DataError(f"--dataset={dataset} holds no text ({source['path']}: UTF-8 text files read: "
-                                f"{source['files']}); give a non-empty UTF-8 text file or a folder holding some")
+                                f"{source['files']}, binary files skipped: {len(skipped)}); give a non-empty UTF-8 "
+                                "text file or a folder holding some")
+            say_skipped(dataset, skipped)
             source["sha256"] = hashlib.sha256(text.encode("utf-8")).hexdigest()
             folder = Path(data_dir) / (prefix + source["sha256"][:12])
             folder.parent.mkdir(parents=True, exist_ok=True)
@@ -695,7 +761,8 @@ def what_was_read(source):
     """The files (or, of a corpus of the datasets library, the documents) a preparation read."""
     if "documents" in source:
         return f"{source['documents']:,} documents read ({source['val_documents']:,} in val)"
-    return f"{source['files']} files read"
+    skipped = f", {source['skipped']} binary files skipped" if source.get("skipped") else ""
+    return f"{source['files']} files read{skipped}"
 
 
 def main(argv):

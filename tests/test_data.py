@@ -184,7 +184,7 @@ def test_prepare_file_gpt2(tmp_path, small_bpe):
     assert meta["unigram_entropy"] == pytest.approx(entropy_by_hand(val), rel=1e-12)
 
 
-def test_prepare_folder_joins_sorted_text_files(tmp_path):
+def test_prepare_folder_joins_sorted_text_files_and_names_a_binary_file_it_skips(tmp_path, capsys):
     root = tmp_path / "books"
     (root / "sub").mkdir(parents=True)
     (root / ".git").mkdir()
@@ -193,13 +193,50 @@ def test_prepare_folder_joins_sorted_text_files(tmp_path):
     (root / "z.txt").write_text("zeta 🙂", encoding="utf-8")
     (root / ".hidden.txt").write_text("hidden", encoding="utf-8")
     (root / ".git" / "config").write_text("hidden too", encoding="utf-8")
-    (root / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))  # not valid UTF-8
     (root / "blob.bin").write_bytes(b"ab\x00cd")  # valid UTF-8 but binary
     folder = data.prepare(str(root), "byte", data_dir=str(tmp_path / "data"))
     meta = data.load_meta(folder)
     tokens = read_bin(Path(folder) / "train.bin", np.uint16) + read_bin(Path(folder) / "val.bin", np.uint16)
     assert bytes(tokens).decode("utf-8") == "alpha Ω\n\nbeta\nzeta 🙂"
-    assert meta["source"]["files"] == 3
+    assert meta["source"]["files"] == 3 and meta["source"]["skipped"] == 1
+    assert capsys.readouterr().err == (f"note: --dataset={root}: 1 binary file skipped (NUL bytes, not text): "
+                                       f"{root / 'blob.bin'}\n")
+
+
+def test_a_folder_with_a_text_file_in_another_encoding_is_refused_naming_it(tmp_path):
+    """Issue 55: a folder of one UTF-8 and one latin-1 file trained on the UTF-8 one alone, without a word."""
+    root = tmp_path / "books"
+    root.mkdir()
+    (root / "a.txt").write_text("café au lait\n" * 10, encoding="utf-8")
+    (root / "b.txt").write_bytes("café au lait\n".encode("latin-1") * 10)
+    with pytest.raises(data.DataError) as error:
+        data.prepare(str(root), "byte", data_dir=str(tmp_path / "data"))
+    assert str(error.value) == (f"--dataset={root}: {root / 'b.txt'} is not UTF-8 text (byte 3 (0xe9) is not UTF-8, "
+                                "nor are 9 more bytes: text in a one-byte encoding such as latin-1; convert it to "
+                                "UTF-8, e.g. iconv -f latin1 -t utf-8)")
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("made, says", [
+    ({"run.lock": b"", "config.json": b"{}", "log.jsonl": b"{}\n", "ckpt.pt": b"PK\x00"},
+     "{root} is a nanonorm run's folder"),
+    ({"config.json": b"{}", "log.jsonl": b"{}\n"}, "{root} is a nanonorm run's folder"),
+    ({"notes.txt": b"text\n", "sweep/a/1e-2/0/run.lock": b"", "sweep/a/1e-2/0/config.json": b"{}"},
+     "{root} holds {root}/sweep/a/1e-2/0, which is a nanonorm run's folder"),
+    ({"x-byte-0123456789ab/meta.json": b"{}", "x-byte-0123456789ab/train.bin": b"\x00\x01"},
+     "{root} holds {root}/x-byte-0123456789ab, which is data nanonorm prepared"),
+], ids=["run folder", "run folder without run.lock", "sweep folder", "prepared data"])
+def test_a_run_folder_or_prepared_data_is_not_a_corpus(tmp_path, made, says):
+    """Issue 55: --dataset=OUT (a run's folder) trained on its config.json and log.jsonl and skipped its checkpoints
+    without a word."""
+    root = tmp_path / "given"
+    for name, content in made.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(content)
+    with pytest.raises(data.DataError) as error:
+        data.prepare(str(root), "byte", data_dir=str(tmp_path / "data"))
+    assert str(error.value).startswith(f"--dataset={says.format(root=root)}")
+    assert str(error.value).endswith("not a corpus; give a text file or a folder of text files")
 
 
 RACE = """
@@ -253,13 +290,38 @@ def test_a_single_file_must_be_utf8_text(tmp_path):
     ("utf-16", "it is UTF-16 text; convert it to UTF-8, e.g. iconv -f utf-16 -t utf-8"),
     ("utf-16-be", "it is UTF-16 text; convert it to UTF-8, e.g. iconv -f utf-16 -t utf-8"),
     ("utf-32", "it is UTF-32 text; convert it to UTF-8, e.g. iconv -f utf-32 -t utf-8"),
-    ("latin-1", "it is in another encoding, such as latin-1; convert it to UTF-8, e.g. iconv -f latin1 -t utf-8"),
-    (None, "it holds NUL bytes: a binary file, not text; give a text file"),
+    ("latin-1", "byte 3 (0xe9) is not UTF-8, nor are 19 more bytes: text in a one-byte encoding such as latin-1; "
+                "convert it to UTF-8, e.g. iconv -f latin1 -t utf-8"),
+    (None, "it holds a NUL byte at byte 0: a binary file, not text; give a text file"),
 ])
 def test_a_file_that_is_not_utf8_is_told_what_it_is(tmp_path, encoding, advice):
     """Issue 46: a UTF-16 corpus was told to use iconv -f latin1, which would turn its NUL bytes into text."""
     path = tmp_path / "corpus.txt"
     path.write_bytes("Café au lait\n".encode(encoding) * 20 if encoding else bytes(range(256)) * 4)
+    with pytest.raises(data.DataError) as error:
+        data.prepare(str(path), data_dir=str(tmp_path / "data"))
+    assert str(error.value) == f"--dataset={path}: {path} is not UTF-8 text ({advice})"
+
+
+UTF8 = "Café au lait, naïve\n".encode("utf-8") * 20  # 440 bytes, 40 characters beyond ASCII
+
+
+@pytest.mark.parametrize("content, advice", [
+    (UTF8[:100] + b"\xe9" + UTF8[100:], "byte 100 (0xe9) is not UTF-8, in a file of 40 UTF-8 characters beyond "
+     "ASCII: stray bytes, not another encoding (iconv -f latin1 would turn each \"é\" into \"Ã©\"); fix or remove "
+     "them (iconv -c -f utf-8 -t utf-8 drops them)"),
+    (UTF8 + "é".encode("utf-8")[:1], "its last character, from byte 440, is cut off: a UTF-8 file cut short; drop its "
+     "last byte (head -c 440) or restore its end"),
+    (UTF8 + "🙂".encode("utf-8")[:3], "its last character, from byte 440, is cut off: a UTF-8 file cut short; drop "
+     "its last 3 bytes (head -c 440) or restore its end"),
+    (b"x" * 5000 + b"\x00" + b"y" * 10, "it holds a NUL byte at byte 5000: a binary file, not text; give a text file"),
+], ids=["stray byte", "cut-off 2-byte character", "cut-off 4-byte character", "NUL past 4 KB"])
+def test_a_utf8_file_with_a_stray_byte_or_a_cut_off_end_is_told_where(tmp_path, content, advice):
+    """Issue 55: a UTF-8 file with one stray byte, or cut short in its last character, was told to convert from
+    latin-1, which turns each of its "é" into "Ã©", without the byte's offset; a NUL byte past the first 4 KB was
+    called latin-1 too."""
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(content)
     with pytest.raises(data.DataError) as error:
         data.prepare(str(path), data_dir=str(tmp_path / "data"))
     assert str(error.value) == f"--dataset={path}: {path} is not UTF-8 text ({advice})"
