@@ -21,12 +21,14 @@ import typing
 from dataclasses import dataclass
 from typing import Literal, NamedTuple, Optional
 
+import torch
+
 import data
 from engine import flags
 from engine import runtime
 from engine import wandb_view
 from engine.flags import UsageError
-from model import POSITIVE, GPTConfig, Range, block_layout, flag, out_of_range
+from model import GPT, POSITIVE, GPTConfig, Range, block_layout, flag, out_of_range
 from presets import CONTEXTS, PRESETS
 
 
@@ -287,9 +289,10 @@ def absolute_paths(tc):
     return dataclasses.replace(tc, dataset=dataset_path(tc.dataset), data_dir=os.path.abspath(tc.data_dir))
 
 
-def no_effect_warnings(given, m, tc):
+def no_effect_warnings(given, m, tc, device=None):
     """Flags given on the command line that change nothing in this configuration (a warning, not an error): those
-    whose declaration `needs` a setting this run lacks, and the rules below, which depend on more than one flag."""
+    whose declaration `needs` a setting this run lacks, and the rules below, which depend on more than one flag or on
+    the device the run resolved (device; None: not known)."""
     unused = {}
     for config in (m, tc):
         for f in dataclasses.fields(config):
@@ -310,6 +313,8 @@ def no_effect_warnings(given, m, tc):
         unused["scale_fc"] = "--subln=True (SubLN puts the same norm before W_2)"
     if m.attn_softcap > 0:
         unused["attn_impl"] = f"--attn_softcap={m.attn_softcap} (a soft-cap forces the manual attention path)"
+    if device and not device.startswith("cuda"):  # runtime.mfu: the MFU is shown on CUDA only
+        unused["gpu_peak_tflops"] = f"--device={device} (the MFU it is the peak of is shown on CUDA only)"
     return [preset_named(f"train.py: warning: --{name} has no effect with {why}", given)
             for name, why in unused.items() if name in given]
 
@@ -336,6 +341,29 @@ def damaged_configs(checkpoint):
         derive_model_flags(model_cfg, tc, {}, resumed=True)
     except (ValueError, UsageError) as e:
         return as_fields(str(e))
+    return weights_unlike_config(checkpoint["model"], model_cfg)
+
+
+def weights_unlike_config(weights, model_cfg):
+    """What of a checkpoint's weights the model its own model_config makes does not hold, or None: each tensor of the
+    name, shape and dtype of GPT(model_config)'s state (built on the meta device: no memory, no time). Weights cast to
+    another dtype would be rounded into the model's and resume inexactly, and a model_config edited away from its
+    weights was blamed on a flag (use a smaller --block_size) before the weights failed to load."""
+    with torch.device("meta"):
+        made = GPT(model_cfg).state_dict()
+    weights = {name.removeprefix("_orig_mod."): value for name, value in weights.items()}  # a compiled model's
+    foreign = sorted(set(weights) - set(made))
+    if foreign:
+        return f"model.{foreign[0]} is no weight of the model its model_config makes"
+    for name, tensor in made.items():
+        held = weights.get(name)
+        if not isinstance(held, torch.Tensor):
+            return f"model.{name} is missing, a weight of the model its model_config makes"
+        if held.shape != tensor.shape:
+            return f"model.{name} has shape {tuple(held.shape)}, where its model_config makes {tuple(tensor.shape)}"
+        if held.dtype != tensor.dtype:
+            return (f"model.{name} is {str(held.dtype).removeprefix('torch.')}, where its model_config makes "
+                    f"{str(tensor.dtype).removeprefix('torch.')} (a cast copy: a resume would not be exact)")
     return None
 
 

@@ -99,6 +99,16 @@ def train_argv(corpus, data_dir, out_dir, *flags):
     return last_of_each([f"--dataset={corpus}", f"--data_dir={data_dir}", f"--out_dir={out_dir}", *flags])
 
 
+def save_checkpoint(checkpoint, path):
+    """torch.save of a checkpoint a test made or edited, with the sha256 of its contents that train.py writes with it
+    (run_folder.CHECKSUM) made anew where it has one: a test of what a checkpoint holds, not of a damaged file."""
+    import torch
+    from engine import run_folder
+    if isinstance(checkpoint, dict) and run_folder.CHECKSUM in checkpoint:
+        checkpoint = {**checkpoint, run_folder.CHECKSUM: run_folder.payload_sha256(checkpoint)}
+    torch.save(checkpoint, path)
+
+
 def flag_name(entry):
     return entry[2:].partition("=")[0] if entry.startswith("--") else None
 

@@ -68,6 +68,7 @@ class DataError(Exception):
 # GPT-2's BPE ranks, the one file tiktoken's r50k_base encoding downloads (tiktoken_ext/openai_public.py)
 GPT2_RANKS_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
 GPT2_RANKS_SIZE = "0.8 MB"  # 835,554 bytes
+GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"  # tiktoken checks the same
 
 
 def tiktoken_cache_file(url):
@@ -86,17 +87,47 @@ def load_gpt2():
     them: that first use says so in one line on stderr."""
     cache = tiktoken_cache_file(GPT2_RANKS_URL)
     cached = cache is not None and os.path.exists(cache)
+    damaged = cached and not gpt2_ranks_in(cache)  # judged first: tiktoken removes a damaged copy to fetch it again
     try:
         enc = tiktoken.get_encoding("r50k_base")
     except Exception as e:
-        fetch = "" if cached else f", whose ranks ({GPT2_RANKS_SIZE}) it downloads once"
-        raise DataError(f"could not load the gpt2 tokenizer{fetch} ({type(e).__name__}); offline, set "
-                        "TIKTOKEN_CACHE_DIR to a folder holding GPT-2's cached ranks (tiktoken's cache; "
-                        "docs/scale.md: GPT-2's BPE)") from e
+        raise DataError(gpt2_failure(cache, cached, damaged, type(e).__name__)) from e
     if not cached:
         where = f"cached in {os.path.dirname(cache)}" if cache else "not cached: TIKTOKEN_CACHE_DIR is empty"
         print(f"downloaded GPT-2's BPE ranks (r50k_base, {GPT2_RANKS_SIZE}) once; {where}", file=sys.stderr)
     return enc
+
+
+def gpt2_ranks_in(path):
+    """Whether path holds GPT-2's ranks (their sha256, as tiktoken checks them); a file it cannot read, too."""
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest() == GPT2_RANKS_SHA256
+    except OSError:
+        return True  # not to be judged here: tiktoken's own read says what is wrong with it
+
+
+def gpt2_failure(cache, cached, damaged, error):
+    """The one line of a gpt2 tokenizer that did not load (error: the exception's name), with what to do about the
+    cache it had: a damaged copy in it (tiktoken removes it, where it can, and downloads the ranks again), none in
+    the folder TIKTOKEN_CACHE_DIR names, or none where tiktoken looks by default."""
+    failed = f"could not load the gpt2 tokenizer ({error})"
+    if damaged:
+        gone = not os.path.exists(cache)
+        what = (f"{cache}, tiktoken's cached copy of GPT-2's ranks, was damaged (not their sha256)" +
+                (f", and tiktoken removed it to download them ({GPT2_RANKS_SIZE}) again" if gone else ""))
+        return (f"{failed}: {what}; put a good copy at {cache}, or run once with the network (docs/scale.md: "
+                "GPT-2's BPE)")
+    if cached:
+        return f"{failed}, with GPT-2's ranks cached in {cache}"
+    fetch = f"{failed}, whose ranks ({GPT2_RANKS_SIZE}) it downloads once"
+    variable = next((name for name in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR") if name in os.environ), None)
+    if cache and variable:  # tiktoken's order: the first of the two that is set
+        return (f"{fetch}; {variable}={os.environ[variable]} holds no copy of them ({cache}): offline, put them "
+                "there (docs/scale.md: GPT-2's BPE)")
+    off = " (an empty TIKTOKEN_CACHE_DIR turns tiktoken's cache off)" if cache is None else ""
+    return (f"{fetch}; offline, set TIKTOKEN_CACHE_DIR to a folder holding GPT-2's cached ranks{off} (tiktoken's "
+            "cache; docs/scale.md: GPT-2's BPE)")
 
 
 def get_tokenizer(name):

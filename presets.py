@@ -6,8 +6,13 @@ override them), as nanoGPT keeps its configs in config/. An ablation is a preset
 Each group below is one model context: a variant is compared only with the baseline of its own group. The first
 lives in nanonorm's GPT-2 context (learned positions, embeddings of std 0.02, no embedding norm, GPT-2's init); each
 later group is one paper's own model, its baseline and variants sharing every other flag. Plain data: configs.py
-applies a preset, and configurable.txt lists them from here.
+applies a preset, and configurable.txt lists them from here. As a script it prints presets and their flags:
+    python presets.py [NAME ...]
 """
+
+import sys
+
+from engine.flags import UsageError, fail, wants_help
 
 
 class Preset(dict):
@@ -109,3 +114,22 @@ CONTEXTS = {
     },
 }
 PRESETS = {name: preset for group in CONTEXTS.values() for name, preset in group.items()}
+
+
+def main(argv):
+    """Each preset named in argv (every preset without one), a line each: its name, the flags it sets and what it
+    reproduces. A name that is no preset is one line, exit code 2."""
+    if wants_help(argv):
+        print(__doc__.strip())
+        return 0
+    unknown = [name for name in argv if name not in PRESETS]
+    if unknown:
+        return fail("presets.py", UsageError(f"{unknown[0]} is not a preset; choose one of {', '.join(PRESETS)}"))
+    for name in argv or PRESETS:
+        flags = " ".join(f"--{key}={value}" for key, value in PRESETS[name].items())
+        print(f"{name}: {flags or '(no flags)'}; {PRESETS[name].source}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

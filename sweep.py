@@ -114,13 +114,26 @@ class Plan:
     launch_options: launch.LaunchOptions = dataclasses.field(default_factory=launch.LaunchOptions)  # where the runs run
 
 
+def listed(given, name, example):
+    """The comma-separated items of --variants or --lrs ([] where it is not given); an empty one, or one with an
+    empty item, is refused (UsageError): `--lrs=` was called missing, and `--lrs=3e-3,,1e-2` lost its empty item
+    without a word."""
+    if name not in given:
+        return []
+    items = given[name].split(",")
+    if "" in items:
+        what = "is empty" if not given[name] else "has an empty item"
+        raise UsageError(f"--{name}={given[name]} {what}; give one or more, comma-separated, e.g. --{name}={example}")
+    return items
+
+
 def parse_args(argv):
     """Split argv into the sweep's own options and the flags every run gets (checked by train.py's parser)."""
     own, train_argv = flags.split(argv, SweepOptions, launch.LaunchOptions)
     given = flags.parse(own, SweepOptions, launch.LaunchOptions, choices={"recipe": list(recipes.RECIPES)})
     opts = flags.build(SweepOptions, given)
     shared = configs.parse_flags(train_argv)  # the flags every run gets, parsed once
-    plan = Plan(variants=[v for v in opts.variants.split(",") if v], lrs=[lr for lr in opts.lrs.split(",") if lr],
+    plan = Plan(variants=listed(given, "variants", "baseline,norm=powernorm"), lrs=listed(given, "lrs", "3e-3,1e-2"),
                 seeds=opts.seeds, first_seed=opts.first_seed, mode=opts.mode, jobs=opts.jobs, out_dir=opts.out_dir,
                 dry_run=opts.dry_run, train_argv=train_argv, reference=opts.reference or None,
                 recipe=opts.recipe or None, scale=opts.scale, pilot=opts.pilot, replicate=opts.replicate,

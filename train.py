@@ -320,7 +320,7 @@ def setup(argv, machine):
     lock = run_folder.claim(tc.out_dir, fresh_run(tc), machine)
     if machine.master:
         for line in [*(f"train.py: note: {note}" for note in notes + log_notes),
-                     *configs.no_effect_warnings(given, model_cfg, tc)]:
+                     *configs.no_effect_warnings(given, model_cfg, tc, device)]:
             print(line, file=sys.stderr)
     return Run(model_cfg, tc, machine, checkpoint, past_events, resume_changes, data_folder, data_meta), lock
 

@@ -18,6 +18,7 @@ files as they were before it. A run stopped by Ctrl-C ends with `interrupted`, w
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -37,6 +38,10 @@ from engine.files import WriteError
 from engine.flags import UsageError, finite_number
 
 CHECKPOINT_KEYS = ("model", "optimizer", "scaler", "step", "best_val", "rng", "model_config", "train_config")
+# the sha256 of everything else in a checkpoint (payload_sha256), written with it and checked at every read: torch.load
+# checks no checksum of its own, and took a flipped byte in AdamW's moments without a word. An older checkpoint
+# without one is read unchecked.
+CHECKSUM = "payload_sha256"
 # The keys an older checkpoint may lack, with the shape each has where present (run_reader.mismatch): the
 # instruments' state (diagnostics/probes.py's state_dict) and whether the checkpoint's step was evaluated.
 OPTIONAL_SHAPES = {
@@ -178,6 +183,8 @@ def write_checkpoint(path, state):
     kept = ("the previous checkpoint is kept" if os.path.exists(run_reader.checkpoint_path(os.path.dirname(path)))
             else "the run has no checkpoint yet: once the file can be written, start it again with --overwrite")
 
+    state = {**state, CHECKSUM: payload_sha256(state)}
+
     def save(f):
         writes.append(RecordedWrites(f))
         torch.save(state, writes[0])
@@ -249,10 +256,42 @@ def read_checkpoint(path, check_configs=None):
     missing = [k for k in CHECKPOINT_KEYS if not isinstance(checkpoint, dict) or k not in checkpoint]
     if missing:
         raise UsageError(f"{path} is not a nanonorm checkpoint (it lacks {', '.join(missing)})")
+    recorded = checkpoint.get(CHECKSUM)
+    if recorded is not None and not (isinstance(recorded, str) and recorded == payload_sha256(checkpoint)):
+        raise UsageError(f"{path} is damaged: its contents are not what train.py wrote (their sha256 is not the "
+                         f"{CHECKSUM} written with them)")
     damage = damaged_value(checkpoint, check_configs)
     if damage:
         raise UsageError(f"{path} is not a nanonorm checkpoint ({damage}); it is damaged or not train.py's")
     return checkpoint
+
+
+def payload_sha256(state):
+    """The sha256 of a checkpoint's contents, all but CHECKSUM, in one walk that a save and a load see alike: each
+    tensor's dtype, shape and bytes (on the CPU), each dict's items in the order of their keys' repr, each list's
+    (or tuple's) items in order, any other value by its type and repr."""
+    digest = hashlib.sha256()
+    feed(digest, {key: value for key, value in state.items() if key != CHECKSUM})
+    return digest.hexdigest()
+
+
+def feed(digest, value):
+    """value into digest, as payload_sha256 walks it."""
+    if isinstance(value, torch.Tensor):
+        flat = value.detach().cpu().contiguous().reshape(-1)
+        digest.update(f"tensor {flat.dtype} {tuple(value.shape)}:".encode())
+        digest.update(flat.view(torch.uint8).numpy())
+    elif isinstance(value, dict):
+        digest.update(f"dict {len(value)}:".encode())
+        for key in sorted(value, key=repr):
+            digest.update(f"{key!r}=".encode())
+            feed(digest, value[key])
+    elif isinstance(value, (list, tuple)):
+        digest.update(f"list {len(value)}:".encode())
+        for item in value:
+            feed(digest, item)
+    else:
+        digest.update(f"{type(value).__name__} {value!r};".encode())
 
 
 def damaged_value(checkpoint, check_configs=None):
@@ -356,6 +395,9 @@ def restore(checkpoint, model, optimizer, scaler, tc, machine):
     weights = {k.removeprefix("_orig_mod."): v for k, v in checkpoint["model"].items()}
     try:
         model.load_state_dict(weights)
+        problem = moments_unlike_parameters(checkpoint["optimizer"], optimizer)
+        if problem:
+            raise ValueError(problem)
         optimizer.load_state_dict(checkpoint["optimizer"])
         problem = optimizer_mismatch(optimizer)
         if problem:  # fused AdamW would fail at the first step, or read past a moment's end (a crash)
@@ -375,6 +417,23 @@ def restore(checkpoint, model, optimizer, scaler, tc, machine):
         print(f"train.py: note: the checkpoint was trained in {saved_dtype}, this run uses {tc.dtype}{fresh_scaler}; "
               "not an exact continuation", file=sys.stderr)
     return checkpoint["step"], checkpoint["best_val"], checkpoint.get("best_step", checkpoint["step"])
+
+
+def moments_unlike_parameters(saved, optimizer):
+    """What of a checkpoint's AdamW moments is not of its parameter's dtype ("the state of param_groups[0]'s
+    parameter 3: exp_avg is bfloat16, not float32 as its parameter"), or None: load_state_dict casts each moment to
+    its parameter's dtype without a word, so a cast copy would resume inexactly. Read before the load, in the order
+    load_state_dict pairs the saved state with the parameters."""
+    for i, (group, held) in enumerate(zip(saved["param_groups"], optimizer.param_groups)):
+        for j, (key, param) in enumerate(zip(group.get("params", []), held["params"])):
+            state = saved["state"].get(key)
+            for name in ("exp_avg", "exp_avg_sq"):
+                value = state.get(name) if isinstance(state, dict) else None
+                if isinstance(value, torch.Tensor) and value.dtype != param.dtype:
+                    return (f"the state of param_groups[{i}]'s parameter {j}: {name} is "
+                            f"{str(value.dtype).removeprefix('torch.')}, not "
+                            f"{str(param.dtype).removeprefix('torch.')} as its parameter")
+    return None
 
 
 def optimizer_mismatch(optimizer):
@@ -425,7 +484,8 @@ def check_pieces(out_dir, checkpoint, events, kept):
     sha256), and the log is the checkpoint's run's (its evaluation at the checkpoint's best step logged the
     checkpoint's best val loss, the same float). A missing config.json or log says nothing against them (each is
     rewritten). A UsageError of one line where they do not agree; nothing is written."""
-    config = run_reader.read_config(out_dir)
+    config = run_reader.read_config(out_dir, advice="remove it, and the resume writes it anew from the checkpoint "
+                                    "(or start a new run in another --out_dir)")
     if config:
         differs = differing_setting(checkpoint, config, kept)
         if differs:

@@ -53,9 +53,12 @@ def numbered_checkpoints(run_dir):
     return found
 
 
-def read_config(run_dir):
+RUN_AGAIN = "remove the run (its folder, .exit and .out) to run it again"  # a sweep's run, which sweep.py reruns
+
+
+def read_config(run_dir, advice=RUN_AGAIN):
     """The run's config.json as {"model": ..., "train": ..., ...}; None where there is none. One that train.py did
-    not write is a UsageError naming it."""
+    not write is a UsageError naming it, then advice (what the reader's user can do: a resume writes it anew)."""
     path = config_path(run_dir)
     if not os.path.lexists(path):
         return None
@@ -64,8 +67,7 @@ def read_config(run_dir):
     except (OSError, ValueError):
         config = None
     if not (isinstance(config, dict) and all(isinstance(config.get(k), dict) for k in ("model", "train"))):
-        raise UsageError(f"{path} is not a config.json train.py wrote; remove the run (its folder, .exit and .out) "
-                         "to run it again")
+        raise UsageError(f"{path} is not a config.json train.py wrote; {advice}")
     return config
 
 

@@ -10,9 +10,10 @@ import torch
 from engine import flags
 from engine import runtime
 import configs
+import presets
 import train
 from model import GPT, GPTConfig
-from conftest import last_of_each, tiny, train_process, without
+from conftest import last_of_each, refused, tiny, train_process, without
 
 TINY = tiny(log_interval=None, max_iters=4)
 
@@ -242,6 +243,9 @@ NO_EFFECT = [
     (["--preset=gemma2", "--attn_impl=sdpa"],
      "--attn_impl has no effect with --attn_softcap=50.0 (a soft-cap forces the manual attention path) (the preset "
      "gemma2 sets --attn_softcap=50.0)"),
+    # issue 55: said nothing on a CPU
+    (["--gpu_peak_tflops=100"],
+     "--gpu_peak_tflops has no effect with --device=cpu (the MFU it is the peak of is shown on CUDA only)"),
 ]
 
 
@@ -362,3 +366,13 @@ def test_the_default_warmup_does_not_block_a_short_run(corpus, tmp_path):
     """--warmup_iters=50 by default: a 2-step run that does not set it is not bad input."""
     short = [f for f in command_line(corpus, tmp_path, []) if not f.startswith(("--warmup_iters", "--max_iters"))]
     assert train.main([*short, "--max_iters=2", "--eval_interval=2"]) == 0
+
+
+def test_presets_py_prints_a_preset_and_refuses_a_name_that_is_none(tmp_path, capsys):
+    """Issue 55: python presets.py nosuch exited 0 without a word."""
+    assert refused(tmp_path, "presets.py", ["nosuch"]) == (f"presets.py: nosuch is not a preset; choose one of "
+                                                           f"{', '.join(presets.PRESETS)}\n")
+    assert presets.main(["normformer", "baseline"]) == 0
+    assert capsys.readouterr().out == (f"normformer: --scale_attn=True --scale_fc=True --scale_heads=True; "
+                                       f"{presets.PRESETS['normformer'].source}\n"
+                                       f"baseline: (no flags); {presets.PRESETS['baseline'].source}\n")

@@ -112,6 +112,31 @@ def test_the_first_gpt2_use_says_in_one_line_what_it_downloads_and_where(tmp_pat
     assert capsys.readouterr().err == ""
 
 
+def test_a_damaged_or_missing_cached_copy_of_gpt2s_ranks_is_named_with_what_to_do(tmp_path, monkeypatch):
+    """Issue 55: TIKTOKEN_CACHE_DIR naming a damaged copy of GPT-2's ranks was told to set TIKTOKEN_CACHE_DIR.
+    tiktoken removes a copy whose sha256 is not the ranks' and downloads them again, which fails offline."""
+    def offline(blobpath):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(tiktoken.load, "read_file", offline)
+    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})  # r50k_base as if not yet loaded in this process
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    cache = Path(data.tiktoken_cache_file(data.GPT2_RANKS_URL))
+    cache.write_bytes(b"half a file of ranks")
+    with pytest.raises(data.DataError) as error:
+        data.get_tokenizer("gpt2")
+    assert str(error.value) == (f"could not load the gpt2 tokenizer (ConnectionError): {cache}, tiktoken's cached copy "
+                                "of GPT-2's ranks, was damaged (not their sha256), and tiktoken removed it to download "
+                                f"them (0.8 MB) again; put a good copy at {cache}, or run once with the network "
+                                "(docs/scale.md: GPT-2's BPE)")
+    assert not cache.exists()
+    with pytest.raises(data.DataError) as error:  # now the folder holds none
+        data.get_tokenizer("gpt2")
+    assert str(error.value) == (f"could not load the gpt2 tokenizer (ConnectionError), whose ranks (0.8 MB) it "
+                                f"downloads once; TIKTOKEN_CACHE_DIR={tmp_path} holds no copy of them ({cache}): "
+                                "offline, put them there (docs/scale.md: GPT-2's BPE)")
+
+
 def test_small_bpe_merges_bytes_and_round_trips():
     """The tests' stand-in for GPT-2's BPE is a real byte-pair encoding: merges shorten its own text, and any text,
     bytes it never saw included, decodes back."""

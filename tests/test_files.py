@@ -29,8 +29,8 @@ import configs
 import sweep
 import train
 from engine import files, flags, run_folder, run_reader, runtime
-from conftest import (PAUSED_TRAIN, ROOT, SWEEP_TINY, TINY, FailingWrites, events, prepared, resumed_line, torchrun,
-                      train_argv, train_process)
+from conftest import (PAUSED_TRAIN, ROOT, SWEEP_TINY, TINY, FailingWrites, events, prepared, resumed_line,
+                      save_checkpoint, torchrun, train_argv, train_process)
 
 
 def flags_of(corpus, out, *more):
@@ -386,7 +386,7 @@ def test_resume_reads_best_val_and_best_step_back(corpus, tmp_path):
     out = tmp_path / "out"
     assert train.main(flags_of(corpus, out, "--max_iters=3", "--eval_interval=3", "--lr_decay_iters=9")) == 0
     checkpoint = torch.load(out / "ckpt.pt", weights_only=True)
-    torch.save({**checkpoint, "best_val": 0.0, "best_step": 3}, out / "ckpt.pt")
+    save_checkpoint({**checkpoint, "best_val": 0.0, "best_step": 3}, out / "ckpt.pt")
     # the log says the same, as a run's own log does (a resume holds the two to each other)
     logged = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     (out / "log.jsonl").write_text("".join(json.dumps({**e, "val_loss": 0.0} if e["event"] == "eval" and e["step"] == 3

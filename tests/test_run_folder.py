@@ -20,7 +20,8 @@ from engine import run_reader
 import configs
 import model
 import train
-from conftest import PAUSED_TRAIN, ROOT, events, folder_snapshot, prepared, resumed_line, tiny, torchrun, train_argv
+from conftest import (PAUSED_TRAIN, ROOT, events, folder_snapshot, prepared, resumed_line, save_checkpoint, tiny,
+                      torchrun, train_argv)
 
 TINY = tiny(dropout="0.1")
 
@@ -185,7 +186,7 @@ def checkpointed(corpus, tmp_path):
 
 def edit_checkpoint(out, change):
     checkpoint = torch.load(out / "ckpt.pt", weights_only=True)
-    torch.save(change(checkpoint), out / "ckpt.pt")
+    save_checkpoint(change(checkpoint), out / "ckpt.pt")
 
 
 def other_shapes(checkpoint):
@@ -202,8 +203,16 @@ FOREIGN = [
     ("no optimizer", drop("optimizer"), "is not a nanonorm checkpoint (it lacks optimizer)"),
     ("no model_config", drop("model_config"), "(it lacks model_config)"),
     # torch's error names the key (its first line alone said "Error(s) in loading state_dict for GPT:")
-    ("other shapes", other_shapes, "the checkpoint does not fit its own model (Error(s) in loading state_dict for "
-     "GPT: size mismatch for "),
+    # issue 55: weights its own model_config does not make were blamed on a flag, or loaded into the model's dtype
+    ("other shapes", other_shapes, "(model.wte.weight has shape (256, 64), where its model_config makes (256, 32))"),
+    ("weights cast to bfloat16", lambda c: {**c, "model": {k: v.bfloat16() if v.is_floating_point() else v
+                                                           for k, v in c["model"].items()}},
+     "(model.wte.weight is bfloat16, where its model_config makes float32 (a cast copy: a resume would not be exact))"),
+    ("a model_config edited away from its weights", lambda c: {**c, "model_config": {**c["model_config"],
+                                                                                     "block_size": 4096}},
+     "(model.wpe.weight has shape (32, 32), where its model_config makes (4096, 32))"),
+    ("a weight its model_config has no place for", lambda c: {**c, "model": {**c["model"], "extra": torch.zeros(2)}},
+     "(model.extra is no weight of the model its model_config makes)"),
     ("foreign model_config", lambda c: {**c, "model_config": {**c["model_config"], "n_expert": 8}},
      "(model_config.n_expert is not a flag of this model.py)"),
     ("a list", lambda c: [1, 2, 3], "is not a nanonorm checkpoint"),
@@ -269,10 +278,14 @@ FOREIGN += [
     ("weight_decay as text", optimizer_edit(group={"weight_decay": "a"}),
      "param_groups[0].weight_decay is 'a', not a number"),
     ("fused as text", optimizer_edit(group={"fused": "yes"}), "param_groups[0].fused is 'yes', not True, False or"),
+    # issue 55: load_state_dict cast them to the parameters' dtype without a word
+    ("moments cast to bfloat16", lambda c: optimizer_edit(exp_avg=c["optimizer"]["state"][0]["exp_avg"].bfloat16())(c),
+     "the checkpoint does not fit its own model (the state of param_groups[0]'s parameter 0: exp_avg is bfloat16, "
+     "not float32 as its parameter)"),
 ]
 # refused once the checkpoint is read, by what it does not fit: the rest name the checkpoint as they read it
-NOT_FITTING = ("other shapes", "two processes", "a moment of another shape", "a moment missing", "betas as text",
-               "eps as None", "weight_decay as text", "fused as text")
+NOT_FITTING = ("two processes", "moments cast to bfloat16", "a moment of another shape", "a moment missing",
+               "betas as text", "eps as None", "weight_decay as text", "fused as text")
 
 
 @pytest.mark.parametrize("name, change, expected", FOREIGN, ids=[f[0] for f in FOREIGN])
@@ -286,6 +299,52 @@ def test_a_foreign_checkpoint_is_one_line(corpus, checkpointed, capsys, name, ch
     if name not in NOT_FITTING:
         assert err.startswith(f"train.py: --resume: {checkpointed / 'ckpt.pt'} is not a nanonorm checkpoint ("), err
     assert {p.name: p.read_bytes() for p in checkpointed.iterdir()} == before
+
+
+def flip_a_bit(checkpoint):
+    """The checkpoint with one bit of AdamW's first moment flipped, the checksum it was written with kept: what a
+    byte changed on the disk loads as (torch.load checks no checksum of its own)."""
+    moment = checkpoint["optimizer"]["state"][0]["exp_avg"]
+    moment.view(-1).view(torch.uint8)[5] ^= 1
+    return checkpoint
+
+
+def test_a_checkpoint_that_changed_since_it_was_written_is_refused_and_one_without_a_checksum_is_read(
+        corpus, tmp_path, reference, capsys):
+    """Issue 55: a flipped byte in AdamW's state resumed without a word. The checksum train.py writes with each
+    checkpoint is checked at every read, and a damaged ckpt.pt gives way to the newest numbered checkpoint that
+    loads, as one that does not load does; an older checkpoint, written without a checksum, resumes as before."""
+    out = tmp_path / "out"
+    assert train.main(flags(corpus, out, "--max_iters=9", "--eval_interval=3", "--keep_checkpoints=2")) == 0
+    checkpoint = torch.load(out / "ckpt.pt", weights_only=True)
+    assert checkpoint[run_folder.CHECKSUM] == run_folder.payload_sha256(checkpoint)
+    torch.save(flip_a_bit(checkpoint), out / "ckpt.pt")  # and ckpt-9.pt, its hard link
+    assert run_folder.payload_sha256(checkpoint) != checkpoint[run_folder.CHECKSUM]
+    damaged = (f"{out / 'ckpt.pt'} is damaged: its contents are not what train.py wrote (their sha256 is not the "
+               f"{run_folder.CHECKSUM} written with them)")
+    capsys.readouterr()
+    assert train.main(flags(corpus, out, "--resume", "--max_iters=12")) == 0
+    assert capsys.readouterr().err.splitlines() == [f"train.py: note: {damaged}; resuming from {out / 'ckpt-6.pt'}",
+                                                    resumed_line(6, 12, 9)]
+    assert losses(out)[:9] == losses(reference)
+    # the same flip with no older checkpoint to fall back on: one line, exit code 2, nothing changed
+    for path in out.glob("ckpt-*.pt"):
+        os.remove(path)
+    torch.save(flip_a_bit(torch.load(out / "ckpt.pt", weights_only=True)), out / "ckpt.pt")
+    before = folder_snapshot(out)
+    assert train.main(flags(corpus, out, "--resume", "--max_iters=15")) == 2
+    assert capsys.readouterr().err == f"train.py: --resume: {damaged}\n"
+    assert folder_snapshot(out) == before
+    # written before checksums: read unchecked, and the resume is exact
+    again = tmp_path / "again"
+    assert train.main(flags(corpus, again, "--max_iters=9", "--eval_interval=3", "--keep_checkpoints=3")) == 0
+    old = torch.load(again / "ckpt-3.pt", weights_only=True)
+    del old[run_folder.CHECKSUM]
+    for path in again.glob("ckpt*.pt"):
+        os.remove(path)
+    torch.save(old, again / "ckpt.pt")
+    assert train.main(flags(corpus, again, "--resume")) == 0
+    assert losses(again) == losses(reference)
 
 
 INCONSISTENT = [
@@ -316,6 +375,22 @@ def test_an_inconsistent_resume_is_one_line(corpus, checkpointed, capsys, more, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and expected in err, err
     assert {p.name: p.read_bytes() for p in checkpointed.iterdir()} == before
+
+
+def test_a_damaged_config_json_on_resume_is_to_be_removed_and_the_resume_writes_it_anew(corpus, checkpointed, capsys):
+    """Issue 55: the line said to remove the run (its folder, .exit and .out), a sweep's words, which would have lost
+    a good checkpoint; a resume writes config.json anew from the checkpoint."""
+    (checkpointed / "config.json").write_text("not json")
+    before = folder_snapshot(checkpointed)
+    capsys.readouterr()
+    assert train.main(flags(corpus, checkpointed, "--resume", "--max_iters=4")) == 2
+    assert capsys.readouterr().err == (f"train.py: {checkpointed / 'config.json'} is not a config.json train.py wrote; "
+                                       "remove it, and the resume writes it anew from the checkpoint (or start a new "
+                                       "run in another --out_dir)\n")
+    assert folder_snapshot(checkpointed) == before
+    os.remove(checkpointed / "config.json")
+    assert train.main(flags(corpus, checkpointed, "--resume", "--max_iters=4")) == 0
+    assert json.loads((checkpointed / "config.json").read_text())["train"]["max_iters"] == 4
 
 
 def test_every_training_flag_has_a_resume_rule():

@@ -12,7 +12,7 @@ import torch
 import data
 import model
 import sample
-from conftest import ROOT, run_train, tiny
+from conftest import ROOT, run_train, save_checkpoint, tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TINY = tiny(n_layer=1, eval_iters=1, log_interval=10, warmup_iters=None, lr=None, max_iters=20, eval_interval=10)
@@ -90,7 +90,7 @@ def test_a_compiled_models_checkpoint_loads(out_dir, capsys, tmp_path):
     compiled = torch.compile(model).state_dict()  # names only: nothing is compiled until it is called
     assert all(k.startswith("_orig_mod.") for k in compiled)
     (tmp_path / "compiled").mkdir()
-    torch.save({**checkpoint, "model": compiled}, tmp_path / "compiled" / "ckpt.pt")
+    save_checkpoint({**checkpoint, "model": compiled}, tmp_path / "compiled" / "ckpt.pt")
     flags = ["--start=head", "--num_samples=2", "--max_new_tokens=20", "--seed=5"]
     assert samples(capsys, tmp_path / "compiled", *flags) == samples(capsys, out_dir, *flags)
 
@@ -125,7 +125,7 @@ def write(folder, content):
     if isinstance(content, bytes):
         (folder / "ckpt.pt").write_bytes(content)
     else:
-        torch.save(content, folder / "ckpt.pt")
+        save_checkpoint(content, folder / "ckpt.pt")
 
 
 BAD_FLAGS = [

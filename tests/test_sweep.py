@@ -209,6 +209,12 @@ def test_a_device_this_machine_lacks_is_refused_unless_the_commands_are_for_anot
      "1 variants x 1,000 LRs x 1,000 seeds are 1,000,000 runs; a sweep has at most 10,000"),
     (["--variants=" + ",".join(f"norm=rmsnorm+n_layer={i + 1}" for i in range(10_001)), "--lrs=1e-2", "--dry_run"],
      "10,001 variants x 1 LRs x 1 seeds are 10,001 runs"),
+    # issue 55: an empty list was called "required", and an empty item was dropped without a word
+    (["--variants=", "--lrs=1e-2"], "--variants= is empty; give one or more, comma-separated, e.g. "
+     "--variants=baseline,norm=powernorm"),
+    (["--variants=baseline", "--lrs="], "--lrs= is empty; give one or more, comma-separated, e.g. --lrs=3e-3,1e-2"),
+    (["--variants=baseline,,postln", "--lrs=1e-2"], "--variants=baseline,,postln has an empty item"),
+    (["--variants=baseline", "--lrs=1e-2,"], "--lrs=1e-2, has an empty item"),
     (["--variants=baseline", "--lrs=inf"], "--lrs=inf is not a finite number"),
     (["--variants=baseline", "--lrs=0"], "--lrs: 0 is not a positive number"),
     (["--variants=norm=rmsnorm+data_dir=../../x", "--lrs=1e-2", "--dry_run"],
