@@ -632,8 +632,13 @@ def describe(name, scale="cpu", jobs=1, stage=None):
 
 
 def design_hash(name, scale="cpu", stage=None):
-    """sha256 of the recipe's design as describe() records it (the replicate's with stage=REPLICATION), less what
-    changes neither the runs nor their judgement (the command's --jobs, the recipe's place on the page): sweep.py
+    """sha256 of the recipe's design as describe() records it (the replicate's with stage=REPLICATION): sweep.py
     records it before the runs start."""
-    record = {k: v for k, v in describe(name, scale, stage=stage).items() if k not in ("command", "order")}
+    return described_hash(describe(name, scale, stage=stage))
+
+
+def described_hash(described):
+    """sha256 of a design as describe() records it (or a summary holds it: lab/schema checks the one it records),
+    less what changes neither the runs nor their judgement (the command's --jobs, the recipe's place on the page)."""
+    record = {k: v for k, v in described.items() if k not in ("command", "order")}
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()

@@ -3,8 +3,8 @@ A recipe's record judged again by lab/claims.py as it stands, from the record's 
 (its claims, LRs, reference, seeds and pilot, not lab/recipes.py's): the runs are the data, fixed once they ran; how
 they are reported (the power's bound, the intervals' words) is code that may improve after them. The tests, the
 failure rule and the verdicts' rules are the design's: a record whose recorded test, interval or failure rule differs
-from lab/claims.py's is refused, so that re-judging never changes how a claim was decided. The recipe's words (title,
-paper, quote, deviations) are taken from lab/recipes.py as it stands: text that describes the design, not data.
+from lab/claims.py's is refused, so that re-judging never changes how a claim was decided. The record's recipe, and
+so its design hash, stay as the runs recorded them.
     python -m lab.rejudge docs/experiments/records/*.json && python plot.py --experiments=docs/experiments/records \
         --out=docs
 rewrites each record in place (atomically) and says which claims' numbers moved.
@@ -20,8 +20,6 @@ from lab import claims as claims_lib
 from lab import recipes
 from lab import schema
 
-PROSE = ("title", "paper", "quote", "deviations")
-
 
 def recorded_claims(recipe):
     """The recipes.Claim objects a record's recipe holds (recipes.describe writes them as dicts)."""
@@ -36,13 +34,10 @@ def rejudge(summary):
     pilot = recipe.get("pilot", 0)
     judged = claims_lib.judge(summary["runs"], recorded_claims(recipe), recipe["reference"], recipe["lrs"], pilot,
                               len(recipe["seed_list"]) - pilot, recipe.get("best_lrs") if replicate else None)
-    # the recipe's words (its title, paper, quote and deviations) as lab/recipes.py has them now: text, not data
-    now = recipes.describe(recipe["name"], recipe["scale"], stage=recipe.get("stage"))
-    recipe = {**recipe, **{key: now[key] for key in PROSE}}
     withheld = summary.get("no_verdict")
     for claim in judged if withheld else []:
         claim.update(verdict=f"no verdict ({withheld})", reading="no verdict")
-    return {**summary, "recipe": recipe, "claims": judged}
+    return {**summary, "claims": judged}
 
 
 def same_rules(path, summary):

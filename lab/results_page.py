@@ -8,6 +8,7 @@ cannot drift from the data.
 
 import collections
 import glob
+import html
 import json
 import math
 import os
@@ -27,6 +28,7 @@ from lab.tables import (chosen_lr_text, claims_table, comparison_text, coverage_
                         known, mde_text, metric_label, p_value_text, power_text, target_value_text, value_text)
 
 LINE_STYLES = ("-", "--", ":", "-.")
+WORDS = ("title", "paper", "quote", "deviations")  # a recipe's words, which the page takes from lab/recipes.py
 DATA = "experiments/records"  # under --out: the page's data, one <name>.json a recipe (page_data)
 CURVES = ("curve", "ratio_curve", "fc2_ratio_curve", "logit_curve")
 FIGURE_SIZE = (8, 4.5)  # inches, at FIGURE_DPI: readable at the page's width
@@ -41,7 +43,7 @@ def read_recipe_summaries(root):
     --out_dir=sweeps/NAME_threads2) has its first folder in path order as the summary and the others as replicates,
     whose spread the page shows; its fresh-seed replicate (sweep.py --replicate) stands apart, in recipes.py's
     order."""
-    found, fresh = {}, {}
+    found, fresh, anchors = {}, {}, {}
     paths = sorted(glob.glob(os.path.join(glob.escape(root), "**", "summary.json"), recursive=True))
     paths += sorted(glob.glob(os.path.join(glob.escape(root), "*.json")))
     for path in paths:
@@ -57,6 +59,7 @@ def read_recipe_summaries(root):
                                  "(a replicate's seeds are fixed in lab/recipes.py)")
             fresh[key] = page_data(summary)
         else:
+            check_one_section(path, anchors.setdefault(anchor(summary["recipe"]), (key, path)), key)
             found.setdefault(key, []).append(page_data(summary))
     return [(group[0], group[1:]) for _, group in sorted(found.items())], [fresh[k] for k in sorted(fresh)]
 
@@ -82,11 +85,33 @@ def check_recipe_summary(path, summary):
     schema.check_summary(path, summary, schema.RECIPE_SUMMARY)
     schema.check_recipe_name(path, summary)
     schema.check_values(path, summary)
+    check_record_name(path, summary)
     for i, row in enumerate(summary["variants"]):
         for key, needs in schema.ENDED_ROW.items():
             found = schema.mismatch(row, needs, f"variants[{i}]") if row.get(key) else None
             if found:
                 raise UsageError(f"{path}: {found} beside {key}; {schema.SUMMARY_ALLOWED}")
+
+
+def check_record_name(path, summary):
+    """A page data file (DATA: <anchor>.json, <anchor>.replicate<i>.json, as experiments_page names them) holds the
+    recipe its name says, the part before its first dot; a UsageError naming path where it holds another (its claims
+    would be published under that recipe's heading). A sweep's summary.json may be in any folder."""
+    name = os.path.basename(path)
+    if name == "summary.json":
+        return
+    own = anchor(summary["recipe"])
+    if name.split(".")[0] != own:
+        raise UsageError(f"{path}: recipe.name is {summary['recipe']['name']} ({summary['recipe']['scale']} scale), "
+                         f"whose page data is {own}.json; {schema.SUMMARY_ALLOWED}")
+
+
+def check_one_section(path, first, key):
+    """A UsageError where path's recipe and scale (its section's anchor) came first from another place on the page
+    (first: (its order and scale, its path)): two sections under one anchor."""
+    if first[0] != key:
+        raise UsageError(f"{path}: its recipe and scale are those of {first[1]}, at another place on the page "
+                         f"(recipe.order {key[0]}, not {first[0][0]}); {schema.SUMMARY_ALLOWED}")
 
 
 def check_verdicts(path, summary):
@@ -109,7 +134,7 @@ def design_changes(summary):
     recipe = summary["recipe"]
     if recipe["name"] not in recipes.RECIPES:
         return ["the recipe is not in lab/recipes.py"]
-    now = json.loads(json.dumps(recipes.describe(recipe["name"], recipe["scale"])))  # as summary.json holds it
+    now = json.loads(json.dumps(recipes.describe(recipe["name"], recipe["scale"], stage=recipe.get("stage"))))
     design = recipe["design"]
     changed = [what for what, then, current in (
         ("variants", recipe["variants"], now["variants"]), ("LRs", recipe["lrs"], now["lrs"]),
@@ -977,6 +1002,44 @@ def not_run_section(summaries):
     return [*lines, ""]
 
 
+AS_WRITTEN = ("command", "train_argv", "recipe_argv")  # printed in code spans, where an entity would show as such
+
+
+def current_words(summary):
+    """The summary with its recipe's words (title, paper, quote, deviations) as lab/recipes.py has them now, where
+    its runs had the design lab/recipes.py holds (design_changes): a sentence about the design may be corrected after
+    the runs, its numbers may not; the record keeps the words its runs recorded, under its design hash."""
+    recipe = summary["recipe"]
+    if recipe["name"] not in recipes.RECIPES or design_changes(summary):
+        return summary
+    now = recipes.describe(recipe["name"], recipe["scale"], stage=recipe.get("stage"))
+    return {**summary, "recipe": {**recipe, **{key: now[key] for key in WORDS}}}
+
+
+def as_printed(summary):
+    """A summary as the page prints it: each string it holds HTML-escaped (&, <, >: escaped), since Markdown passes
+    HTML through and the page writes what a summary says (a quote of "<script>" is text on the page). Left as they
+    are: what the page prints inside code spans (AS_WRITTEN) and the recipe's declared claims, which the page
+    compares with lab/recipes.py's (design_changes) and does not print. The names the page looks things up by
+    (variants, LRs, metrics) hold none of these characters (lab/schema checks them)."""
+    printed = escaped(summary)
+    printed["recipe"]["claims"] = summary["recipe"]["claims"]
+    return printed
+
+
+def escaped(value, kept=False):
+    """value with each string in it HTML-escaped, except under the keys AS_WRITTEN (kept: this value is one)."""
+    if kept:
+        return value
+    if isinstance(value, str):
+        return html.escape(value, quote=False)
+    if isinstance(value, list):
+        return [escaped(item) for item in value]
+    if isinstance(value, dict):
+        return {k: escaped(v, k in AS_WRITTEN) for k, v in value.items()}
+    return value
+
+
 def experiments_page(root, out):
     """docs/experiments.md, a figure per recipe and the page's data (DATA: one <name>.json a recipe, and
     <name>.replicate<i>.json for a recipe's other run sets), from the recipes' summaries alone: root is
@@ -984,20 +1047,26 @@ def experiments_page(root, out):
     byte. The headline table also goes to stdout."""
     summaries, fresh = read_recipe_summaries(root)
     make_folder(os.path.join(out, DATA))
+    for summary, replicates in summaries:
+        name = anchor(summary["recipe"])
+        own = [f for f in fresh if f["recipe"]["name"] == summary["recipe"]["name"]]
+        for path, value in [(f"{DATA}/{name}.json", summary), *((f"{DATA}/{name}.replicate{i}.json", replicate)
+                                                                 for i, replicate in enumerate(replicates, 1)),
+                            *((f"{DATA}/{name}.replication.json", f) for f in own)]:
+            files.write_atomic(os.path.join(out, path), json.dumps(value, indent=1).encode())
+        recipe_figure(summary, os.path.join(out, "experiments", f"{name}.png"))
+    summaries = [(as_printed(current_words(summary)), [as_printed(current_words(r)) for r in replicates])
+                 for summary, replicates in summaries]
+    fresh = [as_printed(current_words(f)) for f in fresh]
     originals = [summary for summary, _ in summaries]
     sections = []
     for summary, replicates in summaries:
         name = anchor(summary["recipe"])
-        data = f"{DATA}/{name}.json"
         own = [f for f in fresh if f["recipe"]["name"] == summary["recipe"]["name"]]
-        for path, value in [(data, summary), *((f"{DATA}/{name}.replicate{i}.json", replicate)
-                                                for i, replicate in enumerate(replicates, 1)),
-                            *((f"{DATA}/{name}.replication.json", f) for f in own)]:
-            files.write_atomic(os.path.join(out, path), json.dumps(value, indent=1).encode())
-        recipe_figure(summary, os.path.join(out, "experiments", f"{name}.png"))
         extra = [line for f in own for line in fresh_section(f, originals, f"{DATA}/{name}.replication.json")]
         extra += replicated_elsewhere(summary, fresh)
-        sections.append("\n".join([recipe_section(summary, replicates, f"experiments/{name}.png", data), *extra]))
+        sections.append("\n".join([recipe_section(summary, replicates, f"experiments/{name}.png",
+                                                   f"{DATA}/{name}.json"), *extra]))
     table = "\n\n".join([headline(summaries, fresh), spread_text(summaries), not_run_text(summaries)])
     page = "\n".join(["# What nanonorm's runs say about the papers' claims", "", INTRO, "", RECOMPUTE, "",
                       "## Headline", "", table, "", *sections, *not_run_section(summaries)])

@@ -6,7 +6,8 @@ readers rely on), and read_summary(), the one reader of a summary.json.
 
 A shape is what engine/run_reader.mismatch reads (a dict: an object with at least these keys, and so on).
 check_values() holds a summary to what a shape cannot say (an LR is a number, a finished run has a loss, a claim's n
-is a count, its metric one of lab/recipes.py's, the page's text one line), carried_meaning() what a re-run carries
+is a count, its metric one of lab/recipes.py's, the page's text one line) and a recipe's summary to what its recipe
+declares (its claims judged one for one, its design the one its hash names), carried_meaning() what a re-run carries
 forward (a finite wall time, a machine), and check_recipe_name() a recipe's name to a plain name, as the results
 page names files after it.
 """
@@ -38,22 +39,29 @@ EVENTS = {
 }
 STATUSES = {"done", "diverged", "unfinished"}  # lab/summary.run_record's
 PLAIN_NAME = re.compile(r"[A-Za-z0-9_-]+")  # lab/recipes.py's names: a file name inside --out, no path
+VARIANT_NAME = re.compile(r"[A-Za-z0-9_.=+-]+")  # sweep.py's variants (FOLDER_NAME): printed on the page as they are
+SHA256 = re.compile(r"[0-9a-f]{64}")
+MODES = {"lr", "ramp"}  # sweep.py --mode
+EXPECT = {"better", "worse"}  # lab/recipes.Claim.expect
 # a sweep's summary.json as plot.py's loss-vs-LR plot reads it (LR_SWEEP: an --mode=lr sweep's)
-SWEEP = {"mode": str}
+SWEEP = {"mode": MODES}
 LR_SWEEP = {"variants": [{"variant": str, "init_loss": NUMBER}],
             "runs": [{"variant": str, "lr": str, "status": STATUSES, "final_loss": MAYBE_NUMBER}]}
 # a recipe's summary.json as the results page reads it
 SIDE = {"median": None, "min": None, "max": None, "n": None}
 INTERVAL = (list, type(None))
-CLAIM = {"variant": str, "reference": str, "minus": (list, type(None)), "metric": str, "expect": str,
-         "paper_number": None, "effect_source": None, "relative": bool, "effect_claimed": NUMBER,
+CLAIM = {"variant": str, "reference": str, "minus": (list, type(None)), "metric": str, "expect": EXPECT,
+         "paper_number": str, "effect_source": str, "relative": bool, "effect_claimed": NUMBER,
          "effect_to_detect": MAYBE_NUMBER, "n": int, "p": MAYBE_NUMBER, "p_holm": MAYBE_NUMBER,
          "effect": MAYBE_NUMBER, "effect_ci": INTERVAL, "difference": MAYBE_NUMBER, "difference_ci": INTERVAL,
          "power": MAYBE_NUMBER, "mde": MAYBE_NUMBER, "verdict": str, "diverged": dict, "arm_medians": dict}
 RECIPE_SUMMARY = {
-    "recipe": {"name": str, "title": str, "order": int, "scale": str, "paper": None, "quote": None, "reference": None,
-               "figure": {"ramp", "loss_vs_lr", "depth", "grad_ratio", "metric"}, "variants": [str], "lrs": [str],
-               "claims": [{"variant": str, "metric": str}], "deviations": None, "command": None, "train_argv": [str],
+    "mode": MODES,
+    "recipe": {"name": str, "title": str, "order": int, "scale": {"cpu", "gpu"}, "paper": str, "quote": str,
+               "reference": str, "figure": {"ramp", "loss_vs_lr", "depth", "grad_ratio", "metric"}, "variants": [str],
+               "lrs": [str], "claims": [{"variant": str, "metric": str, "expect": EXPECT, "paper_number": str,
+                                         "effect_source": str, "minus": (list, type(None))}],
+               "deviations": str, "command": str, "train_argv": [str],
                "design": {"variants": [str], "lrs": [str], "seeds": [int], "steps": int, "test": str, "family": str,
                           "power_alpha": NUMBER,
                           "eval_windows": {"eval_iters": int, "batch_size": int, "windows": int, "block_size": int,
@@ -123,7 +131,8 @@ def check_values(path, summary, advice=SUMMARY_ALLOWED):
             if found:
                 raise UsageError(f"{path}: {found[:80]}; {advice}")
     # a summary that names a recipe is one: it has the rest of a recipe's summary (the claims) before its meaning
-    found = (mismatch(summary, RECIPE_SUMMARY, "") or recipe_meaning(summary)) if summary.get("recipe") else None
+    found = (mismatch(summary, RECIPE_SUMMARY, "") or recipe_meaning(summary) or names_meaning(summary)
+             or declared_meaning(summary) or design_meaning(summary)) if summary.get("recipe") else None
     if found:
         raise UsageError(f"{path}: {found}; {advice}")
 
@@ -166,6 +175,8 @@ def recipe_meaning(summary):
         found = claim_meaning(claim)
         if found:
             return f"claims[{i}].{found}"
+    if recipe.get("mode", summary["mode"]) != summary["mode"]:
+        return f"mode is {json.dumps(summary['mode'])}, where its recipe's is {json.dumps(recipe['mode'])[:40]}"
     for i, run in enumerate(summary["runs"]):
         if summary["mode"] == "ramp" and run["status"] == "diverged":
             for key in ("peak_lr", "steps_survived"):  # the ramp figure plots where each diverged run stopped
@@ -173,6 +184,91 @@ def recipe_meaning(summary):
                     return f"runs[{i}] diverged in a ramp without its {key}"
     return printed_text(recipe, "recipe") or next(
         (found for i, claim in enumerate(claims) if (found := printed_text(claim, f"claims[{i}]"))), None)
+
+
+def names_meaning(summary):
+    """What is wrong with the variants and LRs a recipe's summary names, or None: each variant (of the recipe, its
+    design, its claims, its runs and rows) one of sweep.py's names (letters, digits and _ . = + -), which the page
+    prints and looks up as they are, and each LR of the recipe and its design a number."""
+    recipe = summary["recipe"]
+    named = [("recipe.reference", recipe["reference"])]
+    named += [(f"recipe.variants[{i}]", v) for i, v in enumerate(recipe["variants"])]
+    named += [(f"recipe.design.variants[{i}]", v) for i, v in enumerate(recipe["design"]["variants"])]
+    for where, claims in (("recipe.claims", recipe["claims"]), ("claims", summary["claims"])):
+        for i, claim in enumerate(claims):
+            arms = [("variant", claim["variant"]), ("reference", claim.get("reference") or recipe["reference"])]
+            arms += [(f"minus[{j}]", v) for j, v in enumerate(claim["minus"] or [])]
+            named += [(f"{where}[{i}].{key}", v) for key, v in arms]
+    named += [(f"{where}[{i}].variant", row["variant"]) for where in ("runs", "variants")
+              for i, row in enumerate(summary[where])]
+    for where, name in named:
+        if not (isinstance(name, str) and VARIANT_NAME.fullmatch(name)):
+            return f"{where} is {json.dumps(name)[:40]}, not a variant's name (letters, digits and _ . = + -)"
+    for where, lrs in (("recipe.lrs", recipe["lrs"]), ("recipe.design.lrs", recipe["design"]["lrs"])):
+        for i, lr in enumerate(lrs):
+            if not is_lr(lr):
+                return f"{where}[{i}] is {json.dumps(lr)[:40]}, not a positive number"
+    return None
+
+
+# what judge_one copies from a declared claim into its judged one: the page prints the judged one's
+JUDGED_AS_DECLARED = ("variant", "metric", "expect", "minus", "paper_number", "effect_source", "relative", "tested",
+                      "control", "target_origin")
+
+
+def declared_meaning(summary):
+    """Where a recipe's judged claims are not the claims its recipe declares, or None: claims[i] is recipe.claims[i]
+    judged (lab/claims.judge: one result a declared claim, in order), so the page shows every claim the recipe made
+    and no other (claims: [] left a recipe's claims off the page without a word)."""
+    declared, judged = summary["recipe"]["claims"], summary["claims"]
+    if len(judged) != len(declared):
+        return (f"claims holds {len(judged)} judged claim{'s' * (len(judged) != 1)}, and recipe.claims declares "
+                f"{len(declared)}; a recipe's summary judges each claim its recipe declares")
+    for i, (result, claim) in enumerate(zip(judged, declared)):
+        pairs = [(key, result.get(key), claim.get(key)) for key in JUDGED_AS_DECLARED if key in result or key in claim]
+        pairs += [("reference", result["reference"], claim.get("reference") or summary["recipe"]["reference"]),
+                  ("effect_claimed", result["effect_claimed"], claim.get("effect"))]
+        for key, value, wanted in pairs:
+            if value != wanted:
+                return (f"claims[{i}].{key} is {json.dumps(value)[:40]}, where recipe.claims[{i}], the claim it "
+                        f"judges, has {json.dumps(wanted)[:40]}")
+    return None
+
+
+def design_meaning(summary):
+    """What is wrong with the design hash a recipe's summary records, or None. sweep.py records recipe.design_sha256
+    (lab/recipes.design_hash) in the summary and design.json before the runs start (design_record): it must be the
+    hash of the design the summary's recipe holds (its name, scale, variants, LRs, seeds, flags and claims: an
+    edited one, or another recipe's under this name, is not), and one that lab/recipes.py gives the recipe now or
+    design_record holds (an earlier design, which the page marks as such). A summary without one says so on the
+    page."""
+    recipe = summary["recipe"]
+    found = mismatch(summary.get("design_record", []), [{"sha256": str, "stage": str, "recorded": str}],
+                     "design_record")
+    recorded = recipe.get("design_sha256")
+    if found or recorded is None:
+        return found
+    if not (isinstance(recorded, str) and SHA256.fullmatch(recorded)):
+        return f"recipe.design_sha256 is {json.dumps(recorded)[:40]}, not a sha256 (64 hex digits)"
+    own = recorded_design_hash(recipe)
+    if recorded != own:
+        return (f"recipe.design_sha256 is {recorded[:12]}..., not the hash of the design its recipe holds "
+                f"({own[:12]}...: lab/recipes.design_hash of its name, scale, variants, LRs, seeds, flags and claims)")
+    known = {entry["sha256"] for entry in summary.get("design_record", [])}
+    if recipe["name"] in recipes.RECIPES:
+        known.add(recipes.design_hash(recipe["name"], recipe["scale"]))
+    if recorded not in known:
+        return (f"recipe.design_sha256 is {recorded[:12]}..., neither the design lab/recipes.py holds now nor one "
+                "sweep.py recorded before the runs (design_record)")
+    return None
+
+
+def recorded_design_hash(recipe):
+    """lab/recipes.design_hash of the design a summary's recipe holds: its describe() fields, that is all but what
+    lab/summary.recipe_record adds (the design's numbers and its hash), with the recipe's own flags (recipe_argv)
+    as train_argv, where sweep.py records the runs' flags, the recipe's and any beyond."""
+    described = {k: v for k, v in recipe.items() if k not in ("design", "design_sha256")}
+    return recipes.described_hash({**described, "train_argv": recipe.get("recipe_argv", recipe["train_argv"])})
 
 
 def metric_meaning(metric):

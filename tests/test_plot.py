@@ -9,6 +9,7 @@ import math
 import os
 import random
 import re
+import shutil
 
 import matplotlib.pyplot as plt
 import pytest
@@ -565,6 +566,106 @@ def test_the_committed_page_regenerates_from_its_committed_data_byte_for_byte(tm
         if name.endswith(".json"):
             with open(os.path.join(data, name), "rb") as f:
                 assert (tmp_path / "experiments" / "records" / name).read_bytes() == f.read(), name
+
+
+COMMITTED = os.path.join(ROOT, "docs", "experiments", "records")
+
+# issue 55: records the page trusted; each published a page (exit 0). An edit to the committed data of normformer_lr.
+EDITED_RECORDS = {
+    "another recipe's name": (lambda s: s["recipe"].update(name="normformer_loss"), "normformer_loss.json",
+                              "recipe.design_sha256 is 3a5ba9a32c22..., not the hash of the design its recipe holds"),
+    "another recipe's name, its own file": (lambda s: s["recipe"].update(name="normformer_loss"), None,
+                                            "recipe.design_sha256 is 3a5ba9a32c22..., not the hash of the design"),
+    "no judged claims": (lambda s: s.update(claims=[]), None,
+                         "claims holds 0 judged claims, and recipe.claims declares 1"),
+    "a judged claim of another variant": (lambda s: s["claims"][0].update(variant="baseline"), None,
+                                          'claims[0].variant is "baseline", where recipe.claims[0], the claim it '
+                                          'judges, has "nf_normformer"'),
+    "HTML in the quote": (lambda s: s["recipe"].update(quote="<script>alert(1)</script>"), None,
+                          "recipe.design_sha256 is 3a5ba9a32c22..., not the hash of the design its recipe holds"),
+    "a list as paper_number": (lambda s: s["claims"][0].update(paper_number=["a", "b"]), None,
+                               "claims[0].paper_number is a list, not a string"),
+    "a mode sweep.py has not": (lambda s: s.update(mode="bogus"), None, 'mode is "bogus", not one of lr, ramp'),
+    "a design hash of zeros": (lambda s: s["recipe"].update(design_sha256="0" * 64), None,
+                               "recipe.design_sha256 is 000000000000..., not the hash of the design its recipe holds"),
+    "an earlier design sweep.py never recorded": (
+        lambda s: s["recipe"].update(seed_list=[1, 2], design_sha256=schema.recorded_design_hash(
+            {**s["recipe"], "seed_list": [1, 2]})), None,
+        "neither the design lab/recipes.py holds now nor one sweep.py recorded before the runs (design_record)"),
+    "a design record without its time": (lambda s: s["design_record"][0].pop("recorded"), None,
+                                         "design_record[0].recorded is missing"),
+    "page data under another recipe's file name": (lambda s: None, "normformer_loss.json",
+                                                   "recipe.name is normformer_lr (cpu scale), whose page data is "
+                                                   "normformer_lr.json"),
+}
+
+
+@pytest.mark.parametrize("damage", list(EDITED_RECORDS))
+def test_a_record_is_held_to_what_its_recipe_declares(tmp_path, capsys, damage):
+    edit, file_name, expected = EDITED_RECORDS[damage]
+    data = tmp_path / "records"
+    data.mkdir()
+    for name in os.listdir(COMMITTED):
+        if name.endswith(".json") and name not in ("normformer_lr.json", file_name):
+            shutil.copy(os.path.join(COMMITTED, name), data / name)
+    with open(os.path.join(COMMITTED, "normformer_lr.json")) as f:
+        record = json.load(f)
+    edit(record)
+    path = data / (file_name or "normformer_lr.json")
+    write_json(path, record)
+    assert plot.main([f"--experiments={data}", f"--out={tmp_path / 'docs'}"]) == 2
+    assert_one_line(capsys, f"plot.py: {path}: ", expected)
+    assert not os.path.exists(tmp_path / "docs")
+
+
+def test_a_record_of_an_earlier_design_sweep_py_recorded_is_shown_as_such(tmp_path):
+    """The design hash names the design the record holds and sweep.py recorded before its runs: a design
+    lab/recipes.py has since changed is published, marked as an earlier one."""
+    data = tmp_path / "records"
+    data.mkdir()
+    with open(os.path.join(COMMITTED, "normformer_lr.json")) as f:
+        record = json.load(f)
+    record["recipe"]["seed_list"] = [1, 2]
+    record["recipe"]["design_sha256"] = schema.recorded_design_hash(record["recipe"])
+    record["design_record"].append({**record["design_record"][-1], "sha256": record["recipe"]["design_sha256"]})
+    write_json(data / "normformer_lr.json", record)
+    assert plot.main([f"--experiments={data}", f"--out={tmp_path / 'docs'}"]) == 0
+    page = (tmp_path / "docs" / "experiments.md").read_text()
+    assert "**From an earlier design.** These runs' seeds differ from lab/recipes.py" in page
+
+
+def test_two_summaries_of_one_recipe_at_two_places_on_the_page_are_refused(tmp_path, capsys):
+    """Two sections under one anchor: the same recipe and scale with another recipe.order."""
+    write_json(tmp_path / "sweeps" / "a" / "summary.json", recipe_summary())
+    moved = recipe_summary()
+    moved["recipe"]["order"] = 5
+    write_json(tmp_path / "sweeps" / "b" / "summary.json", moved)
+    assert plot.main([f"--experiments={tmp_path / 'sweeps'}", f"--out={tmp_path / 'docs'}"]) == 2
+    assert_one_line(capsys, f"plot.py: {tmp_path / 'sweeps' / 'b' / 'summary.json'}: its recipe and scale are those of "
+                    f"{tmp_path / 'sweeps' / 'a' / 'summary.json'}, at another place on the page")
+    assert not os.path.exists(tmp_path / "docs")
+
+
+def test_the_page_escapes_the_html_a_summary_holds(tmp_path):
+    """Markdown passes HTML through: a summary's text is printed as text (the page writes its own anchors), and the
+    command and flags, in code spans, as they are."""
+    summary = recipe_summary()
+    summary["recipe"].update(quote="<script>alert(1)</script>", title="a & b", deviations="x <b>bold</b>",
+                             train_argv=["--max_iters=50", "--note=<i>"], command="python sweep.py --recipe=tiny <x>")
+    summary["claims"][0]["paper_number"] = "94 < 200 steps"
+    summary["recipe"]["claims"][0]["paper_number"] = "94 < 200 steps"
+    summary["machine"]["hardware"] = "<img src=x>"
+    page = page_of(tmp_path, summary)
+    assert "> &lt;script&gt;alert(1)&lt;/script&gt;\n" in page and "<script>" not in page
+    assert "## a &amp; b\n" in page and "x &lt;b&gt;bold&lt;/b&gt;" in page and "| 94 &lt; 200 steps |" in page
+    assert "on &lt;img src=x&gt; " in page and "<img" not in page and "<b>" not in page
+    assert "`python sweep.py --recipe=tiny <x> --note=<i>`" in page
+    assert re.findall(r"<[a-z]", page) == ["<a"] * page.count('<a id="')
+    # the data keeps the summary's own text: the page regenerates from it byte for byte
+    data = tmp_path / "docs" / "experiments" / "records"
+    assert json.loads((data / "tiny.json").read_text())["recipe"]["quote"] == "<script>alert(1)</script>"
+    assert plot.main([f"--experiments={data}", f"--out={tmp_path / 'again'}"]) == 0
+    assert (tmp_path / "again" / "experiments.md").read_text() == page
 
 
 def test_a_page_from_sweeps_and_the_page_from_its_written_data_are_one_page(tmp_path):
