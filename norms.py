@@ -376,9 +376,11 @@ def make_norm(kind, dim, eps=1e-5, affine="both", *, alpha_fwd=0.9, alpha_bwd=0.
         raise ValueError(f"norm={kind!r} is not a norm; choose one of {', '.join(NORMS)}")
     if affine not in AFFINE:
         raise ValueError(f"affine={affine!r} is not an affine setting; choose one of {', '.join(AFFINE)}")
-    if groups < 0 or (groups and dim % groups):
+    module = TABLE[kind][0]
+    # only a norm that takes groups (PowerNorm's group scaling) needs them to divide its features: a qk-norm's head
+    # dim (64 at 768 / 12 heads) need not be a multiple of the head count
+    if "groups" in arguments(module) and (groups < 0 or (groups and dim % groups)):
         raise ValueError(f"groups={groups} must be 0 (off) or divide dim={dim}")
     given = dict(eps=eps, affine=affine, alpha_fwd=alpha_fwd, alpha_bwd=alpha_bwd, warmup=warmup, groups=groups,
                  alpha0=alpha0)
-    module = TABLE[kind][0]
     return module(dim, **{name: given[name] for name in arguments(module)})

@@ -566,3 +566,10 @@ def test_no_norm_returns_a_tensor_it_changed_in_place(kind, affine):
         m.train(training)
         y = m(torch.randn(2, 5, 12, requires_grad=True))
         assert y._version == 0, (kind, affine, training)
+
+
+def test_only_a_norm_that_takes_groups_needs_them_to_divide_its_features():
+    # qk-norm at GPT-2 small's 12 heads normalizes head dims of 64: the head count need not divide them
+    assert make_norm("layernorm", 64, groups=12) is not None
+    with pytest.raises(ValueError, match="divide dim=64"):
+        make_norm("powernorm", 64, groups=12)

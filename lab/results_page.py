@@ -771,7 +771,7 @@ def command_text(summary):
     if extra is None:
         lines.append("This summary does not say which flags were the recipe's: the flags above are the runs'.")
     elif extra:
-        lines.append(f"These runs had flags beyond the recipe's ({' '.join(without_paths(extra))}): the deviations "
+        lines.append(f"These runs had flags beyond the recipe's (`{' '.join(without_paths(extra))}`): the deviations "
                      "above are the recipe's and do not describe them.")
     return lines
 

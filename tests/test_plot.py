@@ -495,7 +495,7 @@ def test_the_page_prints_the_flags_the_runs_had(tmp_path):
     summary["recipe"]["recipe_argv"] = ["--max_iters=50", "--n_layer=4"]
     page = page_of(tmp_path, summary)
     assert "Command: `python sweep.py --recipe=tiny --n_embd=32`" in page
-    assert "flags beyond the recipe's (--n_embd=32)" in page and "do not describe them" in page
+    assert "flags beyond the recipe's (`--n_embd=32`)" in page and "do not describe them" in page
     assert "Every run's flags: `--max_iters=50 --n_embd=32`" in page and "--n_layer=4" not in page
     assert "baseline+n_layer=6: `--preset=baseline --n_layer=6`" in page
     assert "norm=rmsnorm+n_layer=18: `--norm=rmsnorm --n_layer=18`" in page
@@ -660,7 +660,7 @@ def test_the_page_escapes_the_html_a_summary_holds(tmp_path):
     assert "## a &amp; b\n" in page and "x &lt;b&gt;bold&lt;/b&gt;" in page and "| 94 &lt; 200 steps |" in page
     assert "on &lt;img src=x&gt; " in page and "<img" not in page and "<b>" not in page
     assert "`python sweep.py --recipe=tiny <x> --note=<i>`" in page
-    assert re.findall(r"<[a-z]", page) == ["<a"] * page.count('<a id="')
+    assert re.findall(r"<[a-z]", re.sub(r"`[^`]*`", "", page)) == ["<a"] * page.count('<a id="')  # its anchors
     # the data keeps the summary's own text: the page regenerates from it byte for byte
     data = tmp_path / "docs" / "experiments" / "records"
     assert json.loads((data / "tiny.json").read_text())["recipe"]["quote"] == "<script>alert(1)</script>"
@@ -780,6 +780,7 @@ def test_a_replicate_of_a_recipe_not_marked_chaotic_shows_its_spread_descriptive
         tmp_path, first)
     for summary in (first, second):
         summary["claims"][0].update(tested=False, verdict="descriptive", reading="descriptive", p_holm=None)
+        summary["recipe"]["claims"][0]["tested"] = False  # the recipe declares it so (lab/schema holds them together)
     page = page_of(tmp_path, first)
     assert "| unstable across machines" not in page and "earlier design: descriptive |" in page
     assert "| 2-core CPU, 2 threads a run | norm=rmsnorm vs baseline, expected better: steps survived" in page
@@ -804,6 +805,7 @@ def test_a_row_against_the_papers_direction_is_called_out_descriptive_ones_too(t
     page = page_of(tmp_path, summary)
     assert "**Against the paper's direction** (a tested claim): its own p is 0.00781, the mean d -41.25" in page
     claim.update(tested=False, verdict="descriptive", reading="descriptive", p_holm=None)
+    summary["recipe"]["claims"][0]["tested"] = False
     page = page_of(tmp_path, summary)
     assert "**Against the paper's direction** (a row outside Holm's family, all the same)" in page
     # against the paper but not significant: a descriptive row, which has no verdict, still says where it points
@@ -812,12 +814,14 @@ def test_a_row_against_the_papers_direction_is_called_out_descriptive_ones_too(t
     [claim] = summary["claims"]
     assert claim["p"] >= 0.05 and claim["effect"] < 0
     claim.update(tested=False, verdict="descriptive", reading="descriptive", p_holm=None)
+    summary["recipe"]["claims"][0]["tested"] = False
     page = page_of(tmp_path, summary)
     assert ("Its estimate points against the paper's direction (mean d -28.75 in the paper's sign, its own p "
             f"{lab.tables.p_value_text(claim['p'])}): not significant at this scale") in page
     assert "**Against the paper's direction**" not in page
     # a control: the paper predicts no effect, so there is no direction to go against
     claim.update(control=True, verdict="control (outside the family: the paper predicts no gap here)")
+    summary["recipe"]["claims"][0]["control"] = True
     assert "points against the paper's direction" not in page_of(tmp_path, summary)
 
 
