@@ -378,6 +378,8 @@ def write_views(paths):
         tensorboard_view.start(os.path.dirname(log), log, True, script="plot.py")
         tensorboard_view.close_all()
     above = os.path.commonpath([os.path.abspath(path) for path in paths])
+    if any(os.path.abspath(os.path.dirname(log)) == above for log in logs):
+        above = os.path.dirname(above)  # TensorBoard names a run in --logdir itself "."; from above, by its folder
     print(f"plot.py: the TensorBoard view of {len(logs)} run{'s' if len(logs) > 1 else ''} written beside "
           f"{'its' if len(logs) == 1 else 'their'} log.jsonl: tensorboard --logdir={above}")
 
