@@ -54,6 +54,14 @@ def cuda_available():
 # the reason a CUDA test gives where it is skipped
 NO_CUDA = "no CUDA GPU here: the CUDA tests run on a GPU machine (python -m lab.device_check runs them all)"
 
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """A test marked cuda is skipped here where there is no CUDA GPU: pytest -rs (pyproject.toml) then says so on one
+    line for them all, where a skipif mark's reason is said once per test function."""
+    if item.get_closest_marker("cuda") and not cuda_available():
+        pytest.skip(NO_CUDA)
+
 # The tiny model of model.py's own tests: GPTConfig's keyword arguments.
 TINY_CONFIG = dict(n_layer=2, n_embd=32, n_head=4, block_size=16, vocab_size=64)
 # The tiny train.py run: a model that trains in milliseconds a step. A test file states how its runs differ with

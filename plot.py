@@ -395,6 +395,8 @@ def write_views(paths, opts):
     runs, its = f"{len(logs)} run{'s' if len(logs) > 1 else ''}", "its" if len(logs) == 1 else "their"
     if opts["tensorboard"]:
         above = os.path.commonpath([os.path.abspath(path) for path in paths])
+        if any(os.path.abspath(os.path.dirname(log)) == above for log in logs):
+            above = os.path.dirname(above)  # TensorBoard names a run in --logdir itself "."; from above, by its folder
         print(f"plot.py: the TensorBoard view of {runs} written beside {its} log.jsonl: tensorboard --logdir={above}")
     if opts["wandb"]:
         print(f"plot.py: the W&B run of {runs} written from {its} log.jsonl")

@@ -5,10 +5,13 @@ compiled model or not) and prints --num_samples continuations of --start, decode
 --start is the text to continue, or FILE:path for the text of a UTF-8 file. Each token is drawn from the
 softmax of the logits / --temperature over the --top_k most likely tokens (--top_k=None: all of them);
 --top_k=1 is greedy decoding. The same --seed gives the same samples on the same machine.
+stdout holds the samples only. Where it goes to a file or a pipe and stderr is a terminal, a count of the tokens
+drawn shows on stderr, on one line, as it goes.
 """
 import codecs
 import os
 import sys
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -127,26 +130,59 @@ def main(argv):
     model.to(device)
     idx = torch.tensor(data.encode(enc, start).astype("int64"), device=device)[None]
     torch.manual_seed(sc.seed)  # every device's generator
+    # on a terminal the samples show as they are drawn; sent to a file or a pipe, the count shows the work going on
+    counter = Counter(sc, shown=sys.stderr.isatty() and not sys.stdout.isatty())
     try:
-        for _ in range(sc.num_samples):
-            stream(model, enc, idx, sc)
+        for sample in range(sc.num_samples):
+            stream(model, enc, idx, sc, counter, sample)
             print("---------------", flush=True)
     except KeyboardInterrupt:
         print(flush=True)  # ends the sample's line
+        counter.end(done=False)
         print("sample.py: stopped by Ctrl-C", file=sys.stderr)
         return 130
+    counter.end()
     return 0
 
 
-def stream(model, enc, idx, sc):
+def stream(model, enc, idx, sc, counter, sample):
     """One sample, printed as it is drawn: --start, then each token's text as soon as it completes a character
     (an incremental UTF-8 decoder, so the whole prints as data.decode prints it)."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     print(decoder.decode(data.token_bytes(enc, idx[0].tolist())), end="", flush=True)
-    for _ in range(sc.max_new_tokens):
+    for drawn in range(1, sc.max_new_tokens + 1):
         idx = model.generate(idx, 1, temperature=sc.temperature, top_k=sc.top_k)
         print(decoder.decode(data.token_bytes(enc, idx[0, -1:].tolist())), end="", flush=True)
+        counter.show(sample, drawn)
     print(decoder.decode(b"", final=True), flush=True)
+
+
+class Counter:
+    """The tokens drawn so far, on one line of stderr that each token rewrites (a carriage return), where shown."""
+
+    def __init__(self, sc, shown):
+        self.samples, self.tokens, self.shown = sc.num_samples, sc.max_new_tokens, shown
+        self.started, self.width = time.perf_counter(), 0
+
+    def show(self, sample, drawn):
+        if self.shown:
+            self.say(f"sample {sample + 1} of {self.samples}: {drawn} of {self.tokens} tokens", end="")
+
+    def end(self, done=True):
+        """Ends the line: with the samples' count and time where they are done, as it stands where stopped."""
+        if not (self.shown and self.width):
+            return
+        if done:
+            self.say(f"{self.samples} sample{'s' if self.samples > 1 else ''} of {self.tokens} tokens in "
+                     f"{time.perf_counter() - self.started:.1f} s", end="\n")
+        else:
+            print(file=sys.stderr, flush=True)
+        self.width = 0
+
+    def say(self, text, end):
+        line = f"sample.py: {text}"
+        print(f"\r{line:<{self.width}}", end=end, file=sys.stderr, flush=True)  # padded over a longer line
+        self.width = max(self.width, len(line))
 
 
 if __name__ == "__main__":

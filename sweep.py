@@ -1,4 +1,4 @@
-"""
+r"""
 Grids of train.py runs, one summary. Every (variant, lr, seed) runs as its own `python train.py` process
 into out_dir/<variant>/<lr>/<seed>/, --jobs at a time; any other flag goes to every run:
     python sweep.py --variants=baseline,normformer,norm=powernorm --lrs=3e-3,1e-2 --seeds=3 --mode=lr \

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import norms
-from conftest import NO_CUDA
 from norms import AFFINE, NORMS, make_norm
 
 SHAPES = [(4, 7, 13), (3, 1, 10), (2, 5, 24)]
@@ -22,8 +21,7 @@ GROUP_EPS = 1e-5  # PowerNorm's group scaling eps, fixed (reference code GroupSc
 EXACT = dict(rtol=1e-10, atol=1e-12)
 # the per-token norms with a statistic (DyT has none: its formula is tested on its own)
 PER_TOKEN = tuple(kind for kind in norms.PER_TOKEN_NORMS if kind != "dyt")
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda,
-                                              pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)])]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]  # skipped without a GPU (conftest.py)
 BATCH_STAT = ("batchnorm", "pnv")
 
 

@@ -149,8 +149,7 @@ def train(run, stop):
         if stopping:
             return run_folder.interrupted(step, tc, machine, log.path)
         if step >= tc.max_iters:
-            log({"event": "done", "step": step, "val_loss": losses["val"]})
-            return 0
+            return run_folder.finished(step, losses["val"], saved_at, tc, machine, log.path)
         # ---- TRAINING SECTION BEGIN: one optimizer step over grad_accum micro-batches on each process
         shape = sequence_shape(step, tc, model_cfg.block_size)
         means = torch.zeros(2, device=machine.device)  # the cross-entropy and the z-loss term, over micro-steps

@@ -588,6 +588,20 @@ def interrupted(step, tc, machine, log_path):
     return 130
 
 
+def finished(step, val_loss, saved_at, tc, machine, log_path):
+    """A run that reached --max_iters: the "done" event, then its last line: where its checkpoint is (saved_at, the
+    step of the newest checkpoint, None when none was written) and the command that samples from it. Exit code 0."""
+    if machine.master:
+        log_event(log_path, {"event": "done", "step": step, "val_loss": val_loss})
+        if saved_at is None:  # --always_save_checkpoint=False, and no evaluation improved on step 0's
+            print(f"done at step {step}; no checkpoint was written: the validation loss never improved on step 0's")
+        else:  # quoted for a shell: an out_dir may hold spaces, quotes or $
+            print(f"done at step {step}; the checkpoint of step {saved_at} is "
+                  f"{run_reader.checkpoint_path(tc.out_dir)}. To let the model write: "
+                  f"python {shlex.join(['sample.py', f'--out_dir={tc.out_dir}'])}")
+    return 0
+
+
 def log_event(path, event):
     """One line of log.jsonl, whole or not at all (files.append_line), then shown by the log's views, if it has any
     (engine/views.py: --tensorboard's event files, --wandb's W&B run)."""

@@ -1,4 +1,4 @@
-"""
+r"""
 Speed and memory of the variants, side by side in one run: one training step (forward, backward, AdamW)
 of each variant, interleaved round by round so that drift in the machine's load hits them all alike. The
 order runs forward in even rounds and backward in odd ones, so no variant always runs next to the baseline

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 import sample
-from conftest import NO_CUDA, ROOT, TINY_CONFIG, cuda_available, prepared, run_train, tiny, torchrun, train_argv
+from conftest import ROOT, TINY_CONFIG, prepared, run_train, tiny, torchrun, train_argv
 from model import GPT, GPTConfig
 from presets import PRESETS
 from norms import NORMS
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not cuda_available(), reason=NO_CUDA)]
+pytestmark = pytest.mark.cuda  # skipped without a GPU (conftest.py)
 
 # the tiny run on the GPU, eager: each test turns on what it is about (a dtype, a compile, torchrun)
 GPU_TINY = tiny(device="cuda", compile="False", max_iters=8, eval_interval=4)

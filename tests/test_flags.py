@@ -1,7 +1,9 @@
 """flags.py: one parser and one UsageError for every script; the same syntax and the same answers everywhere."""
 
 import ast
+import glob
 import os
+import re
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -147,3 +149,37 @@ def test_help_is_a_table_whatever_the_names_and_defaults(capsys):
     assert [line.split()[:2] for line in table] == [["flag", "default"], ["--start", "'\\n'"],
                                                     ["--max_new_tokens", "200"], ["--out", "(none)"]]
     assert len({line.index(line.split()[1]) for line in table}) == 1
+
+
+def plain_docstrings_with_a_joined_line():
+    """"path:line" of each docstring of the house that is no raw string and ends a line with one backslash: Python
+    joins that line to the next, the next one's indent included."""
+    found = []
+    for path in sorted([*glob.glob(os.path.join(ROOT, "*.py")), *glob.glob(os.path.join(ROOT, "*", "*.py"))]):
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+        for node in ast.walk(ast.parse(source)):
+            if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            first = node.body[0] if node.body else None
+            if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                    and isinstance(first.value.value, str)):
+                continue
+            text = ast.get_source_segment(source, first.value)
+            if not text.lower().startswith(("r", "br")) and re.search(r"(?<!\\)(?:\\\\)*\\\n", text):
+                found.append(f"{os.path.relpath(path, ROOT)}:{first.lineno}")
+    return found
+
+
+def test_a_docstring_keeps_its_line_breaks():
+    """sweep.py --help showed its example command as one line with a run of spaces inside: a shell's line
+    continuation (a backslash at a line's end) in a plain docstring joins the lines. Such a docstring is raw."""
+    assert plain_docstrings_with_a_joined_line() == []
+
+
+def test_sweep_help_shows_its_example_command_on_two_lines(capsys):
+    assert sweep.main(["--help"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    first = next(i for i, line in enumerate(lines) if "--mode=lr" in line)
+    assert lines[first].endswith("--mode=lr \\")
+    assert lines[first + 1] == "        --jobs=2 --out_dir=sweeps/lr --max_iters=300"

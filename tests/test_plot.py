@@ -356,11 +356,10 @@ MALFORMED = {
 }
 
 
-@pytest.mark.parametrize("place", ["sweep folder", "--experiments"])
-@pytest.mark.parametrize("damage", list(MALFORMED))
+# a sweep folder's plots do not read the curves: a damaged curve is the results page's (--experiments) alone
+@pytest.mark.parametrize("place,damage", [(place, damage) for place in ("sweep folder", "--experiments")
+                                          for damage in MALFORMED if place == "--experiments" or "curve" not in damage])
 def test_a_malformed_summary_is_one_line_before_anything_is_drawn(tmp_path, capsys, place, damage):
-    if place == "sweep folder" and "curve" in damage:
-        pytest.skip("a sweep folder's plots do not read the curves")
     summary = {**recipe_summary(), "mode": "lr"}
     summary["variants"] = [{**row, "init_loss": 5.5, "L(0.5)": math.inf} for row in summary["variants"]]
     summary["runs"][1]["final_loss"] = None  # an unfinished run has none

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from engine import run_folder
 from engine import run_reader
 import configs
 import model
+import sample
 import train
 from conftest import (PAUSED_TRAIN, ROOT, events, folder_snapshot, prepared, resumed_line, save_checkpoint, tiny,
                       torchrun, train_argv)
@@ -141,6 +143,27 @@ def test_the_printed_resume_command_is_quoted_for_a_shell(corpus, tmp_path, monk
     assert train.main(flags(corpus, out, "--max_iters=3", "--eval_interval=3")) == 130
     command = capsys.readouterr().out.split("To continue: ")[1]
     assert shlex.split(command) == ["python", "train.py", f"--out_dir={out}", "--resume"]
+
+
+def test_a_finished_run_ends_on_its_checkpoint_and_the_command_that_samples_it(corpus, tmp_path, capsys):
+    out = tmp_path / "my run's $HOME"
+    assert train.main(flags(corpus, out, "--max_iters=4", "--eval_interval=2")) == 0
+    where, command = capsys.readouterr().out.splitlines()[-1].split(". To let the model write: ")
+    assert where == f"done at step 4; the checkpoint of step 4 is {out / 'ckpt.pt'}"
+    argv = shlex.split(command)
+    assert argv == ["python", "sample.py", f"--out_dir={out}"]
+    assert sample.main([*argv[2:], "--num_samples=1", "--max_new_tokens=2"]) == 0  # the command works as printed
+
+
+def test_a_finished_run_that_wrote_no_checkpoint_says_so(tmp_path, capsys):
+    """--always_save_checkpoint=False and no evaluation better than step 0's: no checkpoint to name (saved_at None)."""
+    tc, log = types.SimpleNamespace(out_dir=str(tmp_path)), str(tmp_path / "log.jsonl")
+    assert run_folder.finished(2, 5.5, None, tc, types.SimpleNamespace(master=True), log) == 0
+    assert capsys.readouterr().out == (
+        "done at step 2; no checkpoint was written: the validation loss never improved on step 0's\n")
+    assert events(tmp_path) == [{"event": "done", "step": 2, "val_loss": 5.5}]
+    assert run_folder.finished(2, 5.5, None, tc, types.SimpleNamespace(master=False), log) == 0  # process 1 and on
+    assert capsys.readouterr().out == "" and len(events(tmp_path)) == 1
 
 
 def test_extending_a_finished_run_keeps_its_schedule(corpus, tmp_path, capsys):
@@ -501,6 +524,7 @@ def test_the_defaults_work_under_torchrun_and_gloo_is_torn_down_before_exit(corp
     assert config["world_size"] == n and config["global_batch"] == {"sequences": 4 * n, "tokens": 4 * n * 32}
     assert [s for s, _ in losses(out)] == [1, 2]
     assert all(4.5 < loss < 6.5 for _, loss in losses(out))  # a real step: near ln(256) = 5.55 at the start
+    assert result.stdout.count("done at step 2; ") == 1  # the run's last line, said by process 0 alone
     left = [(tmp_path / f"gloo-threads-{rank}").read_text() for rank in range(n)]
     assert left == ["0"] * n, f"gloo threads still running after train.main returned, by rank: {left}"
 

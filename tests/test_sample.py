@@ -240,3 +240,42 @@ def test_tokens_show_as_they_are_drawn_and_ctrl_c_is_one_line(out_dir, capsys, m
     assert sample.main([f"--out_dir={out_dir}", "--device=cpu", "--start=norm", "--max_new_tokens=9"]) == 130
     assert printed[0] == "norm" and len("".join(printed[1:])) >= 1  # the start, then each token before the next
     assert capsys.readouterr().err == "sample.py: stopped by Ctrl-C\n"
+
+
+def read_terminal(master):
+    """All a pseudo-terminal's program wrote to it, its newlines as written (the terminal turns each into \\r\\n)."""
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the program has closed its end
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(master)
+    return b"".join(chunks).decode().replace("\r\n", "\n")
+
+
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal (POSIX)")
+def test_samples_sent_to_a_pipe_show_a_count_of_tokens_on_the_terminal(out_dir):
+    master, terminal = os.openpty()
+    result = subprocess.run([sys.executable, "sample.py", f"--out_dir={out_dir}", "--device=cpu", "--start=norm",
+                             "--num_samples=2", "--max_new_tokens=3"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=terminal, timeout=120)
+    os.close(terminal)
+    shown = read_terminal(master)
+    assert result.returncode == 0
+    stdout = result.stdout.decode()
+    assert stdout.count("\n---------------\n") == 2 and "sample.py" not in stdout  # the samples only
+    *counts, last = shown.split("\r")[1:]
+    assert [count.rstrip() for count in counts] == [
+        f"sample.py: sample {sample} of 2: {drawn} of 3 tokens" for sample in (1, 2) for drawn in (1, 2, 3)]
+    assert last.startswith("sample.py: 2 samples of 3 tokens in ") and last.rstrip().endswith(" s")
+    assert last.endswith("\n") and last.count("\n") == 1
+
+
+def test_samples_on_a_terminal_are_their_own_progress(out_dir, capsys, monkeypatch):
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert len(samples(capsys, out_dir, "--num_samples=2", "--max_new_tokens=3")) == 2  # and nothing on stderr

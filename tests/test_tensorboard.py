@@ -187,7 +187,7 @@ def test_plot_writes_a_finished_runs_view_as_train_would_have(corpus, tmp_path, 
     assert any(tag.startswith("headroom.") for tag in acc.Tags()["scalars"])
     said = capsys.readouterr().out
     assert said.splitlines()[-1] == (f"plot.py: the TensorBoard view of 1 run written beside its log.jsonl: "
-                                     f"tensorboard --logdir={out}")
+                                     f"tensorboard --logdir={tmp_path}")  # the folder above: its run is "out"
     assert not (tmp_path / "plots").exists()
 
 
@@ -351,14 +351,15 @@ def test_tensorboard_serves_every_run_of_a_sweep_and_its_scalar_tags(sweep_tree,
 
 @pytest.mark.slow
 def test_a_tensorboard_watching_a_run_shows_its_resume_in_place(corpus, tmp_path):
-    """TensorBoard (its default loader) watches a run of 4 steps, which then resumes from step 2: it serves steps 3
-    and 4 once, with the resumed run's values (its own timing, not the first run's)."""
+    """TensorBoard (its default loader) watches a run of 4 steps from the folder above, which names the run by its
+    folder ("." from the run folder itself); the run then resumes from step 2: it serves steps 3 and 4 once, with the
+    resumed run's values (its own timing, not the first run's)."""
     flags = [*tiny(max_iters=4, eval_interval=2), "--keep_checkpoints=2", "--tensorboard"]
     assert run(corpus, tmp_path, *flags) == 0
     out = tmp_path / "out"
-    with tensorboard(out, tmp_path / "tensorboard.err") as base:
+    with tensorboard(tmp_path, tmp_path / "tensorboard.err") as base:  # the folder above: the run is named "out"
         def served(log):
-            return scalars_served(base, ".", "train/ms_per_step") == [
+            return scalars_served(base, "out", "train/ms_per_step") == [
                 (e["step"], as_stored(e["ms_per_step"])) for e in log if e["event"] == "train"]
 
         first = events(out)
