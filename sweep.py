@@ -457,21 +457,25 @@ def not_prepared(tc):
 
 def gpu_estimate(runs, plan):
     """The lines --scale=gpu --dry_run ends with on stderr: the runs' tokens and H100-hours (lab.bench.gpu_hours),
-    and the corpus to prepare first where it is not prepared."""
+    and notes: the corpus to prepare first where it is not prepared, a variant whose model cannot be built."""
     from lab import bench  # here: torch's model on the meta device, only for this estimate
-    tokens, hours, corpora, per_token = 0, 0.0, set(), {}  # per_token: H100-hours a token, by model config
+    tokens, hours, notes, per_token = 0, 0.0, set(), {}  # per_token: H100-hours a token, by model config
     for run in runs:
         model_cfg, tc = run_configs(run, plan, None)
         run_tokens = tc.max_iters * tc.batch_size * tc.grad_accum * model_cfg.block_size * \
             max(1, plan.launch_options.gpus_per_run)
         if repr(model_cfg) not in per_token:  # a model built once per config, not once per run
-            per_token[repr(model_cfg)] = bench.gpu_hours(model_cfg, 1)
+            try:
+                per_token[repr(model_cfg)] = bench.gpu_hours(model_cfg, 1)
+            except ValueError as e:  # a combination model.py refuses when it builds the model, which train.py would
+                per_token[repr(model_cfg)] = 0.0
+                notes.add(f"variant {run.variant}: model.py cannot build its model ({e}); not counted")
         tokens, hours = tokens + run_tokens, hours + per_token[repr(model_cfg)] * run_tokens
         if data.is_streamed(tc.dataset) and data.prepared_streamed(tc.dataset, tc.tokenizer, tc.data_dir) is None:
-            corpora.add(not_prepared(tc))
+            notes.add(not_prepared(tc))
     return [f"sweep.py: {len(runs)} runs, {tokens / 1e9:,.1f}B tokens: about {hours:,.0f} GPU-hours on H100s (model "
             f"FLOPs at the {bench.H100_MODEL_FLOPS / 1e12:.0f} TFLOP/s GPT-2 small reached on one, docs/benchmarks.md;"
-            " evaluation not counted)", *(f"sweep.py: note: {line}" for line in sorted(corpora))]
+            " evaluation not counted)", *(f"sweep.py: note: {line}" for line in sorted(notes))]
 
 
 def check_data(run, model_cfg, tc, metas):

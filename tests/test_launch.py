@@ -33,7 +33,7 @@ def options(**given):
     return launch.check(launch.LaunchOptions(**given), given, False, "cpu")
 
 
-def wait_for(condition, what, timeout=240):
+def wait_for(condition, what, timeout=1200):
     deadline = time.time() + timeout
     while not condition():
         assert time.time() < deadline, f"{what} did not happen within {timeout} s"
