@@ -5,9 +5,9 @@ they are reported (the power's bound, the intervals' words) is code that may imp
 failure rule and the verdicts' rules are the design's: a record whose recorded test, interval or failure rule differs
 from lab/claims.py's is refused, so that re-judging never changes how a claim was decided. The record's recipe, and
 so its design hash, stay as the runs recorded them.
-    python -m lab.rejudge docs/experiments/records/*.json && python plot.py --experiments=docs/experiments/records \
-        --out=docs
-rewrites each record in place (atomically) and says which claims' numbers moved.
+    python -m lab.rejudge docs/experiments/records/*.json
+rewrites each record in place (atomically) and says which claims' numbers moved; then
+    python plot.py --experiments=docs/experiments/records --out=docs
 """
 
 import json
