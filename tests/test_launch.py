@@ -93,19 +93,23 @@ def test_a_preempted_job_stops_train_py_with_a_checkpoint_is_requeued_and_resume
     """Slurm's preemption signal (USR2) to the job's process: submitit calls TrainJob.checkpoint, train.py stops with
     a checkpoint, the job is requeued and resumes it; the run ends where an uninterrupted run of it ends."""
     run = Run("baseline", "1e-2", 0, str(tmp_path / "sweep" / "baseline" / "1e-2" / "0"))
-    flags = [*tiny(max_iters=400, eval_interval=20, log_interval=20), f"--dataset={corpus}",
-             f"--data_dir={tmp_path / 'data'}", "--lr=1e-2", "--seed=0"]
+    flags = [*tiny(max_iters=400, eval_interval=20, log_interval=20, lr="1e-2"), f"--dataset={corpus}",
+             f"--data_dir={tmp_path / 'data'}", "--seed=0"]
     made = launch.executor(options(launcher="local"), 1, "test", tmp_path / "sweep")
     [(_, job)] = launch.submit(made, [(run, launch.TrainJob([*flags, f"--out_dir={run.dir}"], run.dir, 0))], "local")
-    wait_for(lambda: run_reader.has_checkpoint(run.dir) and os.path.exists(os.path.join(run.dir, "run.lock")),
-             "a first checkpoint")
-    trainer = int(open(os.path.join(run.dir, "run.lock")).read().split()[0])
-    os.kill(parent_of(trainer), signal.SIGUSR2)  # what Slurm sends the job's processes before preempting it
-    wait_for(job.done, "the requeued job's end")
+    try:
+        wait_for(lambda: job.done() or run_reader.has_checkpoint(run.dir) and
+                 os.path.exists(os.path.join(run.dir, "run.lock")), "a first checkpoint")
+        assert not job.done(), open(run.dir + ".out").read()
+        trainer = int(open(os.path.join(run.dir, "run.lock")).read().split()[0])
+        os.kill(parent_of(trainer), signal.SIGUSR2)  # what Slurm sends the job's processes before preempting it
+        wait_for(job.done, "the requeued job's end")
+    finally:
+        launch.stop_local([job])  # a failed wait leaves no job running
     console = open(run.dir + ".out").read()
     starts = [line for line in console.splitlines() if line.startswith("--- ")]
     assert len(starts) == 2 and "--resume" not in starts[0] and starts[1].split(" (job ")[0].endswith(" --resume")
-    assert "stopped by SIGTERM" in console  # train.py's own line: it wrote a checkpoint and stopped
+    assert "; the checkpoint is saved. To continue: " in console  # train.py's line: it stopped with a checkpoint
     assert "Requeued job" in job.stdout()  # submitit's log
     assert exit_code(run) == 0 and is_finished(run)
     events = run_reader.read_log(run_reader.log_path(run.dir))[0]
