@@ -110,12 +110,12 @@ def open_run(out_dir, state, script):
                  tags=[tag[:TAG_LENGTH] for tag in tags], config={**config, "tags": keyed(tags)}, dir=folder,
                  id=previous, resume="allow" if previous else None, settings=settings)
     try:
-        run = wandb.init(mode=mode, **names)
+        run = wandb.init(mode=mode, reinit="create_new", **names)
     except Exception as e:  # online, and W&B did not answer or refused the key
         if mode != "online":
             raise
         why = f"W&B online failed ({reason(e)})"
-        run = wandb.init(mode="offline", **names)
+        run = wandb.init(mode="offline", reinit="create_new", **names)
     try:
         files.write_atomic(state, json.dumps({"id": run.id}).encode())
     except Exception:
