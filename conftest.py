@@ -62,6 +62,7 @@ def pytest_runtest_setup(item):
     if item.get_closest_marker("cuda") and not cuda_available():
         pytest.skip(NO_CUDA)
 
+
 # The tiny model of model.py's own tests: GPTConfig's keyword arguments.
 TINY_CONFIG = dict(n_layer=2, n_embd=32, n_head=4, block_size=16, vocab_size=64)
 # The tiny train.py run: a model that trains in milliseconds a step. A test file states how its runs differ with
