@@ -6,13 +6,14 @@ compiled model or not) and prints --num_samples continuations of --start, decode
 softmax of the logits / --temperature over the --top_k most likely tokens (--top_k=None: all of them);
 --top_k=1 is greedy decoding. The same --seed gives the same samples on the same machine.
 """
+from engine import starting  # first: a Ctrl-C from here to main's own handling is one line and exit code 130
+
 import codecs
 import os
 import sys
 from dataclasses import dataclass
 from typing import Optional
 
-import engine.starting  # noqa: F401 (first: a Ctrl-C while torch imports is one line and exit code 130)
 import torch
 
 import configs
@@ -109,6 +110,7 @@ def start_text(start):
 
 
 def main(argv):
+    starting.done()  # Ctrl-C is KeyboardInterrupt from here on
     if flags.wants_help(argv):
         flags.print_help(__doc__, SampleConfig)
         return 0

@@ -22,6 +22,8 @@ where runs failed (crashed, or were refused by train.py: not a divergence, which
 failed write, 128 + N stopped by signal N.
 """
 
+from engine import starting  # first: a Ctrl-C from here to main's own handling is one line and exit code 130
+
 import contextlib
 import dataclasses
 import functools
@@ -34,7 +36,6 @@ import time
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-import engine.starting  # noqa: F401 (first: a Ctrl-C while torch imports is one line and exit code 130)
 import configs
 import data
 from engine import files
@@ -433,6 +434,7 @@ def default_values(cls):
 
 
 def main(argv):
+    starting.done()  # Ctrl-C is KeyboardInterrupt from here on
     if flags.wants_help(argv):
         flags.print_help(__doc__, SweepOptions)
         return 0

@@ -13,6 +13,8 @@ for the LR schedule and train(), the loop; engine/ holds the command line (flags
 loss-spike instruments (instruments.py) and the batch-statistic norms' leakage measurement (leakage.py).
 """
 
+from engine import starting  # first: a Ctrl-C from here to main's own handling is one line and exit code 130
+
 import contextlib
 import dataclasses
 import hashlib
@@ -22,7 +24,6 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
-import engine.starting  # noqa: F401 (first: a Ctrl-C while torch imports is one line and exit code 130)
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -344,9 +345,10 @@ def main(argv):
         machine = runtime.Machine.from_env()
     except flags.UsageError as e:  # before anything is written, and with no process group to leave together
         return flags.fail("train.py", e)
-    stop, handlers, lock = runtime.StopRequest(machine.ddp), {}, None
-    before = signals.stop_on_signals()  # until training: SIGTERM and SIGHUP stop at once, as Ctrl-C does
+    stop, handlers, before, lock = runtime.StopRequest(machine.ddp), {}, {}, None
     try:
+        starting.done()  # in the try: from here a Ctrl-C is the KeyboardInterrupt below; before, starting's line
+        before = signals.stop_on_signals()  # until training: SIGTERM and SIGHUP stop at once, as Ctrl-C does
         run, lock = setup(argv, machine)
         # SIGHUP: a closed terminal or ssh session stops the run as Ctrl-C does, with a checkpoint
         handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
