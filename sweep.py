@@ -55,7 +55,8 @@ from engine.flags import UsageError, help_of
 HERE = os.path.dirname(os.path.abspath(__file__))
 SET_BY_SWEEP = ("lr", "seed", "out_dir", "resume", "overwrite")  # per run; the user gives --lrs, --seeds instead
 RUNNING = "sweep.running.lock"  # held by the sweep running in --out_dir, for its whole life (files.claim)
-BOOKKEEPING = ("out_dir", "resume", "overwrite", "tensorboard")  # where and how a run starts or shows, not what it does
+# where and how a run starts or shows, not what it does
+BOOKKEEPING = ("out_dir", "resume", "overwrite", "tensorboard", "rendezvous_timeout")
 # a variant is a folder name inside --out_dir: no separator, no other character a shell or file system treats apart
 FOLDER_NAME = re.compile(r"[A-Za-z0-9_.=+-]+")
 MAX_COUNT = 10_000  # --seeds, --jobs and the runs of a sweep: larger is a typo, and 1e11 threads would hang the machine

@@ -313,7 +313,7 @@ def setup(argv, machine):
     data_meta = data.load_meta(data_folder)
     configs.check_data(data_meta, model_cfg, checkpoint)
     runtime.check_memory(model_cfg, tc, device, machine)
-    runtime.start(device, machine)
+    runtime.start(device, machine, tc.rendezvous_timeout)
     lock = run_folder.claim(tc.out_dir, fresh_run(tc), machine)
     if machine.master:
         for line in [*(f"train.py: note: {note}" for note in notes + log_notes),
@@ -324,11 +324,12 @@ def setup(argv, machine):
 
 def fail(code, error, machine):
     """The one line of an error that ends the run (bad input: 2, a failed write: 1), printed by process 0; under
-    torchrun the processes leave together (runtime.leave_together). Returns the exit code."""
+    torchrun the processes leave together (runtime.leave_together), except from a rendezvous, where each process
+    failed on its own (runtime.NotJoined). Returns the exit code."""
     line = f"train.py: {' '.join(str(error).split())}"
     if machine.master:
         print(line, file=sys.stderr, flush=True)
-    if machine.ddp:
+    if machine.ddp and not isinstance(error, runtime.NotJoined):
         runtime.leave_together(code, machine)
     if not machine.master:  # torchrun has not ended this process: an error of its own, to say itself
         print(line, file=sys.stderr)

@@ -5,8 +5,10 @@ process that a signal ended, 128 + its number (130 for Ctrl-C), so that a script
 way it came. Also whether a process is alive, which signal 0 asks without sending anything.
 """
 
+import contextlib
 import os
 import signal
+import sys
 
 # the signals a person or a machine sends to stop a process that may clean up; SIGINT is Python's KeyboardInterrupt
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -49,6 +51,18 @@ def exit_code(sig):
 def name(sig):
     """How a stop is named to a person: Ctrl-C, SIGTERM, SIGHUP."""
     return "Ctrl-C" if sig == signal.SIGINT else signal.Signals(sig).name
+
+
+def exit_at_once(stop, when, say=True):
+    """End this process now, for a stop (a KeyboardInterrupt or Stopped) that came where a thread cannot be stopped
+    (a C++ wait): one line (where say), `train.py: stopped by SIGTERM <when>`, and 128 + the signal. os._exit: an
+    interpreter that exits around a thread still in C++ can abort in its teardown."""
+    sig = signum(stop)
+    with contextlib.suppress(OSError):  # an output already gone: the exit code still says it
+        sys.stdout.flush()
+        if say:
+            print(f"{os.path.basename(sys.argv[0])}: stopped by {name(sig)} {when}", file=sys.stderr, flush=True)
+    os._exit(exit_code(sig))
 
 
 def alive(pid):

@@ -1,10 +1,12 @@
 """The environment is input too: the variables torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE and the
 rendezvous address) are checked against each other before anything is written, by train.py and by every command
 that reads them (sweep.py, whose runs inherit them; bench and the coord check); a bad set is one line, exit code 2.
-A Ctrl-C while a script starts is one line and exit code 130, at any moment."""
+A rendezvous whose peer never comes waits --rendezvous_timeout, and a stop signal ends the wait; a Ctrl-C while a
+script starts is one line and exit code 130, at any moment."""
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -244,3 +246,64 @@ def test_a_real_ctrl_c_at_any_moment_of_the_start_is_one_line_and_130(corpus, tm
         assert code == 130 and (err in STOPPED or (err == "" and "interrupted at step" in out)), said
         assert not (err == STOPPED[0] and folder.exists()), said
 
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def listening(port):
+    """Whether a socket on this machine listens on port (Linux's /proc/net/tcp: process 0's store, once it waits)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            rows = [line.split() for line in f.readlines()[1:]]
+        if any(row[3] == "0A" and int(row[1].rsplit(":", 1)[1], 16) == port for row in rows):  # 0A: LISTEN
+            return True
+    return False
+
+
+def alone(rank, port):
+    """The environment of process rank of a 2-process run whose other process never comes."""
+    return {**os.environ, **TORCHRUN, "RANK": str(rank), "LOCAL_RANK": str(rank), "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_process_whose_peer_never_comes_waits_the_rendezvous_timeout_then_says_so(corpus, tmp_path, rank):
+    """Issue 55: `RANK=0 WORLD_SIZE=2 ... python train.py` printed nothing and waited (torch's 30 minutes). Process 0
+    says one line; another process's line comes last, after torch's own log of its failed connections."""
+    argv = train_argv(corpus, prepared(corpus), str(tmp_path / "out"), *TINY, "--rendezvous_timeout=2")
+    done = subprocess.run([sys.executable, "train.py", *argv], env=alone(rank, free_port()), capture_output=True,
+                          text=True, cwd=ROOT, timeout=900)
+    said = f"train.py: process {rank} of WORLD_SIZE=2 could not join the run's processes at 127.0.0.1:"
+    assert done.returncode == 2 and done.stderr.splitlines()[-1].startswith(said), done.stderr
+    assert "or give them more than --rendezvous_timeout=2 seconds" in done.stderr
+    if rank == 0:
+        one_line(done.stderr, "train.py", said)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_stop_signal_ends_the_wait_for_a_peer_at_once_in_one_line(corpus, tmp_path, sig):
+    """Issue 55: SIGTERM, from `timeout` or by hand, had no effect on a process waiting for its peer: Python's handlers
+    cannot run while torch's C++ rendezvous blocks the main thread. Only SIGKILL ended it."""
+    port = free_port()
+    argv = train_argv(corpus, prepared(corpus), str(tmp_path / "out"), *TINY)
+    process = subprocess.Popen([sys.executable, "train.py", *argv], env=alone(0, port), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=ROOT, preexec_fn=default_ctrl_c)
+    try:
+        deadline = time.time() + 900
+        while not listening(port) and process.poll() is None and time.time() < deadline:
+            time.sleep(0.1)
+        assert listening(port), process.poll()  # process 0 waits for process 1
+        process.send_signal(sig)
+        out, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    name = "Ctrl-C" if sig == signal.SIGINT else sig.name
+    assert (process.returncode, out, err) == (128 + sig, "", f"train.py: stopped by {name} while waiting for the run's "
+                                              "other processes to join; nothing of the run was written\n")
+    assert not (tmp_path / "out").exists()
