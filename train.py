@@ -346,10 +346,11 @@ def main(argv):
         machine = runtime.Machine.from_env()
     except flags.UsageError as e:  # before anything is written, and with no process group to leave together
         return flags.fail("train.py", e)
-    stop, handlers, before, lock = runtime.StopRequest(machine.ddp), {}, {}, None
+    stop, handlers, before, output, lock = runtime.StopRequest(machine.ddp, machine.master), {}, {}, None, None
     try:
         starting.done()  # in the try: from here a Ctrl-C is the KeyboardInterrupt below; before, starting's line
         before = signals.stop_on_signals()  # until training: SIGTERM and SIGHUP stop at once, as Ctrl-C does
+        output = signals.keep_output(stop.output_lost)  # a pipe or terminal that goes away stops the run as SIGHUP
         run, lock = setup(argv, machine)
         # SIGHUP: a closed terminal or ssh session stops the run as Ctrl-C does, with a checkpoint
         handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
@@ -380,6 +381,7 @@ def main(argv):
         return signals.exit_code(sig)
     finally:
         signals.restore({**handlers, **before})
+        signals.restore_output(output)
         tensorboard_view.close_all()
         if lock:
             lock.close()

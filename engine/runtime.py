@@ -19,6 +19,7 @@ import os
 import platform
 import re
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -313,15 +314,15 @@ def keep_freed_memory():
 
 
 class StopRequest:
-    """The first Ctrl-C (SIGINT), a SIGTERM (what torchrun sends its workers on Ctrl-C) or a SIGHUP (a closed
-    terminal or ssh session) asks the run to stop at the next step boundary, or between two eval batches, with a
-    checkpoint; a second Ctrl-C stops at once. `agreed`: whether the run stops at this step boundary. One process
-    stops when asked; under DDP every process stops at the boundary after the step whose host read (host_read) saw
-    a request on any of them, so that all stop at the same step."""
+    """The first Ctrl-C (SIGINT), a SIGTERM (what torchrun sends its workers on Ctrl-C), a SIGHUP (a closed
+    terminal or ssh session) or an output whose reader went away (output_lost) asks the run to stop at the next step
+    boundary, or between two eval batches, with a checkpoint; a second Ctrl-C stops at once. `agreed`: whether the
+    run stops at this step boundary. One process stops when asked; under DDP every process stops at the boundary
+    after the step whose host read (host_read) saw a request on any of them, so that all stop at the same step."""
 
-    def __init__(self, ddp=False):
+    def __init__(self, ddp=False, master=True):
         self.requested = False
-        self.ddp = ddp
+        self.ddp, self.master = ddp, master
         self.seen_by_all = False  # under DDP: a request on some process at the last step's host read
 
     @property
@@ -331,6 +332,14 @@ class StopRequest:
     def __call__(self, signum, frame):
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
+        self.requested = True
+
+    def output_lost(self):
+        """stdout or stderr lost its reader (signals.Output: `python train.py | head -3`): a stop request, said on
+        stderr, where it may still be read."""
+        if self.master:
+            print("train.py: its output's reader went away (a closed pipe or terminal); the run stops after this step "
+                  "with a checkpoint, as for SIGHUP, and prints nothing more there", file=sys.stderr)
         self.requested = True
 
 
