@@ -145,6 +145,10 @@ class TrainConfig:
     # inductor is slower than eager at small shapes on a CPU
     compile: Optional[bool] = flag(None, "torch.compile the model", "PyTorch 2; nanoGPT",
                                    none="True on CUDA, False on CPU")
+    # torchrun's own rendezvous waits 600 s for the nodes to join (its join_timeout); a day is past any start-up
+    rendezvous_timeout: int = flag(600, "seconds a torchrun process waits for the run's others to join; then one line, "
+                                        "exit code 2", "torchrun's join_timeout",
+                                   Range(1, 86400, why=" (seconds; a day at most)"))
     gpu_peak_tflops: Optional[float] = flag(None, "dense bf16 peak for the MFU in the progress line (CUDA only)",
                                             "PaLM App. B (MFU); nanoGPT #182",
                                             Range(1e-3, why=" (in TFLOP/s: below 1e-3, 1 GFLOP/s, no GPU is that "
@@ -231,7 +235,7 @@ def machine_free(tc, given):
 
 
 # Flags of the machine, not of the run: a resume takes them from its own command line, not the checkpoint.
-SYSTEM_FLAGS = ("out_dir", "device", "dtype", "compile", "overwrite", "resume")
+SYSTEM_FLAGS = ("out_dir", "device", "dtype", "compile", "overwrite", "resume", "rendezvous_timeout")
 # the settings resolve() makes concrete on the machine (runtime.resolve_device) where they are left at the default
 MACHINE_SETTINGS = ("dtype", "compile")
 LR_RANGE = TrainConfig.__dataclass_fields__["lr"].metadata["allowed"]  # for the scripts with an LR of their own
@@ -433,6 +437,7 @@ RESUME = {
     "telemetry_interval": EXTENDS, "fp16_headroom_interval": EXTENDS, "fp16_overflow_fails": EXTENDS,
     "z_loss": KEPT, "seq_warmup_iters": KEPT, "seq_warmup_start": KEPT,  # the loss and the batches of each step
     "device": MACHINE, "dtype": MACHINE, "compile": MACHINE, "gpu_peak_tflops": EXTENDS,
+    "rendezvous_timeout": BOOKKEEPING,  # how long this command's processes wait for each other to start
 }
 
 

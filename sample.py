@@ -8,6 +8,8 @@ softmax of the logits / --temperature over the --top_k most likely tokens (--top
 stdout holds the samples only. Where it goes to a file or a pipe and stderr is a terminal, a count of the tokens
 drawn shows on stderr, on one line, as it goes.
 """
+from engine import starting  # first: a Ctrl-C from here to main's own handling is one line and exit code 130
+
 import codecs
 import os
 import sys
@@ -15,7 +17,6 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-import engine.starting  # noqa: F401 (first: a Ctrl-C while torch imports is one line and exit code 130)
 import torch
 
 import configs
@@ -112,6 +113,7 @@ def start_text(start):
 
 
 def main(argv):
+    starting.done()  # Ctrl-C is KeyboardInterrupt from here on
     if flags.wants_help(argv):
         flags.print_help(__doc__, SampleConfig)
         return 0

@@ -27,6 +27,8 @@ where runs failed (crashed, or were refused by train.py: not a divergence, which
 failed write, 128 + N stopped by signal N.
 """
 
+from engine import starting  # first: a Ctrl-C from here to main's own handling is one line and exit code 130
+
 import contextlib
 import dataclasses
 import functools
@@ -39,7 +41,6 @@ import time
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-import engine.starting  # noqa: F401 (first: a Ctrl-C while torch imports is one line and exit code 130)
 import configs
 import data
 from engine import files
@@ -63,7 +64,7 @@ SET_BY_SWEEP = ("lr", "seed", "out_dir", "resume", "overwrite")  # per run; the 
 RUNNING = "sweep.running.lock"  # held by the sweep running in --out_dir, for its whole life (files.claim)
 # where and how a run starts or shows, not what it does
 BOOKKEEPING = ("out_dir", "resume", "overwrite", "tensorboard", "wandb", "wandb_project", "wandb_run_name",
-               "wandb_group", "wandb_tags")
+               "wandb_group", "wandb_tags", "rendezvous_timeout")
 # a variant is a folder name inside --out_dir: no separator, no other character a shell or file system treats apart
 FOLDER_NAME = re.compile(r"[A-Za-z0-9_.=+-]+")
 MAX_COUNT = 10_000  # --seeds, --jobs and the runs of a sweep: larger is a typo, and 1e11 threads would hang the machine
@@ -543,6 +544,7 @@ def default_values(cls):
 
 
 def main(argv):
+    starting.done()  # Ctrl-C is KeyboardInterrupt from here on
     if flags.wants_help(argv):
         flags.print_help(__doc__, SweepOptions, launch.LaunchOptions)
         return 0

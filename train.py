@@ -13,6 +13,8 @@ for the LR schedule and train(), the loop; engine/ holds the command line (flags
 loss-spike instruments (instruments.py) and the batch-statistic norms' leakage measurement (leakage.py).
 """
 
+from engine import starting  # first: a Ctrl-C from here to main's own handling is one line and exit code 130
+
 import contextlib
 import dataclasses
 import hashlib
@@ -22,7 +24,6 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
-import engine.starting  # noqa: F401 (first: a Ctrl-C while torch imports is one line and exit code 130)
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -315,7 +316,7 @@ def setup(argv, machine):
     data_meta = data.load_meta(data_folder)
     configs.check_data(data_meta, model_cfg, checkpoint)
     runtime.check_memory(model_cfg, tc, device, machine)
-    runtime.start(device, machine)
+    runtime.start(device, machine, tc.rendezvous_timeout)
     lock = run_folder.claim(tc.out_dir, fresh_run(tc), machine)
     if machine.master:
         for line in [*(f"train.py: note: {note}" for note in notes + log_notes),
@@ -326,11 +327,12 @@ def setup(argv, machine):
 
 def fail(code, error, machine):
     """The one line of an error that ends the run (bad input: 2, a failed write: 1), printed by process 0; under
-    torchrun the processes leave together (runtime.leave_together). Returns the exit code."""
+    torchrun the processes leave together (runtime.leave_together), except from a rendezvous, where each process
+    failed on its own (runtime.NotJoined). Returns the exit code."""
     line = f"train.py: {' '.join(str(error).split())}"
     if machine.master:
         print(line, file=sys.stderr, flush=True)
-    if machine.ddp:
+    if machine.ddp and not isinstance(error, runtime.NotJoined):
         runtime.leave_together(code, machine)
     if not machine.master:  # torchrun has not ended this process: an error of its own, to say itself
         print(line, file=sys.stderr)
@@ -347,9 +349,11 @@ def main(argv):
         machine = runtime.Machine.from_env()
     except flags.UsageError as e:  # before anything is written, and with no process group to leave together
         return flags.fail("train.py", e)
-    stop, handlers, lock = runtime.StopRequest(machine.ddp), {}, None
-    before = signals.stop_on_signals()  # until training: SIGTERM and SIGHUP stop at once, as Ctrl-C does
+    stop, handlers, before, output, lock = runtime.StopRequest(machine.ddp, machine.master), {}, {}, None, None
     try:
+        starting.done()  # in the try: from here a Ctrl-C is the KeyboardInterrupt below; before, starting's line
+        before = signals.stop_on_signals()  # until training: SIGTERM and SIGHUP stop at once, as Ctrl-C does
+        output = signals.keep_output(stop.output_lost)  # a pipe or terminal that goes away stops the run as SIGHUP
         run, lock = setup(argv, machine)
         # SIGHUP: a closed terminal or ssh session stops the run as Ctrl-C does, with a checkpoint
         handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
@@ -380,6 +384,7 @@ def main(argv):
         return signals.exit_code(sig)
     finally:
         signals.restore({**handlers, **before})
+        signals.restore_output(output)
         views.close_all()
         if lock:
             lock.close()

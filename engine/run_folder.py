@@ -4,12 +4,12 @@ run at a time. A write goes to a .tmp file that is flushed to the disk and then 
 crash or kill -9 at any moment leaves the old checkpoint or the new one, never half of one.
 
 In the order a run meets them: before any work, `check_out_dir` refuses a folder that cannot be written, that
-another run is using, that has a folder where the run writes a file, or that holds another run (unless --resume
-or --overwrite), and on --resume `newest_checkpoint` finds the newest checkpoint that loads and `past_events` reads
-its log (run_reader.read_log), each with notes for the caller to say once the resume goes ahead, and `check_pieces`
-holds the checkpoint, config.json and the log to each other (one run's, or the resume is refused). Once every input
-is checked, `claim` takes the folder's lock (files.claim) for all the run's processes. `restore` puts the
-checkpoint's state back into the model, optimizer, GradScaler and RNGs, and `start_run` writes config.json and
+another run is using, that has a folder where the run writes a file, that is a sweep's, or that holds another run
+(unless --resume or --overwrite), and on --resume `newest_checkpoint` finds the newest checkpoint that loads and
+`past_events` reads its log (run_reader.read_log), each with notes for the caller to say once the resume goes ahead,
+and `check_pieces` holds the checkpoint, config.json and the log to each other (one run's, or the resume is refused).
+Once every input is checked, `claim` takes the folder's lock (files.claim) for all the run's processes. `restore` puts
+the checkpoint's state back into the model, optimizer, GradScaler and RNGs, and `start_run` writes config.json and
 log.jsonl (a resumed run keeps the events up to its checkpoint). In the loop, `log_event` appends one JSON line per
 event and `save` writes ckpt.pt with every process's RNG states, keeping ckpt-<step>.pt of the last
 --keep_checkpoints checkpoints and of the best one. A failed write is a files.WriteError on every process, with the
@@ -54,8 +54,8 @@ OPTIONAL_SHAPES = {
 
 
 def check_out_dir(out_dir, fresh):
-    """out_dir is a folder, or can become one, and can be written; no run is using it; for a fresh run (not
-    --resume or --overwrite) it holds no other run. Checked before anything is written."""
+    """out_dir is a folder, or can become one, and can be written; no run is using it; it is no sweep's; for a fresh
+    run (not --resume or --overwrite) it holds no other run. Checked before anything is written."""
     too_long = files.too_long(out_dir)
     if too_long:
         raise UsageError(f"--out_dir={out_dir[:60]}...: {too_long}; choose a shorter --out_dir")
@@ -73,6 +73,7 @@ def check_out_dir(out_dir, fresh):
     if folder:
         raise UsageError(f"--out_dir={out_dir}: {folder} is a folder, where the run writes (or with --overwrite "
                          "removes) a file of its own; move it away, or choose another --out_dir")
+    refuse_a_sweep(out_dir)
     if fresh:
         refuse_a_run(out_dir)
 
@@ -88,6 +89,17 @@ def folder_in_the_way(out_dir):
         if written and os.path.isdir(path) and not os.path.islink(path):
             return path
     return None
+
+
+def refuse_a_sweep(out_dir):
+    """A sweep's folder (run_reader.SWEEP_FILES) refused, with --resume and --overwrite too: a run's files beside the
+    sweep's would make the sweep refuse its own folder."""
+    names = os.listdir(out_dir) if os.path.isdir(out_dir) else []
+    found = [name for name in run_reader.SWEEP_FILES if name in names]
+    if found:
+        raise UsageError(f"--out_dir={out_dir} is a sweep's folder (it holds {', '.join(found)}); a run needs a folder "
+                         "of its own: choose another --out_dir (a sweep's runs are in its <variant>/<lr>/<seed> "
+                         "folders)")
 
 
 def refuse_a_run(out_dir):
@@ -121,9 +133,11 @@ def is_empty(path):
 
 def claim(out_dir, fresh, machine):
     """The run folder's lock (files.claim), taken by process 0 for all the run's processes and held until it
-    exits; a fresh run checks again, under the lock, that no run has left its files there meanwhile. Returns the
-    lock's file (None on the other processes): keep it open."""
+    exits; a fresh run checks again, under the lock, that no run has left its files there meanwhile, and every run,
+    just before, that no sweep has (refuse_a_sweep). Returns the lock's file (None on the other processes): keep it
+    open."""
     def take():
+        refuse_a_sweep(out_dir)  # again, before the lock file: a sweep may have started in the folder meanwhile
         lock = files.claim(out_dir)
         if fresh:
             refuse_a_run(out_dir)

@@ -16,6 +16,10 @@ CONFIG = "config.json"  # the resolved configs and the data's description, writt
 LOG = "log.jsonl"  # one event a line
 CHECKPOINT = "ckpt.pt"  # the newest checkpoint; ckpt-<step>.pt names the kept ones
 ENDS = ("diverged", "done")  # the events that end a run
+# What sweep.py writes beside its runs' folders, at the top of its --out_dir: its locks (sweep.py's RUNNING, held for
+# the sweep's life; lab/summary.py's SWEEP_LOCK), its summaries and the record of its recipe's design. A folder
+# holding one is a sweep's, never a run's (run_folder.refuse_a_sweep).
+SWEEP_FILES = ("sweep.running.lock", "sweep.lock", "summary.json", "summary.csv", "design.json")
 
 
 def config_path(run_dir):

@@ -14,10 +14,13 @@ failure on all, and `rank_spread` checks that DDP kept their weights identical. 
 
 import ctypes
 import dataclasses
+import datetime
 import os
 import platform
 import re
 import signal
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -30,6 +33,7 @@ import torch.distributed as dist
 # ("terminate called without an active exception": once in a 2-process CPU run). Imported first, it binds None.
 import torch.distributed.nn  # noqa: F401
 
+from engine import signals
 from engine.flags import UsageError
 
 # what a gloo collective says when the process at the other end has exited
@@ -219,10 +223,11 @@ def ddp_device(device_type, local_rank, local_world_size):
     return f"cuda:{local_rank % gpus}", "nccl" if local_world_size <= gpus else "gloo"
 
 
-def start(device, machine):
+def start(device, machine, rendezvous_timeout=600):
     """This process on the run's device (resolve_device's): machine.device, and under torchrun the process group
-    joined; on CPU, each process's share of the cores and an allocator that keeps freed memory. Called once every
-    input is checked: bad input stops each process on its own, with no process group to tear down."""
+    joined (join_process_group, waiting at most rendezvous_timeout seconds for the others); on CPU, each process's
+    share of the cores and an allocator that keeps freed memory. Called once every input is checked: bad input stops
+    each process on its own, with no process group to tear down."""
     machine.device = device
     if machine.device_type == "cuda":
         machine.gpus = machine.world_size // machine.local_world_size * min(machine.local_world_size,
@@ -231,11 +236,58 @@ def start(device, machine):
         machine.device, backend = ddp_device(machine.device_type, machine.local_rank, machine.local_world_size)
         if machine.device_type == "cuda":
             torch.cuda.set_device(machine.device)
-        dist.init_process_group(backend=backend)
+        join_process_group(backend, machine, rendezvous_timeout)
     if machine.device_type == "cpu":
         # torchrun sets OMP_NUM_THREADS=1 per process: give each process its share of the cores instead
         torch.set_num_threads(max(1, cpu_cores() // machine.local_world_size))
         keep_freed_memory()
+
+
+class NotJoined(UsageError):
+    """A process that could not join the run's others (join_process_group): its own failure, with no process group
+    for the processes to leave together."""
+
+
+def join_process_group(backend, machine, wait):
+    """init_process_group, with a bounded wait that a stop signal ends. The rendezvous (the store at MASTER_ADDR:
+    MASTER_PORT that every process connects to, then the backend's connections between them) waits at most `wait`
+    seconds for the other processes, then fails in one line (NotJoined), as does a rendezvous torch cannot make (a
+    port in use). It runs in a thread of its own: Python runs signal handlers in the main thread only, between
+    bytecodes, so a main thread blocked in torch's C++ wait heard no Ctrl-C, SIGTERM or SIGHUP (a process whose peer
+    never came waited torch's 30 minutes, deaf to SIGTERM). Here the main thread waits on that thread, and a stop
+    exits at once with one line (signals.exit_at_once): the C++ wait cannot be cancelled, and nothing of the run is
+    written before it."""
+    joined = {}
+    thread = threading.Thread(target=rendezvous, args=(backend, machine, wait, joined), daemon=True)
+    try:
+        thread.start()
+        thread.join()
+    except KeyboardInterrupt as stop:  # Ctrl-C, or signals.Stopped (SIGTERM, SIGHUP)
+        signals.exit_at_once(stop, "while waiting for the run's other processes to join; nothing of the run was "
+                             "written", machine.master)
+    failure = joined.get("failure")
+    if isinstance(failure, dist.DistError):
+        cause = str(failure).strip().splitlines()[0]
+        raise NotJoined(f"process {machine.rank} of WORLD_SIZE={machine.world_size} could not join the run's "
+                         f"processes at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} ({cause}); start "
+                         f"every process (torchrun --nproc_per_node=N starts them together), or give them more than "
+                         f"--rendezvous_timeout={wait} seconds") from None
+    if failure:
+        raise failure
+
+
+def rendezvous(backend, machine, wait, joined):
+    """The process group of torchrun's env:// rendezvous, whose store waits `wait` seconds instead of torch's 30
+    minutes (10 with NCCL); torch's own timeout for the store afterwards. joined["failure"]: what it raised."""
+    try:
+        store, _, _ = next(dist.rendezvous("env://", machine.rank, machine.world_size,
+                                           timeout=datetime.timedelta(seconds=wait)))
+        # the prefix init_process_group gives a store it makes itself: torchrun's agent shares the store
+        dist.init_process_group(backend=backend, store=dist.PrefixStore("default_pg", store), rank=machine.rank,
+                                world_size=machine.world_size)
+        store.set_timeout(dist.default_pg_timeout)
+    except BaseException as e:  # for the main thread to raise
+        joined["failure"] = e
 
 
 def cpu_cores():
@@ -262,15 +314,15 @@ def keep_freed_memory():
 
 
 class StopRequest:
-    """The first Ctrl-C (SIGINT), a SIGTERM (what torchrun sends its workers on Ctrl-C) or a SIGHUP (a closed
-    terminal or ssh session) asks the run to stop at the next step boundary, or between two eval batches, with a
-    checkpoint; a second Ctrl-C stops at once. `agreed`: whether the run stops at this step boundary. One process
-    stops when asked; under DDP every process stops at the boundary after the step whose host read (host_read) saw
-    a request on any of them, so that all stop at the same step."""
+    """The first Ctrl-C (SIGINT), a SIGTERM (what torchrun sends its workers on Ctrl-C), a SIGHUP (a closed
+    terminal or ssh session) or an output whose reader went away (output_lost) asks the run to stop at the next step
+    boundary, or between two eval batches, with a checkpoint; a second Ctrl-C stops at once. `agreed`: whether the
+    run stops at this step boundary. One process stops when asked; under DDP every process stops at the boundary
+    after the step whose host read (host_read) saw a request on any of them, so that all stop at the same step."""
 
-    def __init__(self, ddp=False):
+    def __init__(self, ddp=False, master=True):
         self.requested = False
-        self.ddp = ddp
+        self.ddp, self.master = ddp, master
         self.seen_by_all = False  # under DDP: a request on some process at the last step's host read
 
     @property
@@ -280,6 +332,14 @@ class StopRequest:
     def __call__(self, signum, frame):
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
+        self.requested = True
+
+    def output_lost(self):
+        """stdout or stderr lost its reader (signals.Output: `python train.py | head -3`): a stop request, said on
+        stderr, where it may still be read."""
+        if self.master:
+            print("train.py: its output's reader went away (a closed pipe or terminal); the run stops after this step "
+                  "with a checkpoint, as for SIGHUP, and prints nothing more there", file=sys.stderr)
         self.requested = True
 
 

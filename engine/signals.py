@@ -2,11 +2,16 @@
 Stops by signal and their exit codes: SIGTERM and SIGHUP (a kill, a closed terminal or ssh session) made to unwind
 as a Ctrl-C does, so that every `finally` runs and no temporary file is left, and the exit code a shell gives a
 process that a signal ended, 128 + its number (130 for Ctrl-C), so that a script reads a stop the same whichever
-way it came. Also whether a process is alive, which signal 0 asks without sending anything.
+way it came. A run's output whose reader goes away (a closed pipe or terminal: Output) stops it as SIGHUP does,
+instead of SIGPIPE ending it with nothing saved. Also whether a process is alive, which signal 0 asks without sending
+anything.
 """
 
+import contextlib
+import errno
 import os
 import signal
+import sys
 
 # the signals a person or a machine sends to stop a process that may clean up; SIGINT is Python's KeyboardInterrupt
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -36,6 +41,64 @@ def restore(handlers):
         signal.signal(sig, handler)
 
 
+class Output:
+    """sys.stdout or sys.stderr of a run, whose reader may go away: a pipe's (`python train.py | head -3`) or a closed
+    terminal's. The first write or flush that finds the reader gone (EPIPE, with SIGPIPE ignored; EIO, from a terminal
+    that hung up) points the stream at /dev/null, so that nothing raises in the middle of a step or fails at exit, and
+    calls lost(); what is written from then on is dropped. Line-buffered, so that each line is written as printed
+    and a reader that goes away is noticed at the next line, not 8 KB of lines later."""
+
+    def __init__(self, stream, lost):
+        self.stream, self.lost, self.gone = stream, lost, False
+        self.line_buffering = getattr(stream, "line_buffering", None)  # the stream's own, for restore_output
+        if self.line_buffering is False:
+            self.attempt(stream.reconfigure, line_buffering=True)
+
+    def write(self, text):
+        self.attempt(self.stream.write, text)
+        return len(text)
+
+    def flush(self):
+        self.attempt(self.stream.flush)
+
+    def attempt(self, operation, *args, **kwargs):
+        try:
+            operation(*args, **kwargs)
+        except OSError as e:
+            if e.errno not in (errno.EPIPE, errno.EIO) or self.gone:
+                raise
+            self.gone = True
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())  # what the stream still holds is written there
+            os.close(devnull)
+            self.lost()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def keep_output(lost):
+    """sys.stdout and sys.stderr as Outputs that call lost() when a reader goes away, with SIGPIPE ignored (Python's
+    own default, which engine/starting.py replaces); returns what restore_output puts back."""
+    kept = signal.signal(signal.SIGPIPE, signal.SIG_IGN), sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = Output(sys.stdout, lost), Output(sys.stderr, lost)
+    return kept
+
+
+def restore_output(kept):
+    """Put back what keep_output replaced (kept None: nothing), once the Outputs are flushed."""
+    if kept is None:
+        return
+    for output in (sys.stdout, sys.stderr):
+        if isinstance(output, Output):
+            output.lost = lambda: None  # the run has ended: a reader gone by now loses nothing
+            output.flush()
+            if output.line_buffering is False:
+                output.attempt(output.stream.reconfigure, line_buffering=False)
+    handler, sys.stdout, sys.stderr = kept
+    signal.signal(signal.SIGPIPE, handler)
+
+
 def signum(stop):
     """The signal a KeyboardInterrupt or Stopped stands for: SIGINT for a Ctrl-C."""
     return getattr(stop, "signum", signal.SIGINT)
@@ -49,6 +112,18 @@ def exit_code(sig):
 def name(sig):
     """How a stop is named to a person: Ctrl-C, SIGTERM, SIGHUP."""
     return "Ctrl-C" if sig == signal.SIGINT else signal.Signals(sig).name
+
+
+def exit_at_once(stop, when, say=True):
+    """End this process now, for a stop (a KeyboardInterrupt or Stopped) that came where a thread cannot be stopped
+    (a C++ wait): one line (where say), `train.py: stopped by SIGTERM <when>`, and 128 + the signal. os._exit: an
+    interpreter that exits around a thread still in C++ can abort in its teardown."""
+    sig = signum(stop)
+    with contextlib.suppress(OSError):  # an output already gone: the exit code still says it
+        sys.stdout.flush()
+        if say:
+            print(f"{os.path.basename(sys.argv[0])}: stopped by {name(sig)} {when}", file=sys.stderr, flush=True)
+    os._exit(exit_code(sig))
 
 
 def alive(pid):

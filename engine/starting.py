@@ -1,14 +1,17 @@
 """
 Imported first by the scripts that import torch (train.py, sweep.py, sample.py), for its one effect: a Ctrl-C in the
-seconds torch takes to import, before the script's own handlers are in place, stops it with one line and exit code
-130, `train.py: stopped by Ctrl-C while starting; nothing was written`, not a KeyboardInterrupt traceback and -2.
-Nothing is written before main() runs, so there is nothing to clean up. Only where the script itself was started
-(its file is __main__'s): a test or a notebook that imports train keeps Python's own Ctrl-C. Once the script has
-defined its main(), a Ctrl-C is Python's KeyboardInterrupt again, which the script handles (or replaces with its
-own handler). Its second effect: a closed pipe (`python sweep.py --dry_run | head`) ends the script quietly, as it
-ends `cat`, instead of a BrokenPipeError traceback. Imports only the standard library.
+seconds torch takes to import, before the script's own handling of Ctrl-C begins, stops it at once with one line and
+exit code 130, `train.py: stopped by Ctrl-C while starting; nothing was written`, not a KeyboardInterrupt traceback
+and -2. Nothing is written before then, so there is nothing to clean up. The script says where its own handling begins
+by calling `done()` (train.py: inside the `try` that catches KeyboardInterrupt, so that no Ctrl-C falls between the
+two); from there on a Ctrl-C is Python's KeyboardInterrupt again. Only where the script itself was started (its file
+is __main__'s): a test or a notebook that imports train keeps Python's own Ctrl-C. Not covered: the interpreter's own
+start, before the script's first line runs (about 70 ms, more under load), where Python's own rules apply. Its second
+effect: a closed pipe (`python sweep.py --dry_run | head`) ends the script quietly, as it ends `cat`, instead of a
+BrokenPipeError traceback (train.py's run replaces that with signals.keep_output). Imports only the standard library.
 """
 
+import contextlib
 import os
 import signal
 import sys
@@ -17,12 +20,21 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the reposi
 
 
 def stop(signum, frame):
-    script = sys.modules["__main__"]
-    if hasattr(script, "main"):  # defined after the imports: from here on the script's own Ctrl-C handling
-        raise KeyboardInterrupt
-    print(f"{os.path.basename(script.__file__)}: stopped by Ctrl-C while starting; nothing was written",
-          file=sys.stderr)
-    raise SystemExit(130)
+    """One line and exit code 130 at once. os._exit, not an exception: the handler runs wherever the import is, and an
+    exception raised there can land inside a C extension's initialization (numpy's, torch's pybind11 modules), which
+    then aborts the process, swallows it and trains on, or leaves the module half-loaded ("cannot load module more
+    than once per process"). os.write, not print: the handler may interrupt a print to stderr."""
+    script = os.path.basename(sys.modules["__main__"].__file__)
+    with contextlib.suppress(OSError):  # no stderr to say it on: the exit code still says it
+        os.write(2, f"{script}: stopped by Ctrl-C while starting; nothing was written\n".encode())
+    os._exit(130)
+
+
+def done():
+    """The script handles Ctrl-C from here on: Python's KeyboardInterrupt again. A no-op where this module installed
+    nothing (a test or a notebook that imports the script), so that their own handler stays."""
+    if signal.getsignal(signal.SIGINT) is stop:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 main_file = getattr(sys.modules.get("__main__"), "__file__", None) or ""

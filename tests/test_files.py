@@ -28,7 +28,7 @@ import model
 import configs
 import sweep
 import train
-from engine import files, flags, run_folder, run_reader, runtime
+from engine import files, flags, run_folder, run_reader, runtime, signals
 from conftest import (PAUSED_TRAIN, ROOT, SWEEP_TINY, TINY, FailingWrites, events, prepared, resumed_line,
                       save_checkpoint, torchrun, train_argv, train_process)
 
@@ -513,6 +513,51 @@ def test_sighup_stops_a_run_with_a_checkpoint(corpus, tmp_path):
     assert process.returncode == 130, output
     interrupted = [e["step"] for e in events(out) if e["event"] == "interrupted"]
     assert interrupted == [torch.load(out / "ckpt.pt", weights_only=True)["step"]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("closed, buffered", [("stdout", False), ("stdout", True), ("stdout and stderr", False)])
+def test_a_closed_pipe_stops_a_run_with_a_checkpoint_as_sighup_does(corpus, tmp_path, closed, buffered):
+    """Issue 55: `python train.py ... | head -3` died of SIGPIPE at its next line, exit 141, with no checkpoint and no
+    interrupted event. The reader here goes away after three lines, as head's does; buffered: without
+    PYTHONUNBUFFERED, where a pipe's output was written 8 KB at a time."""
+    out = tmp_path / "out"
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
+    process = subprocess.Popen([sys.executable, "train.py", *flags_of(corpus, out, "--max_iters=100000",
+                                                                      "--eval_interval=1000")],
+                               stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                               stderr=subprocess.PIPE if closed == "stdout" else subprocess.STDOUT,
+                               env={**env, "OMP_NUM_THREADS": "1", **({} if buffered else {"PYTHONUNBUFFERED": "1"})})
+    try:
+        for _ in range(3):
+            process.stdout.readline()
+        process.stdout.close()
+        err = process.stderr.read() if process.stderr else ""
+        process.wait(timeout=600)  # a loaded machine takes minutes
+    finally:
+        process.kill()
+    assert process.returncode == 130, err
+    if closed == "stdout":
+        one_line(err, "train.py: its output's reader went away (a closed pipe or terminal); the run stops after this "
+                      "step with a checkpoint, as for SIGHUP")
+    interrupted = [e["step"] for e in events(out) if e["event"] == "interrupted"]
+    assert interrupted == [torch.load(out / "ckpt.pt", weights_only=True)["step"]]
+    assert interrupted[0] > 0 and steps(out)[-1] == interrupted[0]
+
+
+def test_an_output_whose_reader_went_away_drops_what_follows_and_calls_lost_once():
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    stream = io.TextIOWrapper(io.FileIO(write_end, "w"))  # 8 KB buffered, as stdout into a pipe
+    lost = []
+    output = signals.Output(stream, lambda: lost.append(True))
+    assert stream.line_buffering  # a line is written as printed, so that a reader gone is seen at the next line
+    print("step 1", file=output)
+    assert lost == [True]
+    print("step 2", file=output, flush=True)
+    output.flush()
+    assert lost == [True] and os.path.samestat(os.fstat(write_end), os.stat(os.devnull))
+    stream.close()
 
 
 def test_a_divergence_before_the_first_checkpoint_says_there_is_none(corpus, tmp_path, monkeypatch, capsys):

@@ -33,7 +33,7 @@ import lab.summary
 import sweep
 import configs
 import train
-from conftest import FailingWrites, ROOT, SWEEP_TINY, last_of_each, prepared, without
+from conftest import FailingWrites, ROOT, SWEEP_TINY, TINY, last_of_each, prepared, train_argv, without
 
 HAS_RAMP = "ramp" in typing.get_args(configs.TrainConfig.__annotations__["lr_schedule"])
 LN_V = math.log(256)  # the failure loss of the byte tokenizer (lab/claims.FAILURE_RULE)
@@ -1249,6 +1249,45 @@ def test_a_train_py_run_folder_is_no_sweep_folder(corpus, tmp_path, capsys):
     assert capsys.readouterr().err == (f"sweep.py: --out_dir={run} is a train.py run's folder (it holds config.json, "
                                        "log.jsonl); give the sweep a folder of its own\n")
     assert sorted(os.listdir(run)) == before
+
+
+@pytest.mark.parametrize("mode", [[], ["--resume"], ["--overwrite"]], ids=["fresh", "resume", "overwrite"])
+@pytest.mark.parametrize("name", run_reader.SWEEP_FILES)
+def test_a_sweep_folder_is_no_run_folder(corpus, tmp_path, capsys, name, mode):
+    """Issue 55: train.py --out_dir=SW, while a sweep ran in SW, trained there (exit 0) beside its summary.json and
+    sweep.lock, and the sweep then refused its own folder. Refused whatever the mode, nothing written."""
+    folder = tmp_path / "sweep"
+    folder.mkdir()
+    (folder / name).write_text("")
+    assert train.main(train_argv(corpus, prepared(corpus), str(folder), *TINY, "--max_iters=2", *mode)) == 2
+    assert capsys.readouterr().err == (f"train.py: --out_dir={folder} is a sweep's folder (it holds {name}); a run "
+                                       "needs a folder of its own: choose another --out_dir (a sweep's runs are in "
+                                       "its <variant>/<lr>/<seed> folders)\n")
+    assert os.listdir(folder) == [name]
+
+
+@pytest.mark.slow
+def test_a_run_into_a_running_sweeps_folder_is_refused_and_the_sweep_keeps_its_folder(corpus, tmp_path, capsys):
+    """Issue 55's case itself: train.py --out_dir=SW while sweep.py --out_dir=SW runs. The sweep's own files (every
+    file it leaves at the top of its folder) are what run_reader.SWEEP_FILES names."""
+    folder = tmp_path / "sweep"
+    argv = ["--variants=baseline", "--lrs=1e-2", f"--out_dir={folder}", f"--dataset={corpus}",
+            f"--data_dir={prepared(corpus)}", *SWEEP_TINY]
+    running = subprocess.Popen([sys.executable, "sweep.py", *argv], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 600
+        while not (folder / sweep.RUNNING).exists() and time.time() < deadline and running.poll() is None:
+            time.sleep(0.05)
+        assert (folder / sweep.RUNNING).exists(), running.poll()
+        assert train.main(train_argv(corpus, prepared(corpus), str(folder), *TINY, "--max_iters=2")) == 2
+        assert "is a sweep's folder (it holds sweep.running.lock" in capsys.readouterr().err
+        output = running.communicate(timeout=900)[0]
+    finally:
+        running.kill()
+    assert running.returncode == 0, output
+    assert sweep.main(argv) == 0  # the same command again: its folder is still its own
+    assert {p.name for p in folder.iterdir() if p.is_file()} <= set(run_reader.SWEEP_FILES)
 
 
 @pytest.mark.parametrize("carried, says", [
