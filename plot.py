@@ -388,7 +388,7 @@ def write_views(paths, opts):
     say(notes)
     for log in logs:
         if opts["tensorboard"]:
-            tensorboard_view.start(os.path.dirname(log), log, True, script="plot.py")
+            tensorboard_view.rebuild(os.path.dirname(log), log)
         if opts["wandb"]:
             wandb_view.start(os.path.dirname(log), log, True, resumed=False, script="plot.py")
         views.close_all()

@@ -50,7 +50,8 @@ class Output:
 
     def __init__(self, stream, lost):
         self.stream, self.lost, self.gone = stream, lost, False
-        self.line_buffering = getattr(stream, "line_buffering", None)  # the stream's own, for restore_output
+        # the stream's own, for restore_output; a stream without reconfigure (io.StringIO) is left as it is
+        self.line_buffering = getattr(stream, "line_buffering", None) if hasattr(stream, "reconfigure") else None
         if self.line_buffering is False:
             self.attempt(stream.reconfigure, line_buffering=True)
 

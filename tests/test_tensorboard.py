@@ -191,6 +191,31 @@ def test_plot_writes_a_finished_runs_view_as_train_would_have(corpus, tmp_path, 
     assert not (tmp_path / "plots").exists()
 
 
+def test_plot_writes_a_view_whole_or_not_at_all(corpus, tmp_path):
+    """A view plot.py cannot write whole (`ulimit -f 4`: TensorBoard's writer thread meets EFBIG): one line naming
+    the event file, exit code 1, no traceback; the view written before is left as it was and no part of the new one
+    is; an event file of a rebuild killed on the way (*.nanonorm.tmp) is removed by the next one."""
+    assert run(corpus, tmp_path, *tiny(max_iters=8), "--telemetry_interval=2") == 0
+    out = tmp_path / "out"
+    argv = [sys.executable, "plot.py", str(out), "--tensorboard"]
+    assert subprocess.run(argv, cwd=ROOT, capture_output=True).returncode == 0
+    [view] = glob.glob(str(out / "events.out.tfevents.*"))
+    before = open(view, "rb").read()
+    assert len(before) > 4096
+    (out / "events.out.tfevents.1.host.2.0.nanonorm.tmp").write_bytes(before[:100])
+
+    def limit():
+        import resource
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, preexec_fn=limit)
+    assert done.returncode == 1, done.stderr
+    assert re.fullmatch(rf"plot\.py: cannot write {re.escape(str(out))}/events\.out\.tfevents\.\S+\.nanonorm "
+                        r"\(File too large\)\n", done.stderr), done.stderr
+    assert glob.glob(str(out / "events.out.tfevents.*")) == [view]
+    assert open(view, "rb").read() == before
+
+
 def test_plot_refuses_to_view_a_run_still_training_and_views_with_pictures_or_the_page(corpus, tmp_path, capsys):
     assert run(corpus, tmp_path, *tiny(max_iters=2)) == 0
     out = tmp_path / "out"
