@@ -13,6 +13,9 @@ corpus's on its files' paths, sizes and times) and resumes where it stopped:
     python data.py --dataset=hf:HuggingFaceFW/fineweb-edu:sample-10BT:train --tokenizer=gpt2 --workers=16
 Tokenizers: byte (every byte is a token, vocab 256) and gpt2 (GPT-2 BPE, vocab 50257).
 """
+
+from engine import starting  # first: a Ctrl-C from here to main's own handling is one line and exit code 130
+
 import fcntl
 import functools
 import glob
@@ -800,8 +803,10 @@ def main(argv):
     if wants_help(argv):
         print_help(__doc__, PrepareOptions)
         return 0
-    handlers, opts = signals.stop_on_signals(), None
+    handlers, opts = {}, None
     try:
+        starting.done()  # in the try: from here a Ctrl-C is the KeyboardInterrupt below; before, starting's line
+        handlers = signals.stop_on_signals()
         opts = build(PrepareOptions, parse(argv, PrepareOptions))
         folder = prepare(opts.dataset, opts.tokenizer, opts.data_dir, opts.url, opts.workers)
         meta = load_meta(folder)

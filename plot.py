@@ -31,6 +31,8 @@ exit code 2, before anything is drawn. A log's last line cut short by a killed r
 file is written whole or not at all; a write that fails (disk full, read-only) is one line naming it, exit code 1.
 """
 
+from engine import starting  # first: a Ctrl-C from here to main's own handling is one line and exit code 130
+
 import collections
 import dataclasses
 import glob
@@ -407,6 +409,7 @@ def main(argv):
         flags.print_help(__doc__, PlotOptions)
         return 0
     try:
+        starting.done()  # in the try: from here a Ctrl-C is the KeyboardInterrupt below; before, starting's line
         paths, opts = parse_args(argv)
         if opts["experiments"]:
             experiments_page(opts["experiments"], opts["out"])
@@ -419,6 +422,10 @@ def main(argv):
     except files.WriteError as e:  # what was written before is whole; the file it names is as it was
         print(f"plot.py: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # every file is written whole or not at all (files.write_atomic, a view's rename)
+        print("plot.py: stopped by Ctrl-C; each file written before is whole, the one being written is as it was",
+              file=sys.stderr)
+        return 130
     return 0
 
 

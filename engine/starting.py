@@ -1,11 +1,12 @@
 """
-Imported first by the scripts that import torch (train.py, sweep.py, sample.py), for its one effect: a Ctrl-C in the
-seconds torch takes to import, before the script's own handling of Ctrl-C begins, stops it at once with one line and
-exit code 130, `train.py: stopped by Ctrl-C while starting; nothing was written`, not a KeyboardInterrupt traceback
-and -2. Nothing is written before then, so there is nothing to clean up. The script says where its own handling begins
-by calling `done()` (train.py: inside the `try` that catches KeyboardInterrupt, so that no Ctrl-C falls between the
-two); from there on a Ctrl-C is Python's KeyboardInterrupt again. Only where the script itself was started (its file
-is __main__'s): a test or a notebook that imports train keeps Python's own Ctrl-C. Not covered: the interpreter's own
+Imported first by the scripts that import a large library (train.py, sweep.py, sample.py: torch; data.py: numpy and
+tiktoken; plot.py: the lab's modules, then matplotlib), for its one effect: a Ctrl-C in the seconds those take to
+import, before the script's own handling of Ctrl-C begins, stops it at once with one line and exit code 130,
+`train.py: stopped by Ctrl-C while starting; nothing was written`, not a KeyboardInterrupt traceback and -2. Nothing
+is written before then, so there is nothing to clean up. The script says where its own handling begins by calling
+`done()` (train.py: inside the `try` that catches KeyboardInterrupt, so that no Ctrl-C falls between the two); from
+there on a Ctrl-C is Python's KeyboardInterrupt again. Only where the script itself was started (its file is
+__main__'s): a test or a notebook that imports train keeps Python's own Ctrl-C. Not covered: the interpreter's own
 start, before the script's first line runs (about 70 ms, more under load), where Python's own rules apply. Its second
 effect: a closed pipe (`python sweep.py --dry_run | head`) ends the script quietly, as it ends `cat`, instead of a
 BrokenPipeError traceback (train.py's run replaces that with signals.keep_output). Imports only the standard library.

@@ -144,9 +144,9 @@ def test_a_closed_pipe_ends_the_script_quietly(script, tmp_path):
     assert done.stderr == ""
 
 
-def fake_torch(tmp_path, source):
-    """PYTHONPATH for a subprocess whose `import torch` runs source."""
-    fake = tmp_path / "fake" / "torch"
+def fake_torch(tmp_path, source, module="torch"):
+    """PYTHONPATH for a subprocess whose `import torch` (or of another module) runs source."""
+    fake = tmp_path / "fake" / module
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text(source)
     return {**os.environ, "PYTHONPATH": str(tmp_path / "fake")}
@@ -159,17 +159,31 @@ def default_ctrl_c():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", ["train.py", "sweep.py", "sample.py"])
-def test_a_ctrl_c_inside_an_import_that_catches_everything_still_stops_at_once(tmp_path, script):
+@pytest.mark.parametrize("script, module", [("train.py", "torch"), ("sweep.py", "torch"), ("sample.py", "torch"),
+                                            ("data.py", "numpy"), ("plot.py", "numpy")])
+def test_a_ctrl_c_inside_an_import_that_catches_everything_still_stops_at_once(tmp_path, script, module):
     """Issue 55: the handler raised SystemExit inside whatever was importing, and the C extensions torch imports catch
     what the Python code they call raises: pybind11 aborted the process, numpy was left half-loaded (a traceback
     ending in "cannot load module more than once per process", exit 1), or the run trained on to the end, exit 0. A
-    stand-in torch catches everything, as they do."""
+    stand-in torch (numpy for data.py and plot.py, which do not import torch) catches everything, as they do."""
     env = fake_torch(tmp_path, "import os, signal, time\ntry:\n    os.kill(os.getpid(), signal.SIGINT)\n"
-                               "    time.sleep(30)\nexcept BaseException:\n    pass\n")
+                               "    time.sleep(30)\nexcept BaseException:\n    pass\n", module)
     done = subprocess.run([sys.executable, os.path.join(ROOT, script), "--help"], env=env, capture_output=True,
                           text=True, timeout=300, cwd=tmp_path, preexec_fn=default_ctrl_c)
     assert (done.returncode, done.stderr) == (130, f"{script}: stopped by Ctrl-C while starting; nothing was written\n")
+
+
+def test_a_ctrl_c_in_plots_work_is_one_line_and_130(monkeypatch, capsys):
+    """plot.py's own handling of Ctrl-C, once starting's has ended: one line, exit code 130, not a traceback."""
+    import plot
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plot, "parse_args", interrupted)
+    assert plot.main(["runs"]) == 130
+    assert capsys.readouterr().err == ("plot.py: stopped by Ctrl-C; each file written before is whole, the one being "
+                                       "written is as it was\n")
 
 
 # Runs train.py as `python train.py` does (its file is __main__'s), after a line on stdout: a Ctrl-C sent after that
