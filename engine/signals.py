@@ -86,6 +86,14 @@ def keep_output(lost):
     return kept
 
 
+def hang_up(line):
+    """keep_output's lost() for a script that stops on SIGHUP (stop_on_signals): line said on stderr, where it may
+    still be read, then SIGHUP sent to the script itself, so that an output whose reader went away stops it by the
+    path a closed terminal takes (sweep.py: its runs stop with a checkpoint)."""
+    print(line, file=sys.stderr)
+    os.kill(os.getpid(), signal.SIGHUP)
+
+
 def restore_output(kept):
     """Put back what keep_output replaced (kept None: nothing), once the Outputs are flushed."""
     if kept is None:

@@ -17,6 +17,7 @@ job is still queued or running to it (`queued`), and counts it apart from the ru
 """
 
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -33,7 +34,7 @@ from typing import Literal, Optional
 from engine import files
 from engine import signals
 from engine.flags import UsageError, help_of
-from lab.runs import restart_flags
+from lab.runs import OUTPUT_LOST, restart_flags
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(HERE, "train.py")
@@ -261,6 +262,7 @@ def run_all(runs, plan_flags, options, jobs, name, out_dir):
     waiting = [(run, TrainJob(plan_flags(run), run.dir, options.gpus_per_run)) for run in runs]
     running = []  # (run, its submitit job)
     handlers = signals.stop_on_signals()
+    output = signals.keep_output(functools.partial(signals.hang_up, OUTPUT_LOST))
     try:
         if options.launcher == "slurm":
             running, waiting = submit(made, waiting, options.launcher), []
@@ -281,6 +283,7 @@ def run_all(runs, plan_flags, options, jobs, name, out_dir):
             return signals.signum(e)
         raise
     finally:
+        signals.restore_output(output)
         signals.restore(handlers)
     return None
 

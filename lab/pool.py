@@ -27,7 +27,7 @@ from engine import run_reader
 from engine import runtime
 from engine import signals
 from engine.files import WriteError
-from lab.runs import Run, is_finished
+from lab.runs import OUTPUT_LOST, Run, is_finished
 
 
 @dataclass
@@ -129,11 +129,13 @@ def run_all(runs, jobs, command):
     """Every run, jobs at a time (command(run): the argv of its train.py process). None once all have ended, or
     the signal that stopped the sweep (SIGINT for a Ctrl-C) once the runs it stopped have ended."""
     handlers = signals.stop_on_signals()
+    output = signals.keep_output(functools.partial(signals.hang_up, OUTPUT_LOST))
     try:
         run_jobs(runs, jobs, command)
     except KeyboardInterrupt as stop:
         return signals.signum(stop)
     finally:
+        signals.restore_output(output)
         signals.restore(handlers)
     return None
 

@@ -13,6 +13,10 @@ from engine import files
 from engine import run_reader
 from engine.flags import UsageError
 
+# the line of a sweep whose output's reader went away (`python sweep.py ... | head`, a closed terminal), while its
+# runs run (lab/pool.py, lab/launch.py): it stops as for SIGHUP, and its stop line says what became of the runs
+OUTPUT_LOST = "sweep.py: its output's reader went away (a closed pipe or terminal); the sweep stops as for SIGHUP"
+
 
 @dataclass
 class Run:

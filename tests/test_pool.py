@@ -1,13 +1,17 @@
 """lab/pool.py's share of the machine for each job, checked with made-up machines (16 cores and one GPU, two
-GPUs, more jobs than cores, an OS that cannot pin), and its warm-first start on a GPU with stand-in runs."""
+GPUs, more jobs than cores, an OS that cannot pin), and its warm-first start on a GPU with stand-in runs; a sweep
+whose output's reader goes away stops its runs as for SIGHUP."""
+import io
 import os
+import signal
 import sys
+import time
 
 import pytest
 import torch
 
 from lab import pool
-from lab.runs import Run
+from lab.runs import OUTPUT_LOST, Run
 
 ONE_GPU_16_CORES = pool.Machine(cores=list(range(100, 116)), count=16, gpus=["0"])
 
@@ -83,3 +87,55 @@ def test_on_a_gpu_a_variants_later_runs_start_once_its_first_has_compiled(tmp_pa
     # b's first run compiled beside a's; a's second waited for a's first to get past its compile
     assert started == {runs[0].dir: "False", runs[1].dir: "True", runs[2].dir: "False"}
     assert all(open(run.dir + ".exit").read() == "0\n" for run in runs)
+
+
+# A run's process that waits to be stopped: SIGHUP recorded in its folder, then the exit code train.py gives a stop
+WAITS_FOR_A_STOP = (
+    "import os, signal, sys, time\n"
+    "def stopped(signum, frame):\n"
+    "    open(os.path.join(sys.argv[1], 'stopped'), 'w').write(signal.Signals(signum).name)\n"
+    "    os._exit(130)\n"
+    "os.makedirs(sys.argv[1], exist_ok=True)\n"
+    "signal.signal(signal.SIGHUP, stopped)\n"
+    "open(os.path.join(sys.argv[1], 'started'), 'w').close()\n"
+    "time.sleep(120)\n")
+
+
+class ReaderGoesAway(io.TextIOWrapper):
+    """stdout into a pipe whose reader goes away once the first run has started (as `| head -2` does, here by
+    closing the read end): the next "start" line meets EPIPE, as a write to a closed pipe does with SIGPIPE
+    ignored."""
+
+    def __init__(self, first_started):
+        self.read_end, write_end = os.pipe()
+        super().__init__(io.FileIO(write_end, "w"), line_buffering=True)
+        self.first_started, self.starts = first_started, 0
+
+    def write(self, text):
+        self.starts += text.startswith("start")
+        if self.starts == 2 and self.read_end is not None:
+            deadline = time.time() + 60
+            while not os.path.exists(self.first_started) and time.time() < deadline:
+                time.sleep(0.05)
+            os.close(self.read_end)
+            self.read_end = None
+        return super().write(text)
+
+
+def test_a_sweep_whose_output_goes_away_stops_its_runs_as_for_sighup(tmp_path, monkeypatch, capsys):
+    """Issue 55: `python sweep.py ... | head -2` died of SIGPIPE at its next line, its runs left running without it
+    and no summary or line. Now the first line that meets the closed pipe stops the sweep as a SIGHUP does: the
+    running runs are sent SIGHUP (train.py writes a checkpoint and exits 130) and waited for, nothing more starts,
+    and run_all returns SIGHUP, which sweep.py reports in one line and exit code 129."""
+    monkeypatch.setattr(pool.Machine, "here", classmethod(lambda cls: pool.Machine(None, 2, [])))
+    runs = [Run("a", "1e-3", seed, str(tmp_path / "a" / str(seed))) for seed in (0, 1)]
+    stdout = ReaderGoesAway(os.path.join(runs[0].dir, "started"))
+    monkeypatch.setattr(sys, "stdout", stdout)
+    stopped = pool.run_all(runs, 2, lambda run: [sys.executable, "-c", WAITS_FOR_A_STOP, run.dir])
+    assert sys.stdout is stdout  # put back as it was
+    assert stopped == signal.SIGHUP
+    assert open(os.path.join(runs[0].dir, "stopped")).read() == "SIGHUP"
+    assert open(runs[0].dir + ".exit").read() == "130\n"
+    assert not os.path.exists(os.path.join(runs[1].dir, "started"))
+    assert capsys.readouterr().err == OUTPUT_LOST + "\n"
+    stdout.close()
