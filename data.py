@@ -799,14 +799,20 @@ def what_was_read(source):
     return f"{source['files']} files read{skipped}"
 
 
+# a preparation whose output's reader goes away (`python data.py ... 2>&1 | head -1`: its progress bar's) stops as
+# for SIGHUP, its temporary folder removed, rather than dying of SIGPIPE with the folder left
+OUTPUT_LOST = "data.py: its output's reader went away (a closed pipe or terminal); it stops as for SIGHUP"
+
+
 def main(argv):
     if wants_help(argv):
         print_help(__doc__, PrepareOptions)
         return 0
-    handlers, opts = {}, None
+    handlers, output, opts = {}, None, None
     try:
         starting.done()  # in the try: from here a Ctrl-C is the KeyboardInterrupt below; before, starting's line
         handlers = signals.stop_on_signals()
+        output = signals.keep_output(functools.partial(signals.hang_up, OUTPUT_LOST))  # its progress bar's reader
         opts = build(PrepareOptions, parse(argv, PrepareOptions))
         folder = prepare(opts.dataset, opts.tokenizer, opts.data_dir, opts.url, opts.workers)
         meta = load_meta(folder)
@@ -823,6 +829,7 @@ def main(argv):
               f"absent){resumes}", file=sys.stderr)
         return signals.exit_code(sig)
     finally:
+        signals.restore_output(output)
         signals.restore(handlers)
     print(f"{folder}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens ({meta['dtype']}), "
           f"vocab {meta['vocab_size']}, {what_was_read(meta['source'])}")

@@ -226,3 +226,21 @@ def test_data_py_prepares_a_corpus_of_the_datasets_library_and_says_what_it_read
     bad = subprocess.run([sys.executable, "data.py", f"--dataset=hf:{path}", "--workers=0"], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.strip() == "data.py: --workers=0 must be from 1 to 1024"
+
+
+def test_a_preparation_whose_progress_bar_loses_its_reader_stops_as_for_sighup(tmp_path, texts):
+    """Issue 55: with its stderr's reader gone (`python data.py ... 2>&1 | head -1` once head has its line), data.py
+    died of SIGPIPE at its progress bar, exit code 141, its temporary folder left. Now it stops as for SIGHUP: exit
+    code 129, no folder but the resumable .partial one in --data_dir, and the same command then prepares it."""
+    path = write_jsonl(tmp_path / "c.jsonl", texts)
+    argv = [sys.executable, "data.py", f"--dataset=hf:{path}", f"--data_dir={tmp_path / 'data'}", "--workers=1"]
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=write_end, text=True, timeout=300)
+    finally:
+        os.close(write_end)
+    assert (result.returncode, result.stdout) == (129, "")
+    assert all(p.suffix == ".partial" for p in (tmp_path / "data").iterdir() if p.is_dir())  # and its .lock
+    again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "230 documents read" in again.stdout, again.stderr
