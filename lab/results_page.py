@@ -969,8 +969,9 @@ def spread_text(summaries):
     """Which recipes ran on a second thread count or CPU (the spread tables) and which on one only."""
     two = [s["recipe"]["name"] for s, others in summaries if others]
     one = [s["recipe"]["name"] for s, others in summaries if not others]
-    return (f"Run on a second thread count (their spread tables): {', '.join(two) or 'none'}; on one thread count "
-            f"only, so the spread across machines is not measured: {', '.join(one) or 'none'}.")
+    return (f"Run again on the same seeds on a second CPU or thread count (their spread tables): "
+            f"{', '.join(two) or 'none'}; on one CPU and thread count only, so the spread across machines is not "
+            f"measured: {', '.join(one) or 'none'}.")
 
 
 def not_run_text(summaries):
