@@ -628,17 +628,13 @@ def record_design(plan):
     under."""
     path = os.path.join(plan.out_dir, "design.json")
     entries = design_record(plan.out_dir)
-    entry = {"sha256": recipes.design_hash(plan.recipe, plan.scale, stage(plan)), "stage": stage(plan)}
+    stage = recipes.sweep_stage(plan.pilot, plan.replicate)
+    entry = {"sha256": recipes.design_hash(plan.recipe, plan.scale, stage), "stage": stage}
     if any({k: e.get(k) for k in entry} == entry for e in entries):
         return
     os.makedirs(plan.out_dir, exist_ok=True)
     entry["recorded"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     files.write_atomic(path, json.dumps([*entries, entry], indent=1).encode())
-
-
-def stage(plan):
-    """The stage of a recipe's sweep: its pilot, its seeds (pilot and tested), or its fresh-seed replicate."""
-    return "pilot" if plan.pilot else recipes.REPLICATION if plan.replicate else "all seeds"
 
 
 def refused_resumes(todo):

@@ -61,11 +61,16 @@ def start(out_dir, log_path, enabled):
     views.add(log_path, view)
 
 
+def event_files(out_dir, suffix=SUFFIX):
+    """The event files in out_dir whose names end in suffix: a view's (SUFFIX) or a rebuild's (TMP_SUFFIX)."""
+    return glob.glob(os.path.join(glob.escape(out_dir), "events.out.tfevents.*" + suffix))
+
+
 def remove_views(out_dir, suffix=SUFFIX):
     """Every event file of out_dir whose name ends in suffix removed; the first OSError is raised once all the others
     are gone (each one left would show its steps beside the new ones)."""
     failed = None
-    for path in glob.glob(os.path.join(glob.escape(out_dir), "events.out.tfevents.*" + suffix)):
+    for path in event_files(out_dir, suffix):
         try:
             os.remove(path)
         except FileNotFoundError:
@@ -91,13 +96,13 @@ def rebuild(out_dir, log_path):
             view.writer.flush()  # raises what the writer thread met (EventFileWriter._check_worker_status)
         finally:
             view.writer.close()
-        [tmp] = glob.glob(os.path.join(glob.escape(out_dir), "events.out.tfevents.*" + TMP_SUFFIX))
+        [tmp] = event_files(out_dir, TMP_SUFFIX)
         with open(tmp, "rb", opener=files.open_own) as f:
             os.fsync(f.fileno())
         remove_views(out_dir)
         os.replace(tmp, tmp.removesuffix(".tmp"))
     except BaseException as e:
-        made = glob.glob(os.path.join(glob.escape(out_dir), "events.out.tfevents.*" + TMP_SUFFIX))
+        made = event_files(out_dir, TMP_SUFFIX)
         with contextlib.suppress(OSError):
             remove_views(out_dir, TMP_SUFFIX)
         if isinstance(e, OSError) and not isinstance(e, files.NotAFile):

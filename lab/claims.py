@@ -364,10 +364,11 @@ def judge(records, claims, reference, lrs, pilot=0, planned=None, fixed_lrs=None
 
 def judge_rule(records, claims, reference, lrs, pilot, rule, planned=None, targets=None, fixed_lrs=None):
     family = sum(claim.tested for claim in claims)
-    results = [judge_one(at_fixed_lrs(records, fixed_lrs) if fixed_lrs and claim.metric == "best_loss" else records,
-                         claim, reference, lrs, family, pilot, rule, planned, targets[i] if targets else None,
-                         bracket=not (fixed_lrs and claim.metric == "best_loss"))
-               for i, claim in enumerate(claims)]
+    results = []
+    for i, claim in enumerate(claims):
+        fixed = bool(fixed_lrs) and claim.metric == "best_loss"  # a replicate's arm, read at its original's LR
+        results.append(judge_one(at_fixed_lrs(records, fixed_lrs) if fixed else records, claim, reference, lrs,
+                                 family, pilot, rule, planned, targets[i] if targets else None, bracket=not fixed))
     tested = [r for r in results if r["tested"]]
     adjusted = stats.holm([r["p"] if r["p"] is not None and not r["unbracketed"] else 1.0 for r in tested])
     for result, p_holm in zip(tested, adjusted):

@@ -631,6 +631,12 @@ def describe(name, scale="cpu", jobs=1, stage=None):
             "claims": [vars(claim) for claim in ran["claims"]], **({"stage": REPLICATION} if replicate else {})}
 
 
+def sweep_stage(pilot, replicate):
+    """The stage of a recipe's sweep (sweep.py records it with its design hash, lab/summary.py in its summary): its
+    pilot, its seeds (pilot and tested), or its fresh-seed replicate."""
+    return "pilot" if pilot else REPLICATION if replicate else "all seeds"
+
+
 def design_hash(name, scale="cpu", stage=None):
     """sha256 of the recipe's design as describe() records it (the replicate's with stage=REPLICATION): sweep.py
     records it before the runs start."""

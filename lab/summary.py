@@ -562,7 +562,7 @@ def write_summary(sweep, runs, wall_s=0.0):
                    "recipe": recipe_record(sweep) if sweep.recipe else None, "claims": judged, "no_verdict": why,
                    "failed_runs": failed, "running_elsewhere": elsewhere, "machine": where,
                    "design_record": design_record(sweep.out_dir), "threads": threads(sweep.jobs),
-                   "stage": "pilot" if sweep.pilot else recipes.REPLICATION if sweep.replicate else "all seeds",
+                   "stage": recipes.sweep_stage(sweep.pilot, sweep.replicate),
                    "wall_s": wall_s + previous.get("wall_s", 0.0), "runs": records}
         # inf (a diverged run's loss) is written as Infinity, which Python's json reads back
         files.write_atomic(os.path.join(sweep.out_dir, "summary.json"), json.dumps(summary, indent=1).encode())
